@@ -1,0 +1,139 @@
+"""Result models shared by the trajectory engine (worker) and the service: no torch here.
+
+Everything a run produces is described by these pydantic models, so the worker can hand a run to
+the service as JSON and the service can store, compare and show it without importing the engine.
+
+Floats are kept at full precision. pydantic serialises floats with the shortest text that parses
+back to the same float64 (so a JSON round trip is bit-exact, -0.0 included), and NaN / ±Infinity
+are written as the strings "NaN" / "Infinity" / "-Infinity" (valid JSON, which PostgreSQL's jsonb
+accepts, unlike bare NaN) and parsed back into floats.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+OptimizerName = Literal["adam", "ademamix", "lion", "momentum", "rmsprop", "adagrad"]
+# "32bit": fp32 states. "8bit_blockwise": quantized states (issue 6); the engine dispatches on it.
+KernelFamily = Literal["32bit", "8bit_blockwise"]
+ParamDtype = Literal["float32", "float16", "bfloat16"]
+GradientKind = Literal["open", "closed"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="strings")
+
+
+class GradientStreamSpec(_Model):
+    """How the gradients of a case are produced (see worker/gradients.py).
+
+    open: a fixed seeded stream, independent of the parameters (isolates the update rule).
+    closed: the gradient of a seeded quadratic 0.5*sum(h*(p-c)^2) at the current parameters
+    (as in training: a difference feeds back into later gradients and grows).
+    """
+
+    kind: GradientKind = "open"
+    zero_fraction: float = Field(0.0, ge=0.0, le=1.0, description="share of elements forced to exactly 0 each step")
+    scale: float = Field(1.0, gt=0.0, description="open loop: gradient std; closed loop: curvature scale")
+
+
+class CaseSpec(_Model):
+    """One case: everything needed to reproduce a trajectory bit for bit on one environment."""
+
+    case_id: str = Field(description="stable, unique within a battery; readable label + short hash")
+    optimizer: OptimizerName
+    family: KernelFamily = "32bit"
+    param_dtype: ParamDtype = "float32"
+    # Exactly the kernel schema's float/bool arguments for this optimizer (lr, beta1, ..., gnorm_scale,
+    # skip_zeros), all filled in, so the case does not depend on anyone's defaults.
+    hyper: dict[str, float | bool]
+    gradient: GradientStreamSpec = GradientStreamSpec()
+    seed: int = Field(ge=0)
+    size: int = Field(gt=0)
+    steps: int = Field(gt=0)
+
+
+class Trajectory(_Model):
+    """Per-step series of one case, index i = after step i+1 (steps are 1-based)."""
+
+    # max_i |p_i - r64_i| against the float64 reference, which follows its own trajectory.
+    ref64_max_abs: list[float]
+    # max_i |p_i - r64_i| / max(|r64_i|, 2**-126): relative error, floored so zeros stay finite.
+    ref64_max_rel: list[float]
+    # max_i |p_i - r_i| against the same algorithm run in the parameter dtype (torch.optim where it
+    # has the algorithm). None when the case has no same-precision reference.
+    same_precision_max_abs: list[float] | None = None
+    # NaN/Inf elements in the parameters plus all optimizer states after the step.
+    nonfinite_count: list[int]
+    # hex blake2b of parameter bytes then each state's bytes (schema order) after the step.
+    digests: list[str]
+
+
+CaseStatus = Literal["ok", "broken"]
+
+
+class CaseResult(_Model):
+    case: CaseSpec
+    status: CaseStatus
+    message: str | None = Field(None, description="why the case is broken (crash, timeout, error)")
+    trajectory: Trajectory | None = None
+    duration_s: float = 0.0
+
+
+class EnvironmentFingerprint(_Model):
+    """What a result is only reproducible within. `class_key` names the comparable class."""
+
+    device_kind: Literal["cpu", "cuda"]
+    device_name: str
+    compute_capability: str | None = None
+    cpu_capability: str | None = Field(None, description="torch's CPU vector ISA (AVX2, AVX512...)")
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    torch_version: str
+    python_version: str
+    platform: str
+    class_key: str
+
+
+class RunResult(_Model):
+    """A battery run of one build on one environment."""
+
+    battery_name: str
+    battery_version: int
+    battery_digest: str
+    environment: EnvironmentFingerprint | None = None
+    build_digest: str | None = None
+    build_ok: bool = True
+    build_error: str | None = Field(None, description="the compiler's message when the build failed")
+    cases: list[CaseResult] = []
+
+
+# ----------------------------------------------------------------------------- comparison
+CaseVerdict = Literal["unchanged", "changed", "broken", "new"]
+Direction = Literal["closer", "farther", "same"]
+RunVerdictName = Literal["unchanged", "changed", "broken", "no-baseline"]
+
+
+class CaseComparison(_Model):
+    case_id: str
+    optimizer: OptimizerName
+    verdict: CaseVerdict
+    message: str | None = None
+    first_divergent_step: int | None = Field(None, description="1-based; the first step whose digest differs")
+    # max_i |commit_i - baseline_i| per step (needs both trajectories: the baseline co-run).
+    max_abs_diff_per_step: list[float] | None = None
+    commit_final_ref64_distance: float | None = None
+    baseline_final_ref64_distance: float | None = None
+    direction: Direction | None = None
+
+
+class RunComparison(_Model):
+    verdict: RunVerdictName
+    summary: str = Field(description="a few lines a person reads in ten seconds")
+    battery_digest: str
+    commit_build_digest: str | None = None
+    baseline_build_digest: str | None = None
+    counts: dict[str, int] = {}
+    cases: list[CaseComparison] = []

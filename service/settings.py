@@ -1,0 +1,95 @@
+"""Service and worker configuration: one pydantic-settings class, environment prefix OPTDRIFT_.
+
+Nothing here is built at import time; call get_settings() (cached) where a value is needed, so
+tests and the CLI can set environment variables first and clear the cache with
+get_settings.cache_clear().
+
+With no configuration at all, optdrift runs on its *embedded default*: everything lives under
+OPTDRIFT_HOME (default ``$XDG_DATA_HOME/optdrift``, i.e. ``~/.local/share/optdrift``) — a SQLite
+database, a filesystem message broker (kombu's ``filesystem://`` transport, no server), the
+content-addressed source store and the build cache.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_home() -> Path:
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "optdrift"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OPTDRIFT_", extra="ignore")
+
+    home: Path = Field(default_factory=_default_home, description="Folder for embedded-mode data.")
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL; default sqlite:///<home>/optdrift.db."
+    )
+    broker_url: str | None = Field(
+        default=None, description="Celery broker URL; default filesystem:// under <home>/broker."
+    )
+    store_dir: Path | None = Field(default=None, description="Source archive store; default <home>/store.")
+    build_cache_dir: Path | None = Field(default=None, description="Build cache; default <home>/builds.")
+    public_url: str = Field(
+        default="http://127.0.0.1:8000",
+        description="Where workers reach the API to fetch sources (workers may be on other hosts).",
+    )
+
+    # Upload limits: an archive over these is refused with 413/422 before anything is stored.
+    max_upload_bytes: int = 64 * 1024 * 1024
+    max_archive_members: int = 20_000
+    max_extracted_bytes: int = 512 * 1024 * 1024
+
+    default_battery: str = "quick"
+    # The environment class this worker serves and whose Celery queue it consumes ("cpu",
+    # "gpu.sm90", ...). Runs are only ever compared with runs of the same class.
+    worker_environment: str = "cpu"
+    worker_device: str = "cpu"
+
+    heartbeat_interval_s: float = 10.0
+    # A running run whose heartbeat is older than this is presumed dead and re-queued.
+    stale_after_s: float = 180.0
+    max_attempts: int = 3
+    # How often the API re-sends runs that never reached the broker and reaps dead ones (0: never).
+    maintenance_interval_s: float = 15.0
+    # Redis visibility timeout: longer than the longest run, or Redis re-delivers a running task.
+    visibility_timeout_s: int = 6 * 3600
+    case_timeout_s: float = 600.0
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.home / 'optdrift.db'}"
+
+    @property
+    def resolved_broker_url(self) -> str:
+        return self.broker_url or "filesystem://"
+
+    @property
+    def uses_filesystem_broker(self) -> bool:
+        return self.resolved_broker_url.startswith("filesystem://")
+
+    @property
+    def broker_folder(self) -> Path:
+        return self.home / "broker"
+
+    @property
+    def resolved_store_dir(self) -> Path:
+        return self.store_dir or self.home / "store"
+
+    @property
+    def resolved_build_cache_dir(self) -> Path:
+        return self.build_cache_dir or self.home / "builds"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,57 @@
+"""Fixtures shared by the whole suite.
+
+Builds are expensive on a 2-core machine (tens of seconds), so every test shares one digest-keyed
+build cache for the session (`OPTDRIFT_BUILD_CACHE`, default `.optdrift/test-build-cache` in the
+repository, which CI keeps between its steps but a fresh clone starts without).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BUNDLED_CSRC = REPO_ROOT / "csrc"
+
+
+def _build_cache_dir() -> Path:
+    configured = os.environ.get("OPTDRIFT_BUILD_CACHE")
+    return Path(configured) if configured else REPO_ROOT / ".optdrift" / "test-build-cache"
+
+
+@pytest.fixture(scope="session")
+def build_cache_dir() -> Path:
+    path = _build_cache_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def csrc_under_test() -> Path:
+    """The kernel tree the kernel tests run on: the bundled csrc, or OPTDRIFT_TEST_CSRC.
+
+    OPTDRIFT_TEST_CSRC lets a test run the kernel suite against a mutated copy (for example the
+    decay-after-update bug) in a subprocess, to prove the suite discriminates.
+    """
+    return Path(os.environ.get("OPTDRIFT_TEST_CSRC", BUNDLED_CSRC))
+
+
+@pytest.fixture(scope="session")
+def kernels_build(csrc_under_test: Path, build_cache_dir: Path):
+    from worker.build import build_extension
+
+    result = build_extension(csrc_under_test, cache_dir=build_cache_dir)
+    if not result.ok:
+        pytest.fail(f"building {csrc_under_test} failed:\n{result.error}\n(log: {result.log_path})")
+    return result
+
+
+@pytest.fixture(scope="session")
+def kernels(kernels_build):
+    """The kernel build loaded into this test process (one build per process)."""
+    from worker import kernel_ops
+
+    kernel_ops.load_build(kernels_build.library_path)
+    return kernel_ops

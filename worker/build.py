@@ -1,0 +1,302 @@
+"""Build a kernel source tree (csrc at some commit) into a digest-keyed cache.
+
+The cache key is the digest of everything that decides the compiled bits: the kernel sources
+(path and content of every .cpp/.cu/.h/.cuh/.hpp file), the compile flags, the torch and CUDA
+versions and the target architectures. The same key again is a cache hit that compiles nothing.
+
+Concurrency and crashes: a build holds an exclusive `flock` on `<cache>/locks/<digest>.lock`. The
+kernel drops a flock when its holder dies, so a killed build can never leave a lock that hangs the
+next one (unlike a lock *file*, such as torch's own `FileBaton`, which survives a kill -9). Each
+attempt compiles into its own staging folder, renamed into place only when complete, so a reader
+sees either no build or a whole one.
+
+The compile itself runs in a child process (`python -m worker.build_child`) in its own process
+group with a wall-clock timeout; its whole output goes to a log kept next to the build. A compiler
+error comes back as a `BuildResult` with `ok=False` and the compiler's message, never a traceback.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from pydantic import BaseModel
+
+# Bump when the way a build is made changes, so old cache entries are not reused.
+BUILD_RECIPE_VERSION = "1"
+SOURCE_SUFFIXES = (".cpp", ".cc", ".cu", ".h", ".hpp", ".cuh")
+DEFAULT_CFLAGS = ("-O3",)
+# No --use_fast_math: the kernels must do IEEE float32 arithmetic so that CPU and CUDA agree with
+# the references to the bounds the tests derive.
+DEFAULT_CUDA_CFLAGS = ("-O3", "-lineinfo")
+MANIFEST = "manifest.json"
+LIBRARY_PREFIX = "optdrift_kernels_"
+
+
+class BuildResult(BaseModel):
+    ok: bool
+    digest: str
+    library_path: str | None = None
+    cached: bool = False
+    duration_s: float = 0.0
+    log_path: str | None = None
+    error: str | None = None
+    cuda_archs: list[str] = []
+
+
+class BuildSpec(BaseModel):
+    """What the child process needs to compile one build."""
+
+    name: str
+    sources: list[str]
+    include_dirs: list[str]
+    build_directory: str
+    cuda_archs: list[str]
+    extra_cflags: list[str]
+    extra_cuda_cflags: list[str]
+
+
+def default_cache_dir() -> Path:
+    configured = os.environ.get("OPTDRIFT_BUILD_CACHE")
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "optdrift" / "builds"
+
+
+def detect_cuda_archs() -> list[str]:
+    """Compute capabilities to build for, e.g. ["9.0"]; [] means a CPU-only build.
+
+    `OPTDRIFT_CUDA_ARCHS` ("9.0;8.6", or "" for CPU-only) overrides detection. Detection asks
+    nvidia-smi rather than torch.cuda so that the calling process (a Celery parent) never
+    initialises CUDA.
+    """
+    configured = os.environ.get("OPTDRIFT_CUDA_ARCHS")
+    if configured is not None:
+        return [a for a in re.split(r"[;,\s]+", configured) if a]
+    import torch  # local: only the build path needs torch
+
+    if torch.version.cuda is None or shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    return sorted({line.strip() for line in out.splitlines() if line.strip()})
+
+
+def kernel_source_files(source_dir: Path) -> list[Path]:
+    """Every file that goes into the compiled library, sorted by relative path."""
+    return sorted(
+        (p for p in source_dir.rglob("*") if p.is_file() and p.suffix in SOURCE_SUFFIXES),
+        key=lambda p: p.relative_to(source_dir).as_posix(),
+    )
+
+
+def build_digest(
+    source_dir: Path,
+    *,
+    cuda_archs: list[str],
+    extra_cflags: tuple[str, ...] = DEFAULT_CFLAGS,
+    extra_cuda_cflags: tuple[str, ...] = DEFAULT_CUDA_CFLAGS,
+) -> str:
+    import torch
+
+    h = hashlib.sha256()
+
+    def feed(label: str, value: str | bytes) -> None:
+        data = value.encode() if isinstance(value, str) else value
+        h.update(f"{label}:{len(data)}:".encode())
+        h.update(data)
+
+    feed("recipe", BUILD_RECIPE_VERSION)
+    feed("torch", torch.__version__)
+    feed("cuda", str(torch.version.cuda) if cuda_archs else "none")
+    feed("python", f"{sys.implementation.cache_tag}")
+    feed("archs", ";".join(cuda_archs))
+    feed("cflags", "\0".join(extra_cflags))
+    feed("cuda_cflags", "\0".join(extra_cuda_cflags) if cuda_archs else "")
+    for path in kernel_source_files(source_dir):
+        feed("path", path.relative_to(source_dir).as_posix())
+        feed("content", path.read_bytes())
+    return h.hexdigest()
+
+
+@contextmanager
+def _exclusive_lock(lock_path: Path, timeout_s: float) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+") as handle:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"another build of {lock_path.stem} held its lock for {timeout_s:.0f} s")
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _die_with_parent() -> None:
+    """In the build child, before exec: take SIGKILL when the building process dies.
+
+    Without it a killed worker leaves its compile running as an orphan, using the cores the next
+    build needs. Linux only; elsewhere the timeout still bounds the orphan.
+    """
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _read_manifest(build_dir: Path) -> dict | None:
+    try:
+        return json.loads((build_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _cached_result(build_dir: Path, started: float) -> BuildResult | None:
+    manifest = _read_manifest(build_dir)
+    if manifest is None or not Path(manifest["library_path"]).is_file():
+        return None
+    return BuildResult(**{**manifest, "cached": True, "duration_s": time.monotonic() - started})
+
+
+_ERROR_LINE = re.compile(r"(\berror\b|\bError\b|undefined reference|FAILED:)")
+
+
+def compiler_message(log: str, *, context_lines: int = 4, max_lines: int = 60) -> str:
+    """The part of a build log a person needs: each compiler error with a little context.
+
+    Python tracebacks that torch's extension loader prints around a failed ninja run are dropped:
+    the compiler's own words are what say what is wrong.
+    """
+    lines = log.splitlines()
+    keep: list[int] = []
+    for index, line in enumerate(lines):
+        if _ERROR_LINE.search(line) and not line.startswith(("Traceback", "  File ", "RuntimeError")):
+            keep.extend(range(index, min(index + context_lines + 1, len(lines))))
+    picked = [lines[i] for i in sorted(set(keep)) if not lines[i].startswith(("Traceback", "  File "))]
+    if not picked:
+        picked = [line for line in lines[-max_lines:] if not line.startswith(("Traceback", "  File "))]
+    return "\n".join(picked[:max_lines]).strip() or "the build failed without a compiler message; see the log"
+
+
+def build_extension(
+    source_dir: Path,
+    *,
+    cache_dir: Path | None = None,
+    cuda_archs: list[str] | None = None,
+    extra_cflags: tuple[str, ...] = DEFAULT_CFLAGS,
+    extra_cuda_cflags: tuple[str, ...] = DEFAULT_CUDA_CFLAGS,
+    timeout_s: float = 900.0,
+) -> BuildResult:
+    """Compile `source_dir` (every .cpp, plus every .cu when building for CUDA) into the cache."""
+    started = time.monotonic()
+    source_dir = Path(source_dir).resolve()
+    if not source_dir.is_dir():
+        raise FileNotFoundError(f"kernel source folder {source_dir} does not exist")
+    cache_dir = Path(cache_dir or default_cache_dir()).resolve()
+    archs = detect_cuda_archs() if cuda_archs is None else list(cuda_archs)
+    digest = build_digest(source_dir, cuda_archs=archs, extra_cflags=extra_cflags, extra_cuda_cflags=extra_cuda_cflags)
+    build_dir = cache_dir / digest
+
+    hit = _cached_result(build_dir, started)
+    if hit is not None:
+        return hit
+    with _exclusive_lock(cache_dir / "locks" / f"{digest}.lock", timeout_s=timeout_s + 60):
+        hit = _cached_result(build_dir, started)  # someone else may have built it while we waited
+        if hit is not None:
+            return hit
+        # We hold the lock: any staging folder of this digest is an abandoned attempt.
+        for stale in cache_dir.glob(f"{digest}.staging-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        staging = cache_dir / f"{digest}.staging-{uuid.uuid4().hex[:8]}"
+        staging.mkdir(parents=True)
+        result = _compile(source_dir, staging, digest, archs, extra_cflags, extra_cuda_cflags, timeout_s)
+        if not result.ok:
+            # Keep the failed attempt's log where the result points; drop its objects.
+            failed_dir = cache_dir / "failed" / f"{digest}-{uuid.uuid4().hex[:8]}"
+            failed_dir.mkdir(parents=True)
+            shutil.move(str(staging / "build.log"), failed_dir / "build.log")
+            shutil.rmtree(staging, ignore_errors=True)
+            return result.model_copy(update={"log_path": str(failed_dir / "build.log"),
+                                             "duration_s": time.monotonic() - started})
+        library_name = Path(result.library_path).name
+        (staging / MANIFEST).write_text(json.dumps({
+            **result.model_dump(exclude={"cached", "duration_s"}),
+            "library_path": str(build_dir / library_name),
+            "log_path": str(build_dir / "build.log"),
+        }, indent=2))
+        if build_dir.exists():
+            shutil.rmtree(build_dir)  # a half-written entry without a manifest
+        os.rename(staging, build_dir)
+        return BuildResult(**{**_read_manifest(build_dir), "cached": False,
+                              "duration_s": time.monotonic() - started})
+
+
+def _compile(
+    source_dir: Path,
+    staging: Path,
+    digest: str,
+    archs: list[str],
+    extra_cflags: tuple[str, ...],
+    extra_cuda_cflags: tuple[str, ...],
+    timeout_s: float,
+) -> BuildResult:
+    files = kernel_source_files(source_dir)
+    compiled = [p for p in files if p.suffix in (".cpp", ".cc") or (archs and p.suffix == ".cu")]
+    name = f"{LIBRARY_PREFIX}{digest[:16]}"
+    spec = BuildSpec(
+        name=name,
+        sources=[str(p) for p in compiled],
+        include_dirs=[str(source_dir)],
+        build_directory=str(staging),
+        cuda_archs=archs,
+        extra_cflags=list(extra_cflags),
+        extra_cuda_cflags=list(extra_cuda_cflags),
+    )
+    log_path = staging / "build.log"
+    env = {**os.environ, "TORCH_CUDA_ARCH_LIST": ";".join(archs)} if archs else dict(os.environ)
+    env.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
+    base = BuildResult(ok=False, digest=digest, log_path=str(log_path), cuda_archs=archs)
+    with open(log_path, "wb") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "worker.build_child", spec.model_dump_json()],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            cwd=Path(__file__).resolve().parents[1], start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        try:
+            returncode = child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            return base.model_copy(update={"error": f"the build took longer than {timeout_s:.0f} s and was stopped"})
+    log_text = log_path.read_text(errors="replace")
+    library = staging / f"{name}.so"
+    if returncode != 0 or not library.is_file():
+        return base.model_copy(update={"error": compiler_message(log_text)})
+    return base.model_copy(update={"ok": True, "library_path": str(library)})

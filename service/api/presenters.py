@@ -1,0 +1,66 @@
+"""ORM rows -> API schemas (kept out of the routes so they stay thin)."""
+
+from __future__ import annotations
+
+import math
+
+from service.api.schemas import (
+    CommitPublic, Progress, RunPublic, TrajectoryPublic, VerdictPublic,
+)
+from service.db.models import Commit, Run, Trajectory, Verdict
+from service.domain.trajectories import unpack_series
+
+
+def verdict_public(verdict: Verdict) -> VerdictPublic:
+    return VerdictPublic(
+        run_id=verdict.run_id, baseline_run_id=verdict.baseline_run_id, outcome=verdict.outcome,
+        flagged=verdict.flagged, changed_cases=verdict.changed_cases,
+        first_divergent_step=verdict.first_divergent_step,
+        summary=verdict.detail.get("summary", ""), acknowledged=verdict.acknowledged,
+        acknowledged_by=verdict.acknowledged_by,
+        acknowledgement_note=verdict.acknowledgement_note,
+        acknowledged_at=verdict.acknowledged_at, created_at=verdict.created_at,
+        detail=verdict.detail,
+    )
+
+
+def run_public(run: Run) -> RunPublic:
+    return RunPublic(
+        id=run.id, project=run.project.name, kind=run.kind,
+        commit_sha=run.commit.sha if run.commit else None,
+        base_sha=run.base_commit.sha if run.base_commit else None,
+        source_digest=run.source_digest, battery=run.battery, battery_hash=run.battery_hash,
+        environment=run.environment, status=run.status, attempt=run.attempt, worker=run.worker,
+        progress=Progress(cases_done=run.cases_done, cases_total=run.cases_total),
+        created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
+        heartbeat_at=run.heartbeat_at, dispatched=run.dispatched_at is not None,
+        cancel_requested=run.cancel_requested, build_digest=run.build_digest,
+        build_cached=run.build_cached, error=run.error,
+        verdict=verdict_public(run.verdict) if run.verdict else None,
+        report_url=f"/api/v1/runs/{run.id}",
+    )
+
+
+def commit_public(commit: Commit) -> CommitPublic:
+    return CommitPublic(
+        project=commit.project.name, sha=commit.sha, parents=commit.parents, ref=commit.ref,
+        release_tag=commit.release_tag, message=commit.message, source_digest=commit.source_digest,
+        created_at=commit.created_at, runs=[run_public(run) for run in commit.runs],
+    )
+
+
+def _json_float(value: float | int) -> float | int | str:
+    # JSON has no NaN/Infinity: write them as strings, as service.results does.
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
+def trajectory_public(row: Trajectory) -> TrajectoryPublic:
+    series = unpack_series(row.series_layout, row.series_data)
+    return TrajectoryPublic(
+        case_id=row.case_id, case_index=row.case_index, case=row.case, status=row.status,
+        error=row.error, steps=row.steps,
+        series={name: [_json_float(v) for v in values] for name, values in series.items()},
+        digests=row.digests.split("\n") if row.digests else [],
+    )

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, File, Form, Header, Response, UploadFile, status
+from sqlalchemy import func, select
+
+from service.api.deps import SessionDep, SettingsDep
+from service.api.presenters import commit_public, run_public, verdict_public
+from service.api.schemas import (
+    AcknowledgeRequest, CommitPublic, CommitsPublic, SubmissionPublic, VerdictsPublic,
+)
+from service.api.uploads import read_limited, split_list
+from service.db.models import Commit, Run, Verdict
+from service.domain import projects, queueing, submissions, verdict_store
+
+router = APIRouter(prefix="/projects/{project}", tags=["commits"])
+
+
+@router.post("/commits", response_model=SubmissionPublic,
+             responses={200: {"description": "an earlier identical submission"}})
+def submit_commit(
+    project: str,
+    session: SessionDep,
+    settings: SettingsDep,
+    response: Response,
+    sha: Annotated[str, Form()],
+    parents: Annotated[str | None, Form(description="parent shas, first parent first")] = None,
+    ref: Annotated[str | None, Form()] = None,
+    release_tag: Annotated[str | None, Form()] = None,
+    message: Annotated[str | None, Form()] = None,
+    battery: Annotated[str | None, Form()] = None,
+    environments: Annotated[str | None, Form(description="default: the project's")] = None,
+    baseline: Annotated[str | None, Form(description="compare with this sha/release")] = None,
+    source_digest: Annotated[str | None, Form(description="sha256 of an uploaded archive")] = None,
+    archive: Annotated[UploadFile | None, File(description="the source tree as tar.gz")] = None,
+    idempotency_key: Annotated[str | None, Header()] = None,
+) -> SubmissionPublic:
+    project_row = projects.get_by_name(session=session, name=project)
+    submission = submissions.submit_commit(
+        session=session, settings=settings, project=project_row, sha=sha,
+        parents=split_list(parents), archive=read_limited(archive, settings=settings, field="archive"),
+        source_digest=source_digest, ref=ref, release_tag=release_tag, message=message,
+        battery=battery, environments=split_list(environments) or None, baseline=baseline,
+        idempotency_key=idempotency_key,
+    )
+    session.commit()
+    # Only now may a worker see the run ids.
+    queueing.dispatch_runs(session=session, settings=settings, run_ids=submission.new_run_ids)
+    for run in submission.runs:
+        session.refresh(run)
+    response.status_code = status.HTTP_201_CREATED if submission.created else status.HTTP_200_OK
+    return SubmissionPublic(
+        created=submission.created,
+        commit=commit_public(submission.commit) if submission.commit else None,
+        runs=[run_public(run) for run in submission.runs],
+    )
+
+
+@router.get("/commits", response_model=CommitsPublic)
+def list_commits(project: str, session: SessionDep, limit: int = 50, offset: int = 0) -> CommitsPublic:
+    project_row = projects.get_by_name(session=session, name=project)
+    query = select(Commit).where(Commit.project_id == project_row.id)
+    count = session.scalar(select(func.count()).select_from(query.subquery()))
+    rows = session.scalars(
+        query.order_by(Commit.created_at.desc(), Commit.id.desc()).limit(min(limit, 500)).offset(offset)
+    ).all()
+    return CommitsPublic(data=[commit_public(row) for row in rows], count=count or 0)
+
+
+@router.get("/commits/{sha}", response_model=CommitPublic)
+def read_commit(project: str, sha: str, session: SessionDep) -> CommitPublic:
+    project_row = projects.get_by_name(session=session, name=project)
+    return commit_public(submissions.find_commit(session=session, project=project_row, ref=sha))
+
+
+@router.get("/commits/{sha}/verdicts", response_model=VerdictsPublic)
+def commit_verdicts(project: str, sha: str, session: SessionDep) -> VerdictsPublic:
+    """Every verdict the commit has had: one per battery x environment, oldest first."""
+    project_row = projects.get_by_name(session=session, name=project)
+    commit = submissions.find_commit(session=session, project=project_row, ref=sha)
+    rows = session.scalars(
+        select(Verdict).join(Run, Verdict.run_id == Run.id).where(Run.commit_id == commit.id)
+        .order_by(Verdict.created_at)
+    ).all()
+    return VerdictsPublic(data=[verdict_public(row) for row in rows])
+
+
+@router.post("/commits/{sha}/acknowledge", response_model=VerdictsPublic)
+def acknowledge_commit(
+    project: str, sha: str, body: AcknowledgeRequest, session: SessionDep
+) -> VerdictsPublic:
+    """Mark the commit's flagged change as intended (all its runs' verdicts)."""
+    project_row = projects.get_by_name(session=session, name=project)
+    commit = submissions.find_commit(session=session, project=project_row, ref=sha)
+    verdicts = [verdict_store.acknowledge(session=session, run=run, note=body.note, by=body.by)
+                for run in commit.runs]
+    session.commit()
+    return VerdictsPublic(data=[verdict_public(v) for v in verdicts])
+
+
+@router.get("/verdicts", response_model=VerdictsPublic)
+def project_verdicts(
+    project: str, session: SessionDep, flagged: bool | None = None, limit: int = 100
+) -> VerdictsPublic:
+    """The project's verdict history, newest first (`flagged=true`: only those failing CI)."""
+    project_row = projects.get_by_name(session=session, name=project)
+    query = select(Verdict).join(Run, Verdict.run_id == Run.id).where(Run.project_id == project_row.id)
+    if flagged is not None:
+        query = query.where(Verdict.flagged.is_(flagged))
+    rows = session.scalars(query.order_by(Verdict.created_at.desc()).limit(min(limit, 1000))).all()
+    return VerdictsPublic(data=[verdict_public(row) for row in rows])
+
+
+@router.get("/releases", response_model=CommitsPublic)
+def list_releases(project: str, session: SessionDep) -> CommitsPublic:
+    project_row = projects.get_by_name(session=session, name=project)
+    rows = session.scalars(
+        select(Commit).where(Commit.project_id == project_row.id, Commit.release_tag.is_not(None))
+        .order_by(Commit.created_at.desc())
+    ).all()
+    return CommitsPublic(data=[commit_public(row) for row in rows], count=len(rows))

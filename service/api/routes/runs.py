@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import csv
+import io
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse, Response
+
+from service.api.deps import SessionDep
+from service.api.presenters import run_public, trajectory_public, verdict_public
+from service.api.schemas import AcknowledgeRequest, RunPublic, TrajectoriesPublic, TrajectoryPublic, VerdictPublic
+from service.domain import runs, trajectories, verdict_store
+from service.domain.errors import NotFoundError
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+
+
+@router.get("/{run_id}", response_model=RunPublic)
+def read_run(run_id: int, session: SessionDep) -> RunPublic:
+    return run_public(runs.get(session=session, run_id=run_id))
+
+
+@router.get("/{run_id}/log", response_class=PlainTextResponse)
+def build_log(run_id: int, session: SessionDep) -> str:
+    run = runs.get(session=session, run_id=run_id)
+    return run.build_log or ""
+
+
+@router.post("/{run_id}/cancel", response_model=RunPublic)
+def cancel_run(run_id: int, session: SessionDep) -> RunPublic:
+    return run_public(runs.request_cancel(session=session, run_id=run_id))
+
+
+@router.post("/{run_id}/acknowledge", response_model=VerdictPublic)
+def acknowledge_run(run_id: int, body: AcknowledgeRequest, session: SessionDep) -> VerdictPublic:
+    run = runs.get(session=session, run_id=run_id)
+    verdict = verdict_store.acknowledge(session=session, run=run, note=body.note, by=body.by)
+    session.commit()
+    return verdict_public(verdict)
+
+
+@router.get("/{run_id}/trajectories", response_model=TrajectoriesPublic)
+def list_trajectories(run_id: int, session: SessionDep) -> TrajectoriesPublic:
+    runs.get(session=session, run_id=run_id)
+    rows = trajectories.list_rows(session=session, run_id=run_id)
+    return TrajectoriesPublic(run_id=run_id, data=[trajectory_public(row) for row in rows])
+
+
+@router.get("/{run_id}/trajectories.csv", response_class=Response,
+            responses={200: {"content": {"text/csv": {}}}})
+def export_trajectories_csv(run_id: int, session: SessionDep) -> Response:
+    """One row per case x step; floats written with repr (shortest exact round trip)."""
+    runs.get(session=session, run_id=run_id)
+    rows = trajectories.list_rows(session=session, run_id=run_id)
+    names = list(trajectories.SERIES)
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["case_id", "status", "step", *names, "digest"])
+    for row in rows:
+        series = trajectories.unpack_series(row.series_layout, row.series_data)
+        digests = row.digests.split("\n") if row.digests else []
+        for index in range(row.steps):
+            values = [repr(series[name][index]) if name in series else "" for name in names]
+            writer.writerow([row.case_id, row.status, index + 1, *values, digests[index]])
+    return Response(out.getvalue(), media_type="text/csv",
+                    headers={"Content-Disposition": f'attachment; filename="run-{run_id}.csv"'})
+
+
+@router.get("/{run_id}/trajectories/{case_id}", response_model=TrajectoryPublic)
+def read_trajectory(run_id: int, case_id: str, session: SessionDep) -> TrajectoryPublic:
+    runs.get(session=session, run_id=run_id)
+    for row in trajectories.list_rows(session=session, run_id=run_id):
+        if row.case_id == case_id:
+            return trajectory_public(row)
+    raise NotFoundError(f"run {run_id} has no case {case_id!r}")

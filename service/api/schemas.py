@@ -1,0 +1,137 @@
+"""API schemas (pydantic), separate from the ORM models: what clients send and receive."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ProjectCreate(BaseModel):
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    build_kind: str = Field("torch-extension", pattern=r"^(torch-extension|command)$")
+    build_command: str | None = None
+    adapter: str = "bundled"
+    default_battery: str = "quick"
+    environments: list[str] = Field(default_factory=lambda: ["cpu"], min_length=1)
+
+
+class ProjectPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: int
+    name: str
+    build_kind: str
+    build_command: str | None
+    adapter: str
+    default_battery: str
+    environments: list[str]
+    created_at: datetime
+
+
+class ProjectsPublic(BaseModel):
+    data: list[ProjectPublic]
+
+
+class Progress(BaseModel):
+    cases_done: int
+    cases_total: int | None
+
+
+class VerdictPublic(BaseModel):
+    run_id: int
+    baseline_run_id: int | None
+    outcome: str
+    flagged: bool
+    changed_cases: int
+    first_divergent_step: int | None
+    summary: str
+    acknowledged: bool
+    acknowledged_by: str | None
+    acknowledgement_note: str | None
+    acknowledged_at: datetime | None
+    created_at: datetime
+    # The full comparison (service.results.RunComparison) with per-case detail.
+    detail: dict[str, Any]
+
+
+class RunPublic(BaseModel):
+    id: int
+    project: str
+    kind: str
+    commit_sha: str | None
+    base_sha: str | None
+    source_digest: str
+    battery: str
+    battery_hash: str | None
+    environment: str
+    status: str
+    attempt: int
+    worker: str | None
+    progress: Progress
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    heartbeat_at: datetime | None
+    dispatched: bool
+    cancel_requested: bool
+    build_digest: str | None
+    build_cached: bool | None
+    error: str | None
+    verdict: VerdictPublic | None
+    report_url: str
+
+
+class CommitPublic(BaseModel):
+    project: str
+    sha: str
+    parents: list[str]
+    ref: str | None
+    release_tag: str | None
+    message: str | None
+    source_digest: str
+    created_at: datetime
+    runs: list[RunPublic]
+
+
+class CommitsPublic(BaseModel):
+    data: list[CommitPublic]
+    count: int
+
+
+class SubmissionPublic(BaseModel):
+    created: bool = Field(description="false when this repeats an earlier submission")
+    commit: CommitPublic | None
+    runs: list[RunPublic]
+
+
+class SourcePublic(BaseModel):
+    digest: str
+    size_bytes: int
+    member_count: int
+
+
+class VerdictsPublic(BaseModel):
+    data: list[VerdictPublic]
+
+
+class AcknowledgeRequest(BaseModel):
+    note: str = Field(min_length=1, description="why this change is intended")
+    by: str | None = None
+
+
+class TrajectoryPublic(BaseModel):
+    case_id: str
+    case_index: int
+    case: dict[str, Any]
+    status: str
+    error: str | None
+    steps: int
+    # Per-step series at full precision (index i is after step i+1); NaN/Inf as strings.
+    series: dict[str, list[float | int | str]]
+    digests: list[str]
+
+
+class TrajectoriesPublic(BaseModel):
+    run_id: int
+    data: list[TrajectoryPublic]

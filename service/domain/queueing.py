@@ -1,0 +1,125 @@
+"""The Celery configuration (one module, shared by the worker app and the API's sender) and the
+dispatcher that hands run ids to the broker.
+
+The service never imports `worker`: it sends tasks by name through a producer-only Celery app.
+A run is dispatched only after its row is committed; if the broker is down the row stays
+`queued` with `dispatched_at` NULL and the maintenance loop sends it when the broker is back.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+from functools import lru_cache
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from service.db.models import QUEUED, Run
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+RUN_TASK_NAME = "optdrift.execute_run"
+
+
+def queue_for(environment: str) -> str:
+    """One queue per environment class: `cpu`, `gpu.sm90`, ..."""
+    return environment
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    transport_options: dict[str, Any] = {
+        # Redis re-delivers an unacked task after this long: longer than the longest run, or a
+        # healthy run would be started twice (the reaper, not Redis, handles dead workers).
+        "visibility_timeout": settings.visibility_timeout_s,
+    }
+    if settings.uses_filesystem_broker:
+        folder = settings.broker_folder
+        for sub in ("queue", "processed"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        transport_options = {
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            "store_processed": False,
+        }
+    return {
+        "broker_url": settings.resolved_broker_url,
+        "broker_transport_options": transport_options,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_timeout": 3,
+        # Results live in the application database, never in Celery's backend.
+        "task_ignore_result": True,
+        "result_backend": None,
+        # A task is acknowledged after it finishes, and a worker takes one at a time, so a
+        # worker that dies mid-run leaves its task for another worker instead of losing it.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "task_default_queue": "cpu",
+        "task_create_missing_queues": True,
+        "worker_send_task_events": False,
+        "worker_hijack_root_logger": False,
+    }
+
+
+@lru_cache(maxsize=4)
+def _producer(broker_url: str, settings_json: str) -> Celery:
+    from service.settings import Settings as _S
+
+    settings = _S.model_validate_json(settings_json)
+    app = Celery("optdrift-api", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    return app
+
+
+def producer_app(settings: Settings) -> Celery:
+    return _producer(settings.resolved_broker_url, settings.model_dump_json())
+
+
+def send_run(*, settings: Settings, run_id: int, environment: str) -> None:
+    """Hand one run id to the broker. Raises if the broker does not take it."""
+    producer_app(settings).send_task(
+        RUN_TASK_NAME,
+        args=[run_id],
+        queue=queue_for(environment),
+        retry=True,
+        # Fail fast when the broker is down: the run is safe in the database and the
+        # maintenance loop re-sends it.
+        retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5,
+                       "interval_max": 0.5},
+    )
+
+
+def dispatch_runs(*, session: Session, settings: Settings, run_ids: list[int]) -> list[int]:
+    """Send the given queued runs; mark each sent one. Returns the ids the broker accepted."""
+    sent: list[int] = []
+    for run_id in run_ids:
+        run = session.get(Run, run_id)
+        if run is None or run.status != QUEUED:
+            continue
+        try:
+            send_run(settings=settings, run_id=run_id, environment=run.environment)
+        except Exception as exc:  # noqa: BLE001  (any broker failure: keep queued, retry later)
+            log.warning("broker did not take run %s (%s); it stays queued and will be re-sent",
+                        run_id, exc)
+            break
+        session.execute(
+            update(Run).where(Run.id == run_id).values(dispatched_at=datetime.now(timezone.utc))
+        )
+        session.commit()
+        sent.append(run_id)
+    return sent
+
+
+def dispatch_pending(*, session: Session, settings: Settings) -> list[int]:
+    """Re-send every queued run the broker never accepted (broker was down, or reaped)."""
+    run_ids = session.scalars(
+        select(Run.id).where(Run.status == QUEUED, Run.dispatched_at.is_(None)).order_by(Run.id)
+    ).all()
+    return dispatch_runs(session=session, settings=settings, run_ids=list(run_ids))

@@ -1,0 +1,120 @@
+"""Run lifecycle: the run row is the source of truth; every transition is a conditional UPDATE so
+two workers (or a worker and the reaper) can never both own a run."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from service.db.models import (
+    ACTIVE_STATUSES, BUILDING, CANCELLED, DONE, FAILED, FINAL_STATUSES, QUEUED, RUNNING, Run,
+)
+from service.domain.errors import ConflictError, NotFoundError
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def get(*, session: Session, run_id: int) -> Run:
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFoundError(f"no run with id {run_id}")
+    return run
+
+
+def claim(*, session: Session, run_id: int, worker: str) -> bool:
+    """queued -> building for this worker; False if someone else has it or it is finished."""
+    now = _now()
+    result = session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.status == QUEUED, Run.cancel_requested.is_(False))
+        .values(status=BUILDING, worker=worker, attempt=Run.attempt + 1, started_at=now,
+                heartbeat_at=now, error=None, cases_done=0)
+    )
+    session.commit()
+    return result.rowcount == 1
+
+
+def set_status(*, session: Session, run_id: int, worker: str, status: str, **values) -> bool:  # noqa: ANN003
+    """Move a run this worker owns to `status`; False if it no longer owns it (reaped)."""
+    now = _now()
+    if status in FINAL_STATUSES:
+        values.setdefault("finished_at", now)
+    result = session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.worker == worker, Run.status.in_(ACTIVE_STATUSES))
+        .values(status=status, heartbeat_at=now, **values)
+    )
+    session.commit()
+    return result.rowcount == 1
+
+
+def heartbeat(*, session: Session, run_id: int, worker: str, **values) -> bool:  # noqa: ANN003
+    result = session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.worker == worker, Run.status.in_(ACTIVE_STATUSES))
+        .values(heartbeat_at=_now(), **values)
+    )
+    session.commit()
+    return result.rowcount == 1
+
+
+def cancel_requested(*, session: Session, run_id: int) -> bool:
+    return bool(session.scalar(select(Run.cancel_requested).where(Run.id == run_id)))
+
+
+def request_cancel(*, session: Session, run_id: int) -> Run:
+    """A queued run is cancelled at once; a running one at its worker's next phase boundary."""
+    run = get(session=session, run_id=run_id)
+    if run.status in FINAL_STATUSES:
+        raise ConflictError(f"run {run_id} is already {run.status}; nothing to cancel")
+    session.execute(update(Run).where(Run.id == run_id).values(cancel_requested=True))
+    session.execute(
+        update(Run).where(Run.id == run_id, Run.status == QUEUED)
+        .values(status=CANCELLED, finished_at=_now(), error="cancelled before it started")
+    )
+    session.commit()
+    session.refresh(run)
+    return run
+
+
+def reap_stale(
+    *, session: Session, stale_after_s: float, max_attempts: int, now: datetime | None = None
+) -> tuple[list[int], list[int]]:
+    """Runs whose worker stopped heart-beating: back to `queued` (to be dispatched again) while
+    attempts remain, else `failed` with the reason. Returns (requeued ids, failed ids)."""
+    now = now or _now()
+    cutoff = now - timedelta(seconds=stale_after_s)
+    stale = session.scalars(
+        select(Run).where(Run.status.in_(ACTIVE_STATUSES), Run.heartbeat_at < cutoff)
+    ).all()
+    requeued, failed = [], []
+    for run in stale:
+        last = run.heartbeat_at.strftime("%Y-%m-%d %H:%M:%S")
+        reason = (f"worker {run.worker} stopped reporting (last heartbeat {last} UTC) "
+                  f"during attempt {run.attempt}")
+        if run.attempt < max_attempts:
+            values = dict(status=QUEUED, worker=None, dispatched_at=None, error=reason)
+            target = requeued
+        else:
+            values = dict(status=FAILED, finished_at=now,
+                          error=f"{reason}; gave up after {run.attempt} attempts")
+            target = failed
+        result = session.execute(
+            update(Run).where(Run.id == run.id, Run.status == run.status,
+                              Run.heartbeat_at == run.heartbeat_at).values(**values)
+        )
+        if result.rowcount == 1:
+            target.append(run.id)
+    session.commit()
+    return requeued, failed
+
+
+def is_final(run: Run) -> bool:
+    return run.status in FINAL_STATUSES
+
+
+__all__ = ["BUILDING", "CANCELLED", "DONE", "FAILED", "QUEUED", "RUNNING"]

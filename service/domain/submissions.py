@@ -1,0 +1,198 @@
+"""Submissions: CI posting a commit, a contributor asking to verify a patch.
+
+Both store the source (content-addressed), create rows, and return the run ids to dispatch; the
+caller commits the transaction and *then* dispatches (a worker must never see a run id whose row
+is not committed yet).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from service.db.models import Commit, Project, Run
+from service.domain.archives import ArchiveError, extract_archive, pack_directory
+from service.domain.errors import BadInputError, ConflictError, NotFoundError
+from service.domain.storage import UnknownSourceError, archive_limits, get_archive, store_archive
+from service.settings import Settings
+
+
+@dataclass
+class Submission:
+    runs: list[Run]
+    commit: Commit | None
+    # Runs created by this call (to dispatch after the commit); empty for a repeated submission.
+    new_run_ids: list[int] = field(default_factory=list)
+
+    @property
+    def created(self) -> bool:
+        return bool(self.new_run_ids)
+
+
+def _source_digest(
+    *, session: Session, settings: Settings, archive: bytes | None, source_digest: str | None
+) -> str:
+    if archive is not None:
+        try:
+            return store_archive(session=session, settings=settings, data=archive).digest
+        except ArchiveError as exc:
+            raise BadInputError(f"source archive rejected: {exc}") from exc
+    if source_digest:
+        try:
+            get_archive(session=session, settings=settings, digest=source_digest)
+        except UnknownSourceError as exc:
+            raise NotFoundError(str(exc)) from exc
+        return source_digest
+    raise BadInputError("send the source as an `archive` file or the `source_digest` of an upload")
+
+
+def find_commit(*, session: Session, project: Project, ref: str) -> Commit:
+    """A commit of the project by sha (or unique sha prefix of 7+) or by release tag."""
+    commit = session.scalar(select(Commit).where(Commit.project_id == project.id, Commit.sha == ref))
+    if commit is None:
+        commit = session.scalar(
+            select(Commit).where(Commit.project_id == project.id, Commit.release_tag == ref)
+            .order_by(Commit.created_at.desc()).limit(1)
+        )
+    if commit is None and len(ref) >= 7:
+        matches = session.scalars(
+            select(Commit).where(Commit.project_id == project.id, Commit.sha.startswith(ref)).limit(2)
+        ).all()
+        commit = matches[0] if len(matches) == 1 else None
+    if commit is None:
+        raise NotFoundError(f"project {project.name!r} has no commit or release {ref!r}")
+    return commit
+
+
+def _existing_by_key(*, session: Session, project: Project, key: str | None) -> Run | None:
+    if not key:
+        return None
+    return session.scalar(select(Run).where(Run.project_id == project.id, Run.idempotency_key == key))
+
+
+def submit_commit(
+    *,
+    session: Session,
+    settings: Settings,
+    project: Project,
+    sha: str,
+    parents: list[str],
+    archive: bytes | None = None,
+    source_digest: str | None = None,
+    ref: str | None = None,
+    release_tag: str | None = None,
+    message: str | None = None,
+    battery: str | None = None,
+    environments: list[str] | None = None,
+    baseline: str | None = None,
+    idempotency_key: str | None = None,
+) -> Submission:
+    sha = sha.strip()
+    if not sha or len(sha) > 64:
+        raise BadInputError(f"commit sha {sha!r} must be 1-64 characters")
+    keyed = _existing_by_key(session=session, project=project, key=idempotency_key)
+    if keyed is not None:
+        return Submission(runs=[keyed], commit=keyed.commit)
+    digest = _source_digest(session=session, settings=settings, archive=archive,
+                            source_digest=source_digest)
+    base_commit = find_commit(session=session, project=project, ref=baseline) if baseline else None
+
+    commit = session.scalar(select(Commit).where(Commit.project_id == project.id, Commit.sha == sha))
+    if commit is None:
+        commit = Commit(project_id=project.id, sha=sha, parents=parents, ref=ref,
+                        release_tag=release_tag, message=message, source_digest=digest)
+        try:
+            with session.begin_nested():
+                session.add(commit)
+        except IntegrityError:  # a concurrent submission of the same sha won the race
+            commit = session.scalar(
+                select(Commit).where(Commit.project_id == project.id, Commit.sha == sha))
+    if commit.source_digest != digest:
+        raise ConflictError(
+            f"commit {sha} of {project.name!r} was already submitted with source {commit.source_digest};"
+            f" this upload is {digest}. A commit's source cannot change."
+        )
+    if release_tag and commit.release_tag != release_tag:
+        commit.release_tag = release_tag
+
+    battery = battery or project.default_battery
+    runs: list[Run] = []
+    new_ids: list[int] = []
+    for environment in environments or project.environments:
+        run = session.scalar(select(Run).where(
+            Run.commit_id == commit.id, Run.battery == battery, Run.environment == environment))
+        if run is None:
+            run = Run(project_id=project.id, kind="commit", commit_id=commit.id,
+                      source_digest=digest, battery=battery, environment=environment,
+                      base_commit_id=base_commit.id if base_commit else None,
+                      idempotency_key=idempotency_key if not new_ids else None)
+            try:
+                with session.begin_nested():
+                    session.add(run)
+                new_ids.append(run.id)
+            except IntegrityError:
+                run = session.scalar(select(Run).where(
+                    Run.commit_id == commit.id, Run.battery == battery,
+                    Run.environment == environment))
+        runs.append(run)
+    return Submission(runs=runs, commit=commit, new_run_ids=new_ids)
+
+
+def apply_patch(*, settings: Settings, base_archive: Path, patch: bytes) -> bytes:
+    """The base commit's tree with a unified diff (git format, -p1) applied, packed again."""
+    with tempfile.TemporaryDirectory(prefix="optdrift-verify-") as tmp:
+        tree = Path(tmp) / "tree"
+        extract_archive(base_archive.read_bytes(), tree, archive_limits(settings))
+        patch_file = Path(tmp) / "change.patch"
+        patch_file.write_bytes(patch)
+        result = subprocess.run(
+            ["git", "apply", "--whitespace=nowarn", "-p1", str(patch_file)],
+            cwd=tree, capture_output=True, text=True, timeout=60,
+        )
+        if result.returncode != 0:
+            raise BadInputError(
+                f"patch does not apply to the base commit: {result.stderr.strip()[:2000]}"
+            )
+        return pack_directory(tree)
+
+
+def submit_verify(
+    *,
+    session: Session,
+    settings: Settings,
+    project: Project,
+    base: str,
+    archive: bytes | None = None,
+    patch: bytes | None = None,
+    battery: str | None = None,
+    environment: str | None = None,
+    idempotency_key: str | None = None,
+) -> Submission:
+    keyed = _existing_by_key(session=session, project=project, key=idempotency_key)
+    if keyed is not None:
+        return Submission(runs=[keyed], commit=None)
+    base_commit = find_commit(session=session, project=project, ref=base)
+    if (archive is None) == (patch is None):
+        raise BadInputError("send exactly one of `archive` (a source tar.gz) or `patch` (a diff)")
+    if patch is not None:
+        _, base_path = get_archive(session=session, settings=settings,
+                                   digest=base_commit.source_digest)
+        archive = apply_patch(settings=settings, base_archive=base_path, patch=patch)
+    digest = _source_digest(session=session, settings=settings, archive=archive, source_digest=None)
+    environment = environment or project.environments[0]
+    if environment not in project.environments:
+        raise BadInputError(
+            f"environment {environment!r} is not one of project {project.name!r}'s "
+            f"{project.environments}")
+    run = Run(project_id=project.id, kind="verify", commit_id=None, base_commit_id=base_commit.id,
+              source_digest=digest, battery=battery or project.default_battery,
+              environment=environment, idempotency_key=idempotency_key)
+    session.add(run)
+    session.flush()
+    return Submission(runs=[run], commit=None, new_run_ids=[run.id])

@@ -1,0 +1,126 @@
+"""Trajectories in the database: per-step series packed as raw little-endian bytes (float64 for
+measurements, int64 for counts) so storage is compact and bit-exact, and converted back into the
+shared result models (service.results) for comparison and the API."""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.db.models import Run, Trajectory
+from service.results import CaseResult, CaseSpec, EnvironmentFingerprint, RunResult
+from service.results import Trajectory as TrajectoryModel
+
+# name -> array typecode: "d" float64, "q" int64. Order is storage order.
+SERIES: dict[str, str] = {
+    "ref64_max_abs": "d",
+    "ref64_max_rel": "d",
+    "same_precision_max_abs": "d",
+    "nonfinite_count": "q",
+}
+
+
+def _to_le_bytes(values: list, typecode: str) -> bytes:
+    packed = array(typecode, values)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def _from_le_bytes(data: bytes, typecode: str) -> list:
+    packed = array(typecode)
+    packed.frombytes(data)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tolist()
+
+
+def pack_series(trajectory: TrajectoryModel) -> tuple[list[dict[str, Any]], bytes]:
+    layout: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    for name, typecode in SERIES.items():
+        values = getattr(trajectory, name)
+        if values is None:
+            continue
+        layout.append({"name": name, "dtype": "float64" if typecode == "d" else "int64",
+                       "length": len(values)})
+        chunks.append(_to_le_bytes(list(values), typecode))
+    return layout, b"".join(chunks)
+
+
+def unpack_series(layout: list[dict[str, Any]], data: bytes) -> dict[str, list]:
+    out: dict[str, list] = {}
+    offset = 0
+    for entry in layout:
+        typecode = "d" if entry["dtype"] == "float64" else "q"
+        size = entry["length"] * 8
+        out[entry["name"]] = _from_le_bytes(data[offset:offset + size], typecode)
+        offset += size
+    return out
+
+
+def store_case_result(*, session: Session, run_id: int, case_index: int, result: CaseResult) -> Trajectory:
+    """Insert or replace the (run, case) row: a re-run of a case never duplicates it."""
+    row = session.scalar(
+        select(Trajectory).where(Trajectory.run_id == run_id, Trajectory.case_id == result.case.case_id)
+    )
+    if row is None:
+        row = Trajectory(run_id=run_id, case_id=result.case.case_id)
+        session.add(row)
+    layout, data = ([], b"")
+    digests: list[str] = []
+    steps = 0
+    if result.trajectory is not None:
+        layout, data = pack_series(result.trajectory)
+        digests = result.trajectory.digests
+        steps = len(digests)
+    row.case_index = case_index
+    row.case = result.case.model_dump(mode="json")
+    row.status = result.status
+    row.error = result.message
+    row.steps = steps
+    row.series_layout = layout
+    row.series_data = data
+    row.digests = "\n".join(digests)
+    row.extra = {"duration_s": result.duration_s}
+    session.flush()
+    return row
+
+
+def row_to_case_result(row: Trajectory) -> CaseResult:
+    trajectory = None
+    if row.series_layout:
+        series = unpack_series(row.series_layout, row.series_data)
+        trajectory = TrajectoryModel(
+            digests=row.digests.split("\n") if row.digests else [], **series
+        )
+    return CaseResult(
+        case=CaseSpec.model_validate(row.case), status=row.status, message=row.error,
+        trajectory=trajectory, duration_s=(row.extra or {}).get("duration_s", 0.0),
+    )
+
+
+def list_rows(*, session: Session, run_id: int) -> list[Trajectory]:
+    return list(session.scalars(
+        select(Trajectory).where(Trajectory.run_id == run_id).order_by(Trajectory.case_index)
+    ))
+
+
+def run_result(*, session: Session, run: Run) -> RunResult:
+    """The stored run as the engine's RunResult (for comparison)."""
+    detail = run.environment_detail or {}
+    environment = detail.get("fingerprint")
+    return RunResult(
+        battery_name=run.battery,
+        battery_version=detail.get("battery_version", 0),
+        battery_digest=run.battery_hash or "",
+        environment=EnvironmentFingerprint.model_validate(environment) if environment else None,
+        build_digest=run.build_digest,
+        build_ok=detail.get("build_ok", True),
+        build_error=detail.get("build_error"),
+        cases=[row_to_case_result(row) for row in list_rows(session=session, run_id=run.id)],
+    )

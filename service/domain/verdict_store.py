@@ -1,0 +1,82 @@
+"""Compute and store a run's verdict against its baseline (comparison logic: service.verdicts)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.db.models import DONE, FAILED, Run, Verdict
+from service.domain import baselines, trajectories
+from service.domain.errors import ConflictError, NotFoundError
+from service.results import RunComparison
+
+FLAGGING_OUTCOMES = ("changed", "broken")
+
+
+def _compare(commit_result, baseline_result) -> RunComparison:  # noqa: ANN001
+    from service import verdicts  # the engine engineer's pure-python comparison
+
+    return verdicts.compare_runs(commit_result, baseline_result)
+
+
+def evaluate(*, session: Session, run: Run) -> Verdict | None:
+    """Write the verdict of a finished run; None while its baseline has not finished."""
+    existing = session.scalar(select(Verdict).where(Verdict.run_id == run.id))
+    if existing is not None:
+        return existing
+    baseline_run = None
+    if run.status == FAILED:
+        comparison = RunComparison(
+            verdict="broken", summary=f"run failed: {run.error or 'unknown error'}",
+            battery_digest=run.battery_hash or "", commit_build_digest=run.build_digest)
+    elif run.status == DONE:
+        choice = baselines.choose(session=session, run=run)
+        if choice.pending:
+            return None
+        baseline_run = choice.run
+        commit_result = trajectories.run_result(session=session, run=run)
+        baseline_result = (trajectories.run_result(session=session, run=baseline_run)
+                           if baseline_run is not None else None)
+        comparison = _compare(commit_result, baseline_result)
+    else:
+        return None
+    changed = [case for case in comparison.cases if case.verdict in ("changed", "broken")]
+    first_steps = [case.first_divergent_step for case in changed if case.first_divergent_step]
+    verdict = Verdict(
+        run_id=run.id, baseline_run_id=baseline_run.id if baseline_run else None,
+        outcome=comparison.verdict, flagged=comparison.verdict in FLAGGING_OUTCOMES,
+        changed_cases=len(changed), first_divergent_step=min(first_steps) if first_steps else None,
+        detail=comparison.model_dump(mode="json"),
+    )
+    session.add(verdict)
+    session.flush()
+    return verdict
+
+
+def evaluate_with_dependants(*, session: Session, run: Run) -> Verdict | None:
+    """The run's own verdict, then those of runs that were waiting for it as their baseline."""
+    verdict = evaluate(session=session, run=run)
+    if run.status == DONE:
+        for other in baselines.dependants(session=session, run=run):
+            evaluate(session=session, run=other)
+    session.commit()
+    return verdict
+
+
+def acknowledge(*, session: Session, run: Run, note: str, by: str | None) -> Verdict:
+    """A maintainer marks a flagged change as intended: it no longer fails CI, and as the commit's
+    run it is the baseline its children compare with."""
+    verdict = session.scalar(select(Verdict).where(Verdict.run_id == run.id))
+    if verdict is None:
+        raise NotFoundError(f"run {run.id} has no verdict yet; wait for it to finish")
+    if not note.strip():
+        raise ConflictError("an acknowledgement needs a note saying why the change is intended")
+    verdict.acknowledged = True
+    verdict.flagged = False
+    verdict.acknowledgement_note = note
+    verdict.acknowledged_by = by
+    verdict.acknowledged_at = datetime.now(timezone.utc)
+    session.flush()
+    return verdict

@@ -1,0 +1,131 @@
+"""Compare a commit's run with its baseline's: per-case and run verdicts (no torch here).
+
+Per case:
+  broken     the commit's case crashed / hung / errored, or produced NaN/Inf where the baseline
+             did not (or, with no baseline, at all);
+  new        no baseline result for this case;
+  unchanged  every per-step digest equal (parameters and states bit for bit);
+  changed    otherwise: the first step whose digest differs, the per-step max |commit - baseline|
+             (from the co-run, when available), and the final distance of both to the float64
+             reference -> closer / farther / same.
+Run: broken if a case is broken (or the build failed), else changed if a case changed, else
+unchanged; no-baseline when there is nothing to compare with.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from service.results import CaseComparison, CaseResult, RunComparison, RunResult
+
+# Final reference distances within this relative margin of each other are "same": a one-ulp
+# change moves the distance by far less, a real algorithmic change (the decay ordering) by a factor.
+DIRECTION_RELATIVE_MARGIN = 0.01
+
+
+def direction(commit_distance: float, baseline_distance: float) -> str:
+    if commit_distance < baseline_distance * (1.0 - DIRECTION_RELATIVE_MARGIN):
+        return "closer"
+    if commit_distance > baseline_distance * (1.0 + DIRECTION_RELATIVE_MARGIN):
+        return "farther"
+    return "same"
+
+
+def _first_nonfinite_step(result: CaseResult) -> int | None:
+    counts = result.trajectory.nonfinite_count if result.trajectory else []
+    return next((i + 1 for i, n in enumerate(counts) if n), None)
+
+
+def first_divergent_step(commit_digests: list[str], baseline_digests: list[str]) -> int | None:
+    for index, (a, b) in enumerate(zip(commit_digests, baseline_digests)):
+        if a != b:
+            return index + 1
+    if len(commit_digests) != len(baseline_digests):
+        return min(len(commit_digests), len(baseline_digests)) + 1
+    return None
+
+
+def compare_case(commit: CaseResult, baseline: CaseResult | None,
+                 max_abs_diff_per_step: list[float] | None = None) -> CaseComparison:
+    base = {"case_id": commit.case.case_id, "optimizer": commit.case.optimizer}
+    if commit.status == "broken":
+        return CaseComparison(**base, verdict="broken", message=commit.message)
+    nonfinite_step = _first_nonfinite_step(commit)
+    if nonfinite_step is not None and (baseline is None or baseline.status != "ok"
+                                       or _first_nonfinite_step(baseline) is None):
+        return CaseComparison(**base, verdict="broken", first_divergent_step=nonfinite_step,
+                              message=f"NaN/Inf in parameters or states from step {nonfinite_step}")
+    commit_distance = commit.trajectory.ref64_max_abs[-1]
+    if baseline is None:
+        return CaseComparison(**base, verdict="new", commit_final_ref64_distance=commit_distance)
+    if baseline.status != "ok":
+        return CaseComparison(**base, verdict="changed", first_divergent_step=1,
+                              commit_final_ref64_distance=commit_distance,
+                              message=f"baseline was broken: {baseline.message}")
+    step = first_divergent_step(commit.trajectory.digests, baseline.trajectory.digests)
+    if step is None:
+        return CaseComparison(**base, verdict="unchanged")
+    baseline_distance = baseline.trajectory.ref64_max_abs[-1]
+    return CaseComparison(**base, verdict="changed", first_divergent_step=step,
+                          max_abs_diff_per_step=max_abs_diff_per_step,
+                          commit_final_ref64_distance=commit_distance,
+                          baseline_final_ref64_distance=baseline_distance,
+                          direction=direction(commit_distance, baseline_distance))
+
+
+def compare_runs(commit: RunResult, baseline: RunResult | None,
+                 diffs: dict[str, list[float]] | None = None) -> RunComparison:
+    """The verdict of `commit` against `baseline` (None: no-baseline). `diffs` maps case ids to the
+    per-step max |commit - baseline| from a co-run."""
+    diffs = diffs or {}
+    head = {"battery_digest": commit.battery_digest, "commit_build_digest": commit.build_digest,
+            "baseline_build_digest": baseline.build_digest if baseline else None}
+    if not commit.build_ok:
+        first_lines = "\n".join((commit.build_error or "unknown build error").strip().splitlines()[-15:])
+        return RunComparison(verdict="broken", summary=f"BROKEN: the source does not build:\n{first_lines}", **head)
+
+    baseline_cases = {c.case.case_id: c for c in baseline.cases} if baseline else {}
+    cases = [compare_case(c, baseline_cases.get(c.case.case_id), diffs.get(c.case.case_id)) for c in commit.cases]
+    counts = Counter(c.verdict for c in cases)
+    if counts["broken"]:
+        verdict = "broken"
+    elif baseline is None:
+        verdict = "no-baseline"
+    elif counts["changed"]:
+        verdict = "changed"
+    else:
+        verdict = "unchanged"
+    comparison = RunComparison(verdict=verdict, counts=dict(counts), cases=cases,
+                               summary=summarize(verdict, cases, commit, baseline), **head)
+    return comparison
+
+
+def summarize(verdict: str, cases: list[CaseComparison], commit: RunResult, baseline: RunResult | None) -> str:
+    total = len(cases)
+    counts = Counter(c.verdict for c in cases)
+    lines = [f"{verdict.upper()}: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) + f" of {total} cases"]
+    if baseline is not None and baseline.battery_digest != commit.battery_digest:
+        lines.append("warning: the baseline ran a different battery; only shared case ids are compared")
+    broken = [c for c in cases if c.verdict == "broken"]
+    if broken:
+        shown = "; ".join(f"{c.case_id}: {(c.message or '').splitlines()[0] if c.message else ''}" for c in broken[:3])
+        lines.append(f"broken: {shown}" + (f" (+{len(broken) - 3} more)" if len(broken) > 3 else ""))
+    changed = [c for c in cases if c.verdict == "changed"]
+    if changed:
+        by_optimizer = Counter(c.optimizer for c in changed)
+        lines.append("changed: " + ", ".join(f"{o} {n}" for o, n in sorted(by_optimizer.items())))
+        steps = Counter(c.first_divergent_step for c in changed)
+        lines.append("first divergent step: " + ", ".join(f"step {s} ({n} cases)" for s, n in sorted(steps.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))[:4]))
+        magnitudes = [(max(c.max_abs_diff_per_step), c.case_id) for c in changed if c.max_abs_diff_per_step]
+        if magnitudes:
+            largest, where = max(magnitudes)
+            lines.append(f"largest |commit - baseline|: {largest:.3e} ({where})")
+        directions = Counter(c.direction for c in changed if c.direction)
+        ratios = [(c.commit_final_ref64_distance / c.baseline_final_ref64_distance, c.case_id) for c in changed
+                  if c.commit_final_ref64_distance is not None and c.baseline_final_ref64_distance]
+        text = "vs float64 reference: " + ", ".join(f"{n} {d}" for d, n in sorted(directions.items()))
+        if ratios:
+            low, high = min(ratios), max(ratios)
+            text += f" (final distance commit/baseline from {low[0]:.3g}x to {high[0]:.3g}x)"
+        lines.append(text)
+    return "\n".join(lines)

@@ -1,0 +1,239 @@
+"""Batteries: declarative, versioned, canonically hashed lists of cases.
+
+A battery is a list of groups; each group is a cartesian product
+optimizers × families × parameter dtypes × hyperparameter points × gradient streams × seeds × sizes,
+run for a number of steps. Expanding a battery gives `service.results.CaseSpec`s with every kernel
+argument filled in, so a stored case never depends on defaults that might change later.
+
+Validation collects every problem of a spec into one pydantic ValidationError (unknown optimizer,
+lr < 0, steps <= 0, a size beyond the configured limit, a hyperparameter no optimizer of its group
+takes...), so a person fixes a battery file in one pass.
+
+No torch here: the service may validate and hash batteries too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from service.results import CaseSpec, GradientStreamSpec, KernelFamily, OptimizerName, ParamDtype
+
+# The kernel schema's float/bool arguments per optimizer (csrc/ops.cpp), with the defaults a case
+# gets when its point does not set them. Defaults follow torch.optim / the papers.
+OPTIMIZER_HYPER_DEFAULTS: dict[str, dict[str, float | bool]] = {
+    "adam": {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0,
+             "gnorm_scale": 1.0, "skip_zeros": False},
+    "ademamix": {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "beta3": 0.9999, "alpha": 5.0,
+                 "eps": 1e-8, "weight_decay": 0.0, "gnorm_scale": 1.0},
+    "lion": {"lr": 1e-4, "beta1": 0.9, "beta2": 0.99, "weight_decay": 0.0, "gnorm_scale": 1.0},
+    "momentum": {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.0, "gnorm_scale": 1.0},
+    "rmsprop": {"lr": 1e-2, "alpha": 0.99, "eps": 1e-8, "weight_decay": 0.0, "gnorm_scale": 1.0},
+    "adagrad": {"lr": 1e-2, "eps": 1e-10, "weight_decay": 0.0, "gnorm_scale": 1.0},
+}
+
+DEFAULT_MAX_CASE_SIZE = 1 << 24
+_DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def max_case_size(info: ValidationInfo | None = None) -> int:
+    """The size limit: validation context `max_case_size`, else OPTDRIFT_MAX_CASE_SIZE, else 2**24."""
+    if info is not None and info.context and "max_case_size" in info.context:
+        return int(info.context["max_case_size"])
+    return int(os.environ.get("OPTDRIFT_MAX_CASE_SIZE", DEFAULT_MAX_CASE_SIZE))
+
+
+class HyperPoint(BaseModel):
+    """One point in hyperparameter space; unset fields take the optimizer's default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float | None = Field(None, ge=0.0)
+    weight_decay: float | None = Field(None, ge=0.0)
+    beta1: float | None = Field(None, ge=0.0, lt=1.0)
+    beta2: float | None = Field(None, ge=0.0, lt=1.0)
+    beta3: float | None = Field(None, ge=0.0, lt=1.0)
+    alpha: float | None = Field(None, ge=0.0)
+    eps: float | None = Field(None, ge=0.0)
+    momentum: float | None = Field(None, ge=0.0, lt=1.0)
+    gnorm_scale: float | None = Field(None, gt=0.0)
+    skip_zeros: bool | None = None
+
+    def set_fields(self) -> dict[str, float | bool]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class CaseGroup(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    optimizers: list[OptimizerName] = Field(min_length=1)
+    families: list[KernelFamily] = Field(default=["32bit"], min_length=1)
+    param_dtypes: list[ParamDtype] = Field(default=["float32"], min_length=1)
+    points: list[HyperPoint] = Field(default=[HyperPoint()], min_length=1)
+    gradients: list[GradientStreamSpec] = Field(default=[GradientStreamSpec()], min_length=1)
+    seeds: list[int] = Field(default=[0], min_length=1)
+    sizes: list[int] = Field(min_length=1)
+    steps: int = Field(gt=0)
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds_non_negative(cls, seeds: list[int]) -> list[int]:
+        bad = [s for s in seeds if s < 0]
+        if bad:
+            raise ValueError(f"seeds must be >= 0, got {bad}")
+        return seeds
+
+    @field_validator("sizes")
+    @classmethod
+    def _sizes_in_range(cls, sizes: list[int], info: ValidationInfo) -> list[int]:
+        limit = max_case_size(info)
+        bad = [s for s in sizes if s <= 0 or s > limit]
+        if bad:
+            raise ValueError(f"sizes must be in 1..{limit} (the configured limit, OPTDRIFT_MAX_CASE_SIZE), got {bad}")
+        return sizes
+
+    @field_validator("points")
+    @classmethod
+    def _points_apply_to_group(cls, points: list[HyperPoint], info: ValidationInfo) -> list[HyperPoint]:
+        # Runs after `optimizers` (declaration order); skipped when those were invalid, whose error
+        # is then reported on its own.
+        optimizers = info.data.get("optimizers")
+        if not optimizers:
+            return points
+        taken = set().union(*(OPTIMIZER_HYPER_DEFAULTS[o] for o in optimizers))
+        problems = []
+        for index, point in enumerate(points):
+            unused = sorted(set(point.set_fields()) - taken)
+            if unused:
+                problems.append(f"point {index} sets {unused}, which none of {optimizers} takes")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return points
+
+
+class BatterySpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    version: int = Field(ge=1)
+    description: str = ""
+    groups: list[CaseGroup] = Field(min_length=1)
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the spec as sorted-key JSON (name and version included)."""
+        return hashlib.sha256(canonical_json(self.model_dump(mode="json")).encode()).hexdigest()
+
+    def expand(self) -> list[CaseSpec]:
+        """Every case of the battery, in a stable order, without duplicates."""
+        cases: dict[str, CaseSpec] = {}
+        for group in self.groups:
+            for optimizer, family, dtype, point, gradient, seed, size in itertools.product(
+                group.optimizers, group.families, group.param_dtypes, group.points,
+                group.gradients, group.seeds, group.sizes,
+            ):
+                defaults = OPTIMIZER_HYPER_DEFAULTS[optimizer]
+                hyper = dict(defaults)
+                hyper.update({k: v for k, v in point.set_fields().items() if k in defaults})
+                case = make_case(optimizer=optimizer, family=family, param_dtype=dtype, hyper=hyper,
+                                 gradient=gradient, seed=seed, size=size, steps=group.steps)
+                cases.setdefault(case.case_id, case)
+        return list(cases.values())
+
+
+def canonical_json(value: Any) -> str:
+    # json.dumps writes floats with repr (shortest round-trip), so the text pins every bit.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def make_case(*, optimizer: str, family: str, param_dtype: str, hyper: dict[str, float | bool],
+              gradient: GradientStreamSpec, seed: int, size: int, steps: int) -> CaseSpec:
+    """A CaseSpec whose id is a readable label plus a hash of the whole description."""
+    hyper = {k: (bool(v) if isinstance(v, bool) else float(v)) for k, v in sorted(hyper.items())}
+    body = {"optimizer": optimizer, "family": family, "param_dtype": param_dtype, "hyper": hyper,
+            "gradient": gradient.model_dump(mode="json"), "seed": seed, "size": size, "steps": steps}
+    content_hash = hashlib.sha256(canonical_json(body).encode()).hexdigest()[:8]
+    defaults = OPTIMIZER_HYPER_DEFAULTS[optimizer]
+    parts = [optimizer, family, _DTYPE_SHORT[param_dtype], f"lr={hyper['lr']!r}", f"wd={hyper['weight_decay']!r}"]
+    parts += [f"{k}={v!r}" for k, v in hyper.items()
+              if k not in ("lr", "weight_decay") and v != defaults[k]]
+    stream = gradient.kind + (f"+z{gradient.zero_fraction!r}" if gradient.zero_fraction else "")
+    stream += f"*{gradient.scale!r}" if gradient.scale != 1.0 else ""
+    parts += [stream, f"n{size}", f"s{seed}", f"t{steps}"]
+    return CaseSpec(case_id=".".join(parts) + "#" + content_hash, **body)
+
+
+# ----------------------------------------------------------------------------- built-ins
+_ALL = ["adam", "ademamix", "lion", "momentum", "rmsprop", "adagrad"]
+_TWO_STATE = ["adam", "ademamix"]
+_ONE_STATE = ["lion", "momentum", "rmsprop", "adagrad"]
+_OPEN = {"kind": "open"}
+_CLOSED = {"kind": "closed"}
+_DISCRIMINATING = {"lr": 0.1, "weight_decay": 0.1}   # ordering gap ~ lr²·wd is far above fp32 noise
+_TYPICAL = {"lr": 1e-3, "weight_decay": 1e-2}
+
+
+def _quick() -> BatterySpec:
+    # CPU: the whole `optdrift check` (two hosts, co-run) must stay under a minute on 2 cores.
+    return BatterySpec.model_validate({
+        "name": "quick", "version": 1,
+        "description": "CPU smoke battery: discriminating and typical Adam/AdEMAMix points with wd=0 "
+                       "controls, the 1-state optimizers, fp16/bf16 with exact zeros and gnorm_scale, size 1.",
+        "groups": [
+            {"optimizers": _TWO_STATE, "sizes": [4097], "steps": 20, "gradients": [_OPEN, _CLOSED],
+             "points": [_DISCRIMINATING, {"lr": 0.1, "weight_decay": 0.0}, _TYPICAL,
+                        {"lr": 1e-3, "weight_decay": 0.0}]},
+            {"optimizers": _ONE_STATE, "sizes": [4097], "steps": 20, "gradients": [_OPEN, _CLOSED],
+             "points": [{"lr": 1e-2, "weight_decay": 0.1}, {"lr": 1e-2, "weight_decay": 0.0}]},
+            {"optimizers": _ALL, "param_dtypes": ["float16", "bfloat16"], "sizes": [1031], "steps": 10,
+             "gradients": [{"kind": "open", "zero_fraction": 0.25}],
+             "points": [{"lr": 0.1, "weight_decay": 0.1, "gnorm_scale": 0.5}]},
+            {"optimizers": _ALL, "sizes": [1], "steps": 10, "points": [_DISCRIMINATING]},
+            {"optimizers": ["adam"], "sizes": [4097], "steps": 20,
+             "gradients": [{"kind": "open", "zero_fraction": 0.5}],
+             "points": [{"lr": 0.1, "weight_decay": 0.1, "skip_zeros": True}]},
+        ],
+    })
+
+
+def _standard() -> BatterySpec:
+    # GPU: >= 500 cases of >= 100 steps.
+    dtypes = ["float32", "float16", "bfloat16"]
+    return BatterySpec.model_validate({
+        "name": "standard", "version": 1,
+        "description": "GPU battery: typical, discriminating and wd=0 points for every optimizer and dtype, "
+                       "sizes 1/4097/65536/2**20, exact zeros, gnorm_scale != 1, several seeds.",
+        "groups": [
+            {"optimizers": _ALL, "param_dtypes": dtypes, "sizes": [1, 4097, 65536], "steps": 100,
+             "gradients": [_OPEN, _CLOSED],
+             "points": [_TYPICAL, _DISCRIMINATING, {"lr": 1e-3, "weight_decay": 0.0},
+                        {"lr": 0.1, "weight_decay": 0.0}]},
+            {"optimizers": _ALL, "param_dtypes": dtypes, "sizes": [4097], "steps": 100, "seeds": [1, 2],
+             "gradients": [{"kind": "open", "zero_fraction": 0.25}], "points": [_TYPICAL, _DISCRIMINATING]},
+            {"optimizers": _ALL, "sizes": [4097], "steps": 100, "seeds": [0, 1],
+             "gradients": [{"kind": "open", "zero_fraction": 0.1}, _CLOSED],
+             "points": [{"lr": 1e-2, "weight_decay": 1e-2, "gnorm_scale": 0.25}]},
+            {"optimizers": ["adam"], "param_dtypes": dtypes, "sizes": [4097, 65536], "steps": 100,
+             "gradients": [{"kind": "open", "zero_fraction": 0.5}],
+             "points": [{**_TYPICAL, "skip_zeros": True}, {**_DISCRIMINATING, "skip_zeros": True}]},
+            {"optimizers": _TWO_STATE, "sizes": [1 << 20], "steps": 100, "points": [_TYPICAL]},
+        ],
+    })
+
+
+BUILTIN_BATTERIES = {"quick": _quick, "standard": _standard}
+
+
+def load_battery(name_or_path: str) -> BatterySpec:
+    """A built-in battery by name, or a battery JSON file."""
+    if name_or_path in BUILTIN_BATTERIES:
+        return BUILTIN_BATTERIES[name_or_path]()
+    if os.path.isfile(name_or_path):
+        with open(name_or_path, encoding="utf-8") as handle:
+            return BatterySpec.model_validate_json(handle.read())
+    raise ValueError(f"unknown battery {name_or_path!r}: use one of {sorted(BUILTIN_BATTERIES)} or a JSON file path")

@@ -1,0 +1,248 @@
+"""Kernel host: a subprocess that loads ONE build and runs cases on request.
+
+Two builds of the same library cannot share a process (one op namespace), and a kernel that
+segfaults, hangs or hits a CUDA error must cost one case, not the run. So each build runs in
+
+    python -m worker.kernel_host --library PATH --device cpu|cuda|auto
+
+which speaks JSON lines: the parent writes one request per line on the host's stdin, the host
+answers one line on its stdout.
+
+    -> {"op": "run", "case": <CaseSpec>, "params_out": "/tmp/x.f32" | null}
+    <- {"result": <CaseResult>, "restart": false}
+    -> {"op": "exit"}
+On start the host answers {"ready": true, "environment": <EnvironmentFingerprint>}.
+
+The protocol gets a private copy of the original stdout; fd 1 is pointed at stderr so anything a
+kernel or library prints cannot corrupt it. A kernel error (RuntimeError) answers a `broken` case;
+after a CUDA error the context is unusable, so the host answers and exits, and the parent starts a
+fresh host for the remaining cases. The parent (`KernelHost`) enforces a per-case timeout and
+turns a crash, a hang or a startup failure into a `broken` case whose message carries the
+host's last stderr lines.
+
+Test-only fault injection (tests/test_engine_host.py): OPTDRIFT_TEST_HOST_FAULT="abort:TEXT" calls
+os.abort() and "hang:TEXT" sleeps forever when a case id contains TEXT. Nothing else reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from service.results import CaseResult, CaseSpec, EnvironmentFingerprint
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+FAULT_ENV = "OPTDRIFT_TEST_HOST_FAULT"
+
+
+# ----------------------------------------------------------------------------- host side
+def _inject_fault(case: CaseSpec) -> None:
+    fault = os.environ.get(FAULT_ENV, "")
+    kind, _, text = fault.partition(":")
+    if text and text in case.case_id:
+        if kind == "abort":
+            os.abort()
+        if kind == "hang":
+            while True:
+                time.sleep(3600)
+
+
+def _is_cuda_error(error: BaseException) -> bool:
+    return "CUDA" in str(error) or type(error).__name__ == "AcceleratorError"
+
+
+def host_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="run optimizer cases on one kernel build")
+    parser.add_argument("--library", required=True, help="path of the built kernel library (.so)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    args = parser.parse_args(argv)
+
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    import torch
+
+    from worker import kernel_ops
+    from worker.environment import fingerprint, resolve_device
+    from worker.trajectory import run_case
+
+    kernel_ops.load_build(args.library)
+    device = resolve_device(args.device)
+    protocol.write(json.dumps({"ready": True, "environment": fingerprint(device).model_dump(mode="json")}) + "\n")
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request.get("op") == "exit":
+            return 0
+        case = CaseSpec.model_validate(request["case"])
+        restart = False
+        _inject_fault(case)
+        try:
+            if request.get("params_out"):
+                with open(request["params_out"], "wb") as params_out:
+                    result = run_case(case, device, params_out)
+            else:
+                result = run_case(case, device)
+        except Exception as error:  # noqa: BLE001 - any kernel error is this case's verdict
+            restart = device.type == "cuda" and _is_cuda_error(error)
+            result = CaseResult(case=case, status="broken", message=f"{type(error).__name__}: {error}")
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        protocol.write(json.dumps({"result": result.model_dump(mode="json"), "restart": restart}) + "\n")
+        if restart:
+            return 3
+    return 0
+
+
+# ----------------------------------------------------------------------------- parent side
+class KernelHostError(RuntimeError):
+    pass
+
+
+class KernelHost:
+    """The parent's handle on one host process; restarts it after a crash, hang or CUDA error."""
+
+    def __init__(self, library_path: str | Path, *, device: str = "auto", case_timeout_s: float = 300.0,
+                 startup_timeout_s: float = 120.0, env: dict[str, str] | None = None):
+        self.library_path = str(library_path)
+        self.device = device
+        self.case_timeout_s = case_timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        self.env = env
+        self.environment: EnvironmentFingerprint | None = None
+        self.restarts = 0
+        self._process: subprocess.Popen | None = None
+        self._buffer = b""
+        self._stderr = tempfile.NamedTemporaryFile(prefix="optdrift-host-", suffix=".log", delete=False)
+
+    def __enter__(self) -> "KernelHost":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- process management
+    def start(self) -> None:
+        env = dict(os.environ if self.env is None else self.env)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
+        self._buffer = b""
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "worker.kernel_host", "--library", self.library_path, "--device", self.device],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
+            start_new_session=True,  # its own process group, so a kill takes its children too
+        )
+        line = self._read_line(time.monotonic() + self.startup_timeout_s)
+        if line is None:
+            self._kill()
+            raise KernelHostError(f"kernel host for {self.library_path} did not start: {self._death_note()}")
+        self.environment = EnvironmentFingerprint.model_validate(json.loads(line)["environment"])
+
+    def _alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _kill(self) -> None:
+        if self._process is None:
+            return
+        if self._process.poll() is None:
+            try:
+                os.killpg(self._process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._process.wait()
+        for pipe in (self._process.stdin, self._process.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        if self._alive():
+            try:
+                self._process.stdin.write(b'{"op": "exit"}\n')
+                self._process.stdin.flush()
+                self._process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self._kill()
+        self._process = None
+        self._stderr.close()
+        os.unlink(self._stderr.name)
+
+    def stderr_tail(self, lines: int = 8) -> str:
+        self._stderr.flush()
+        text = Path(self._stderr.name).read_text(errors="replace")
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    def _death_note(self) -> str:
+        code = self._process.poll() if self._process else None
+        if code is not None and code < 0:
+            how = f"killed by {signal.Signals(-code).name}"
+        elif code is not None:
+            how = f"exited with status {code}"
+        else:
+            how = "no answer"
+        tail = self.stderr_tail()
+        return how + (f"; last stderr lines:\n{tail}" if tail else "")
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        """One protocol line, or None on EOF (host died) or at the deadline (host hangs)."""
+        fd = self._process.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                return None
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                self._process.wait()
+                return None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    # -- requests
+    def run(self, case: CaseSpec, params_out: str | Path | None = None) -> CaseResult:
+        """The case's result; a crash, hang or startup failure gives a `broken` result."""
+        if not self._alive():
+            if self._process is not None:
+                self._kill()
+                self.restarts += 1
+            try:
+                self.start()
+            except KernelHostError as error:
+                return CaseResult(case=case, status="broken", message=str(error))
+        request = {"op": "run", "case": case.model_dump(mode="json"),
+                   "params_out": str(params_out) if params_out else None}
+        started = time.monotonic()
+        try:
+            self._process.stdin.write((json.dumps(request) + "\n").encode())
+            self._process.stdin.flush()
+        except OSError:
+            pass  # the host died; reading finds EOF and reports it
+        line = self._read_line(started + self.case_timeout_s)
+        if line is None:
+            timed_out = self._process.poll() is None
+            self._kill()
+            message = (f"timed out after {self.case_timeout_s:g} s" if timed_out
+                       else f"kernel host crashed: {self._death_note()}")
+            return CaseResult(case=case, status="broken", message=message,
+                              duration_s=time.monotonic() - started)
+        answer = json.loads(line)
+        if answer.get("restart"):
+            self._kill()
+        return CaseResult.model_validate(answer["result"])
+
+
+if __name__ == "__main__":
+    sys.exit(host_main())

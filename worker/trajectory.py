@@ -1,0 +1,115 @@
+"""Run one case on the loaded build: the kernel's trajectory beside its references, step by step.
+
+Per step (after the step, steps 1-based) it records, at full precision:
+  * max |p - r64| and max relative error against the float64 reference,
+  * max |p - r| against the same-precision reference,
+  * the NaN/Inf count over parameters and states,
+  * a digest of the parameter and state bytes (the bitwise fingerprint).
+The scalar metrics stay on the device as 0-d tensors and are copied to the host once per case, so
+a GPU run does not synchronise on every metric. Digests need host bytes; `digest_tensors` is the
+one place that does that, so it can move to the device later without touching the loop.
+
+Kernel families are dispatched through `FAMILY_ADAPTERS`: an adapter creates the family's states
+and performs one kernel step. The 8-bit blockwise family (issue 6) adds an adapter here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import BinaryIO, Protocol
+
+import torch
+
+from service.results import CaseResult, CaseSpec, Trajectory
+from worker.gradients import GradientStream, initial_parameters
+from worker.references import make_reference
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Relative error denominators are floored at the smallest normal float32 so exact zeros stay finite.
+RELATIVE_ERROR_FLOOR = 2.0 ** -126
+
+
+class FamilyAdapter(Protocol):
+    def init_states(self, case: CaseSpec, param: torch.Tensor) -> dict[str, torch.Tensor]: ...
+
+    def step(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
+             states: dict[str, torch.Tensor], step: int) -> None: ...
+
+
+class ThirtyTwoBitAdapter:
+    """fp32 states, one op call per step (worker.kernel_ops over torch.ops.optdrift.*)."""
+
+    def init_states(self, case: CaseSpec, param: torch.Tensor) -> dict[str, torch.Tensor]:
+        from worker import kernel_ops
+
+        return {name: torch.zeros(param.shape, dtype=torch.float32, device=param.device)
+                for name in kernel_ops.OPTIMIZER_STATES[case.optimizer]}
+
+    def step(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
+             states: dict[str, torch.Tensor], step: int) -> None:
+        from worker import kernel_ops
+
+        kernel_ops.step(case.optimizer, param, grad, states, step=step, hyper=dict(case.hyper))
+
+
+FAMILY_ADAPTERS: dict[str, FamilyAdapter] = {"32bit": ThirtyTwoBitAdapter()}
+
+
+def digest_tensors(tensors: list[torch.Tensor]) -> str:
+    """blake2b (128-bit) over the raw bytes of each tensor in order: parameter, then states."""
+    h = hashlib.blake2b(digest_size=16)
+    for tensor in tensors:
+        host = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
+        h.update(host.numpy().tobytes())
+    return h.hexdigest()
+
+
+def _nonfinite(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return sum((~torch.isfinite(t)).sum() for t in tensors)
+
+
+def run_case(case: CaseSpec, device: torch.device, params_out: BinaryIO | None = None) -> CaseResult:
+    """Run `case` on the build loaded in this process. Errors raised by the kernel propagate (the
+    kernel host turns them into a `broken` case); `params_out` receives the parameters after each
+    step as float32 bytes (exact for fp32/fp16/bf16), for the co-run comparison."""
+    started = time.perf_counter()
+    if case.family not in FAMILY_ADAPTERS:
+        raise ValueError(f"case {case.case_id}: kernel family {case.family!r} has no adapter yet "
+                         f"(known: {sorted(FAMILY_ADAPTERS)})")
+    adapter = FAMILY_ADAPTERS[case.family]
+    dtype = TORCH_DTYPES[case.param_dtype]
+
+    param = initial_parameters(case.seed, case.size).to(dtype).to(device)
+    states = adapter.init_states(case, param)
+    stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device=device, grad_dtype=dtype)
+    # Both references start from the kernel's exact starting point (upcast exactly for float64).
+    ref64 = make_reference(case, param.to(torch.float64))
+    ref_same = make_reference(case, param.clone())
+
+    abs64, rel64, abs_same, nonfinite, digests = [], [], [], [], []
+    for step in range(1, case.steps + 1):
+        grad = stream.kernel_gradient(step, param)
+        adapter.step(case, param, grad, states, step)
+        digests.append(digest_tensors([param, *states.values()]))
+        ref64.step(step, stream.reference_gradient(step, ref64.param))
+        ref_same.step(step, stream.reference_gradient(step, ref_same.param))
+
+        p64 = param.to(torch.float64)
+        r64 = ref64.param.detach()
+        delta = (p64 - r64).abs()
+        abs64.append(delta.max())
+        rel64.append((delta / r64.abs().clamp_min(RELATIVE_ERROR_FLOOR)).max())
+        abs_same.append((p64 - ref_same.param.detach().to(torch.float64)).abs().max())
+        nonfinite.append(_nonfinite([param, *states.values()]))
+        if params_out is not None:
+            params_out.write(param.detach().to(torch.float32).cpu().numpy().tobytes())
+
+    trajectory = Trajectory(
+        ref64_max_abs=torch.stack(abs64).cpu().tolist(),
+        ref64_max_rel=torch.stack(rel64).cpu().tolist(),
+        same_precision_max_abs=torch.stack(abs_same).cpu().tolist(),
+        nonfinite_count=[int(n) for n in torch.stack(nonfinite).cpu().tolist()],
+        digests=digests,
+    )
+    return CaseResult(case=case, status="ok", trajectory=trajectory, duration_s=time.perf_counter() - started)

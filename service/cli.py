@@ -1,0 +1,275 @@
+"""`optdrift`: the command line (typer + rich).
+
+serve    API + a worker on the embedded default (SQLite + filesystem broker under OPTDRIFT_HOME,
+         default ~/.local/share/optdrift), migrating first; `--demo` loads the bundled kernels at
+         a few commits, the weight-decay reorder among them.
+worker   a Celery worker for OPTDRIFT_WORKER_ENVIRONMENT's queue.
+migrate  alembic upgrade head.
+submit   CI: post a commit and its source; `--wait` shows progress and the verdict, exit 1 if flagged.
+verify   a contributor's tree or patch against a known commit.
+demo     submit the demo commits to a running service.
+
+Server-side modules are imported inside the commands, so the client install (httpx, typer, rich)
+can run `submit` and `verify`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+app = typer.Typer(help="optdrift: did this commit change a training trajectory?", no_args_is_help=True)
+console = Console()
+DEFAULT_URL = os.environ.get("OPTDRIFT_URL", "http://127.0.0.1:8000")
+UrlOption = Annotated[str, typer.Option("--url", help="the optdrift API (env OPTDRIFT_URL)")]
+FLAGGED_EXIT_CODE = 1
+
+
+@app.command()
+def migrate() -> None:
+    """Create or upgrade the database schema (alembic upgrade head)."""
+    from service.db.migrate import upgrade_to_head
+    from service.settings import get_settings
+
+    settings = get_settings()
+    settings.home.mkdir(parents=True, exist_ok=True)
+    upgrade_to_head()
+    console.print(f"database at {settings.resolved_database_url.split('@')[-1]} is up to date")
+
+
+@app.command()
+def worker(
+    pool: Annotated[str, typer.Option(help="celery pool: prefork (production) or solo")] = "prefork",
+    concurrency: Annotated[int, typer.Option(help="runs at once; keep 1 per GPU")] = 1,
+    loglevel: str = "INFO",
+) -> None:
+    """Run a Celery worker consuming OPTDRIFT_WORKER_ENVIRONMENT's queue (cpu, gpu.sm90, ...)."""
+    from service.settings import get_settings
+    from worker.celery_app import app as celery_app, worker_argv
+
+    settings = get_settings()
+    celery_app.worker_main(worker_argv(environment=settings.worker_environment,
+                                       concurrency=concurrency, pool=pool, loglevel=loglevel))
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+    with_worker: Annotated[bool, typer.Option("--worker/--no-worker",
+                                              help="also start a local worker process")] = True,
+    demo: Annotated[bool, typer.Option(help="load the bundled kernels at a few commits")] = False,
+) -> None:
+    """Start the API (and a local worker) on the configured database and broker; the embedded
+    default needs no servers: data lives in OPTDRIFT_HOME (~/.local/share/optdrift)."""
+    import uvicorn
+
+    from service.db.migrate import upgrade_to_head
+    from service.settings import get_settings
+
+    public_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    os.environ.setdefault("OPTDRIFT_PUBLIC_URL", public_url)
+    get_settings.cache_clear()
+    settings = get_settings()
+    settings.home.mkdir(parents=True, exist_ok=True)
+    upgrade_to_head()
+    console.print(f"optdrift data in [bold]{settings.home}[/]; database "
+                  f"{settings.resolved_database_url.split('@')[-1]}; broker "
+                  f"{settings.resolved_broker_url.split('@')[-1]}")
+    worker_process = None
+    if with_worker:
+        worker_process = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "worker", "--pool", "solo", "--loglevel", "WARNING"],
+            env={**os.environ, "OPTDRIFT_PUBLIC_URL": settings.public_url})
+    if demo:
+        threading.Thread(target=_demo_when_ready, args=(settings.public_url,), daemon=True).start()
+    try:
+        uvicorn.run("service.api.main:create_app", factory=True, host=host, port=port,
+                    log_level="warning")
+    finally:
+        if worker_process is not None:
+            worker_process.terminate()
+            worker_process.wait(timeout=30)
+
+
+def _demo_when_ready(url: str) -> None:
+    import httpx
+
+    for _ in range(120):
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    try:
+        load_demo(url)
+    except Exception as exc:  # noqa: BLE001
+        console.print(f"[red]demo failed:[/] {exc}")
+
+
+def load_demo(url: str, project: str = "bundled") -> list[dict]:
+    """Submit the bundled csrc at three commits: base, the decay-after-update reorder (flagged),
+    a comment-only change (unchanged)."""
+    import tempfile
+
+    from service.client import OptdriftClient
+    from worker.mutations import comment_only, copy_tree, decay_after_update
+
+    client = OptdriftClient(url)
+    client.ensure_project(project)
+    csrc = Path(__file__).resolve().parents[1] / "csrc"
+    submitted = []
+    with tempfile.TemporaryDirectory(prefix="optdrift-demo-") as tmp:
+        buggy = decay_after_update(copy_tree(csrc, Path(tmp) / "decay-after-update"))
+        commented = comment_only(copy_tree(buggy, Path(tmp) / "comment-only"))
+        commits = [
+            ("demo-base", [], csrc, "bundled kernels, decay before update (AdamW Algorithm 2)"),
+            ("demo-decay-after-update", ["demo-base"], buggy,
+             "apply weight decay after the update (the PR-2040 ordering bug)"),
+            ("demo-comment-only", ["demo-decay-after-update"], commented, "comment-only change"),
+        ]
+        for sha, parents, tree, message in commits:
+            answer = client.submit_commit(project=project, sha=sha, parents=parents,
+                                          source_dir=tree, message=message)
+            submitted.append(answer)
+            console.print(f"demo: submitted {sha} -> run(s) {[r['id'] for r in answer['runs']]}")
+    console.print(f"demo: watch {url}/api/v1/projects/{project}/commits")
+    return submitted
+
+
+@app.command("demo")
+def demo_command(url: UrlOption = DEFAULT_URL, project: str = "bundled") -> None:
+    """Submit the demo commits to a running service (see `serve --demo`)."""
+    load_demo(url, project)
+
+
+def _verdict_table(runs: list[dict]) -> Table:
+    table = Table(title="optdrift verdict")
+    for column in ("run", "commit", "environment", "status", "verdict", "changed cases",
+                   "first step", "summary"):
+        table.add_column(column)
+    for run in runs:
+        verdict = run.get("verdict") or {}
+        outcome = verdict.get("outcome", "-")
+        style = "red" if verdict.get("flagged") else ("green" if outcome == "unchanged" else "")
+        table.add_row(str(run["id"]), run.get("commit_sha") or f"verify vs {run.get('base_sha')}",
+                      run["environment"], run["status"], f"[{style}]{outcome}[/]" if style else outcome,
+                      str(verdict.get("changed_cases", "-")),
+                      str(verdict.get("first_divergent_step") or "-"),
+                      (verdict.get("summary") or run.get("error") or "").splitlines()[0:1][0]
+                      if (verdict.get("summary") or run.get("error")) else "")
+    return table
+
+
+def _changed_cases_table(runs: list[dict]) -> Table | None:
+    rows = [(run["id"], case) for run in runs for case in
+            ((run.get("verdict") or {}).get("detail", {}).get("cases", []))
+            if case["verdict"] in ("changed", "broken")]
+    if not rows:
+        return None
+    table = Table(title="changed cases")
+    for column in ("run", "case", "verdict", "first step", "direction", "message"):
+        table.add_column(column)
+    for run_id, case in rows[:40]:
+        table.add_row(str(run_id), case["case_id"], case["verdict"],
+                      str(case.get("first_divergent_step") or "-"), case.get("direction") or "-",
+                      (case.get("message") or "")[:80])
+    if len(rows) > 40:
+        table.caption = f"... and {len(rows) - 40} more"
+    return table
+
+
+def wait_and_report(client, run_ids: list[int]) -> int:  # noqa: ANN001
+    """Progress bar while the runs go; then the verdict tables. Returns the exit code."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as progress:
+        tasks = {run_id: progress.add_task(f"run {run_id}", total=None) for run_id in run_ids}
+
+        def update(current: list[dict]) -> None:
+            for run in current:
+                done, total = run["progress"]["cases_done"], run["progress"]["cases_total"]
+                progress.update(tasks[run["id"]], completed=done, total=total,
+                                description=f"run {run['id']} {run['status']}")
+
+        final = client.wait(run_ids, on_update=update)
+    console.print(_verdict_table(final))
+    changed = _changed_cases_table(final)
+    if changed is not None:
+        console.print(changed)
+    flagged = [run for run in final if (run.get("verdict") or {}).get("flagged")
+               or (run["status"] == "failed" and not run.get("verdict"))]
+    return FLAGGED_EXIT_CODE if flagged else 0
+
+
+@app.command()
+def submit(
+    project: Annotated[str, typer.Option(help="project name")],
+    commit: Annotated[str, typer.Option(help="commit sha")],
+    source: Annotated[Path, typer.Option(help="the kernel source tree to upload", exists=True,
+                                         file_okay=False)],
+    parent: Annotated[Optional[list[str]], typer.Option(help="parent sha (repeat; first parent first)")] = None,
+    ref: Optional[str] = None,
+    release: Annotated[Optional[str], typer.Option(help="release tag of this commit")] = None,
+    message: Optional[str] = None,
+    battery: Optional[str] = None,
+    wait: Annotated[bool, typer.Option(help="wait for the verdict; exit 1 if flagged")] = False,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """CI: submit a commit. With --wait, show progress and exit non-zero on a flagged verdict."""
+    from service.client import ApiError, OptdriftClient
+
+    client = OptdriftClient(url)
+    try:
+        answer = client.submit_commit(project=project, sha=commit, source_dir=source,
+                                      parents=parent or [], ref=ref, release_tag=release,
+                                      message=message, battery=battery,
+                                      idempotency_key=f"{project}:{commit}:{battery or ''}")
+    except ApiError as exc:
+        console.print(f"[red]submission refused:[/] {exc}")
+        raise typer.Exit(2) from exc
+    run_ids = [run["id"] for run in answer["runs"]]
+    console.print(f"{'submitted' if answer['created'] else 'already submitted'} {commit}: "
+                  f"run(s) {run_ids}")
+    if wait:
+        raise typer.Exit(wait_and_report(client, run_ids))
+
+
+@app.command()
+def verify(
+    project: Annotated[str, typer.Option(help="project name")],
+    base: Annotated[str, typer.Option(help="the commit sha or release to compare with")],
+    source: Annotated[Optional[Path], typer.Option(help="your kernel source tree", file_okay=False)] = None,
+    patch: Annotated[Optional[Path], typer.Option(help="a git diff against --base", dir_okay=False)] = None,
+    battery: Optional[str] = None,
+    wait: Annotated[bool, typer.Option(help="wait for the verdict")] = True,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """A contributor without a GPU: run your tree (or patch) on the service's workers against --base."""
+    from service.client import ApiError, OptdriftClient
+
+    if (source is None) == (patch is None):
+        console.print("[red]give exactly one of --source DIR or --patch FILE[/]")
+        raise typer.Exit(2)
+    client = OptdriftClient(url)
+    try:
+        run = client.verify(project=project, base=base, source_dir=source, patch=patch, battery=battery)
+    except ApiError as exc:
+        console.print(f"[red]verify refused:[/] {exc}")
+        raise typer.Exit(2) from exc
+    console.print(f"verify run {run['id']}: {url}{run['report_url']}")
+    if wait:
+        raise typer.Exit(wait_and_report(client, [run["id"]]))
+
+
+if __name__ == "__main__":
+    app()

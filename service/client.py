@@ -1,0 +1,89 @@
+"""HTTP client of the optdrift API, used by `optdrift submit`, `verify` and `demo`.
+Needs only httpx and the standard library (the client install has no server packages)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from service.domain.archives import pack_directory
+
+FINAL = {"done", "failed", "cancelled"}
+
+
+class ApiError(RuntimeError):
+    def __init__(self, response: httpx.Response):
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        super().__init__(f"{response.request.method} {response.request.url.path} -> "
+                         f"{response.status_code}: {detail}")
+        self.status_code = response.status_code
+
+
+class OptdriftClient:
+    def __init__(self, base_url: str, *, timeout_s: float = 120.0):
+        self.base_url = base_url.rstrip("/")
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _check(self, response: httpx.Response) -> Any:  # noqa: ANN401
+        if response.status_code >= 400:
+            raise ApiError(response)
+        return response.json()
+
+    def ensure_project(self, name: str, **fields: Any) -> dict:  # noqa: ANN401
+        response = self.http.get(f"/api/v1/projects/{name}")
+        if response.status_code == 404:
+            response = self.http.post("/api/v1/projects", json={"name": name, **fields})
+        return self._check(response)
+
+    def submit_commit(self, *, project: str, sha: str, source_dir: Path, parents: list[str] = (),
+                      ref: str | None = None, release_tag: str | None = None,
+                      message: str | None = None, battery: str | None = None,
+                      idempotency_key: str | None = None) -> dict:
+        archive = pack_directory(Path(source_dir))
+        form = {"sha": sha, "parents": " ".join(parents)}
+        for key, value in (("ref", ref), ("release_tag", release_tag), ("message", message),
+                           ("battery", battery)):
+            if value:
+                form[key] = value
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._check(self.http.post(
+            f"/api/v1/projects/{project}/commits", data=form, headers=headers,
+            files={"archive": ("source.tar.gz", archive, "application/gzip")}))
+
+    def verify(self, *, project: str, base: str, source_dir: Path | None = None,
+               patch: Path | None = None, battery: str | None = None) -> dict:
+        files = {}
+        if source_dir is not None:
+            files["archive"] = ("source.tar.gz", pack_directory(Path(source_dir)), "application/gzip")
+        if patch is not None:
+            files["patch"] = ("change.patch", Path(patch).read_bytes(), "text/x-diff")
+        form = {"base": base, **({"battery": battery} if battery else {})}
+        return self._check(self.http.post(f"/api/v1/projects/{project}/verify", data=form, files=files))
+
+    def run(self, run_id: int) -> dict:
+        return self._check(self.http.get(f"/api/v1/runs/{run_id}"))
+
+    def wait(self, run_ids: list[int], *, on_update: Callable[[list[dict]], None] | None = None,
+             poll_s: float = 1.0, timeout_s: float = 3600.0) -> list[dict]:
+        """Poll until every run is final and has its verdict (or failed without one)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            current = [self.run(run_id) for run_id in run_ids]
+            if on_update:
+                on_update(current)
+            if all(r["status"] in FINAL and (r["verdict"] is not None or r["status"] == "cancelled")
+                   for r in current):
+                return current
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"runs {run_ids} not finished after {timeout_s:g} s")
+            time.sleep(poll_s)

@@ -1,0 +1,33 @@
+"""The Celery app of the workers. Its configuration is service.domain.queueing.celery_config (one
+module, shared with the API's sender), applied lazily when Celery first reads its config — nothing
+is read from the environment at import.
+
+Start a worker with `optdrift worker` (one per GPU, CUDA_VISIBLE_DEVICES set), which consumes the
+queue of OPTDRIFT_WORKER_ENVIRONMENT (`cpu`, `gpu.sm90`, ...).
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from service.domain.queueing import celery_config
+from service.settings import get_settings
+
+app = Celery("optdrift", set_as_current=False, include=["worker.tasks"])
+
+
+@app.on_configure.connect
+def _configure(sender: Celery, **_kwargs) -> None:  # noqa: ANN003
+    sender.conf.update(celery_config(get_settings()))
+
+
+def worker_argv(*, environment: str, concurrency: int = 1, pool: str = "prefork",
+                loglevel: str = "INFO") -> list[str]:
+    """argv for `celery worker` consuming one environment's queue."""
+    return [
+        "worker", "--queues", environment, "--concurrency", str(concurrency), "--pool", pool,
+        "--loglevel", loglevel, "--hostname", f"optdrift-{environment}@%h",
+        # No gossip/mingle/broker heartbeats: workers coordinate through the database, and the
+        # filesystem broker of the embedded default has no fanout for them.
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+    ]

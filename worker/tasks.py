@@ -1,0 +1,161 @@
+"""The one Celery task: execute a run, given only its id.
+
+claim (conditional UPDATE queued -> building) -> fetch source over HTTP -> build (digest cache) ->
+run the battery case by case in a kernel-host subprocess (this process never touches CUDA),
+writing each trajectory and the progress as it goes -> done -> verdict against the baseline.
+A heartbeat thread keeps `heartbeat_at` fresh; cancellation is honoured between phases and cases;
+if the reaper took the run away (heartbeat lost), the task stops writing.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import tempfile
+import threading
+from pathlib import Path
+
+from service.db.models import CANCELLED, DONE, FAILED, RUNNING, Run
+from service.db.session import get_sessionmaker
+from service.domain import runs, trajectories, verdict_store
+from service.domain.queueing import RUN_TASK_NAME
+from service.domain.storage import archive_limits
+from service.settings import Settings, get_settings
+from worker.celery_app import app
+from worker.source_fetch import fetch_source
+
+log = logging.getLogger(__name__)
+MAX_LOG_CHARS = 200_000
+
+
+class RunLost(RuntimeError):
+    """The run is no longer ours (reaped after a missed heartbeat, or cancelled)."""
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{threading.get_native_id()}"
+
+
+class Heartbeat:
+    def __init__(self, *, run_id: int, worker: str, interval_s: float):
+        self.run_id, self.worker, self.interval_s = run_id, worker, interval_s
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{run_id}", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                with get_sessionmaker()() as session:
+                    if not runs.heartbeat(session=session, run_id=self.run_id, worker=self.worker):
+                        self.lost.set()
+                        return
+            except Exception:  # noqa: BLE001  (a database blip: try again next beat)
+                log.exception("heartbeat for run %s failed", self.run_id)
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:  # noqa: ANN002
+        self._stop.set()
+
+
+def _read_log(path: str | None) -> str:
+    if not path or not Path(path).exists():
+        return ""
+    text = Path(path).read_text(errors="replace")
+    return text if len(text) <= MAX_LOG_CHARS else "[... log truncated ...]\n" + text[-MAX_LOG_CHARS:]
+
+
+def execute_run(run_id: int, *, settings: Settings | None = None, worker: str | None = None) -> str:
+    """Run `run_id` to a final status; returns that status ("skipped" if it was not claimable)."""
+    settings = settings or get_settings()
+    worker = worker or worker_name()
+    sessions = get_sessionmaker()
+    with sessions() as session:
+        if not runs.claim(session=session, run_id=run_id, worker=worker):
+            log.info("run %s is not queued (taken, finished or cancelled); skipping", run_id)
+            return "skipped"
+    with Heartbeat(run_id=run_id, worker=worker, interval_s=settings.heartbeat_interval_s) as beat:
+        try:
+            status = _phases(run_id=run_id, settings=settings, worker=worker, beat=beat)
+        except RunLost as lost:
+            log.warning("run %s: %s", run_id, lost)
+            return "lost"
+        except Exception as exc:  # noqa: BLE001  (any failure is recorded on the run)
+            log.exception("run %s failed", run_id)
+            with sessions() as session:
+                runs.set_status(session=session, run_id=run_id, worker=worker, status=FAILED,
+                                error=f"{type(exc).__name__}: {exc}")
+            status = FAILED
+    with sessions() as session:
+        run = session.get(Run, run_id)
+        if run.status in (DONE, FAILED) and run.worker == worker:
+            verdict_store.evaluate_with_dependants(session=session, run=run)
+    return status
+
+
+def _checkpoint(*, session, run_id: int, worker: str, beat: Heartbeat) -> None:  # noqa: ANN001
+    """Between phases: stop if the run was taken from us or a cancel was asked for."""
+    if beat.lost.is_set():
+        raise RunLost("heartbeat lost; another attempt owns this run now")
+    if runs.cancel_requested(session=session, run_id=run_id):
+        runs.set_status(session=session, run_id=run_id, worker=worker, status=CANCELLED,
+                        error="cancelled on request")
+        raise RunLost("cancelled on request")
+
+
+def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) -> str:
+    from worker.battery import load_battery
+    from worker.build import build_extension
+    from worker.kernel_host import KernelHost
+
+    with get_sessionmaker()() as session, tempfile.TemporaryDirectory(prefix=f"optdrift-run{run_id}-") as tmp:
+        run = session.get(Run, run_id)
+        battery = load_battery(run.battery)
+        cases = battery.expand()
+        source_dir = fetch_source(
+            base_url=settings.public_url, digest=run.source_digest, dest=Path(tmp) / "src",
+            limits=archive_limits(settings), max_bytes=settings.max_upload_bytes)
+        _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
+
+        cpu_only = settings.worker_device == "cpu"
+        build = build_extension(source_dir, cache_dir=settings.resolved_build_cache_dir,
+                                cuda_archs=[] if cpu_only else None)
+        detail = {"battery_version": battery.version, "build_ok": build.ok,
+                  "build_error": build.error, "cuda_archs": build.cuda_archs}
+        if not runs.heartbeat(session=session, run_id=run_id, worker=worker,
+                              build_log=_read_log(build.log_path), build_digest=build.digest,
+                              build_cached=build.cached, battery_hash=battery.digest,
+                              environment_detail=detail):
+            raise RunLost("the run was taken away during the build")
+        if not build.ok:
+            runs.set_status(session=session, run_id=run_id, worker=worker, status=FAILED,
+                            error=f"build failed: {build.error}")
+            return FAILED
+        _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
+
+        runs.set_status(session=session, run_id=run_id, worker=worker, status=RUNNING,
+                        cases_total=len(cases), cases_done=0)
+        with KernelHost(build.library_path, device=settings.worker_device,
+                        case_timeout_s=settings.case_timeout_s) as host:
+            for index, case in enumerate(cases):
+                _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
+                result = host.run(case)
+                trajectories.store_case_result(session=session, run_id=run_id, case_index=index,
+                                               result=result)
+                if host.environment is not None and "fingerprint" not in detail:
+                    detail = {**detail, "fingerprint": host.environment.model_dump(mode="json")}
+                # The trajectory and the progress commit together: progress never runs ahead.
+                if not runs.heartbeat(session=session, run_id=run_id, worker=worker,
+                                      cases_done=index + 1, environment_detail=detail):
+                    session.rollback()
+                    raise RunLost("the run was taken away while running cases")
+        runs.set_status(session=session, run_id=run_id, worker=worker, status=DONE)
+        return DONE
+
+
+@app.task(name=RUN_TASK_NAME, ignore_result=True)
+def execute_run_task(run_id: int) -> str:
+    return execute_run(run_id)

@@ -1,0 +1,266 @@
+"""Python face of one build of the bundled optimizer kernels (csrc/).
+
+`load_build(path)` loads a compiled library into this process (once: the op namespace `optdrift`
+is process-global, so a second, different build needs its own process) and registers a fake
+(meta) implementation of every op, so fake tensors, torch.compile and `torch.library.opcheck` see
+the ops' in-place effects. The typed wrappers below call `torch.ops.optdrift.*`; `step()` drives any
+optimizer generically from the names in `OPTIMIZER_STATES` and a hyperparameter dict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+NAMESPACE = "optdrift"
+
+# Each optimizer's state tensors (float32, shaped like the parameter, zero-initialised) in the
+# order the op's schema takes them, so an engine can allocate and pass them generically.
+OPTIMIZER_STATES: dict[str, tuple[str, ...]] = {
+    "adam": ("exp_avg", "exp_avg_sq"),
+    "ademamix": ("exp_avg_fast", "exp_avg_slow", "exp_avg_sq"),
+    "lion": ("exp_avg",),
+    "momentum": ("momentum_buffer",),
+    "rmsprop": ("square_avg",),
+    "adagrad": ("state_sum",),
+}
+
+_SUPPORTED_PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+_load_lock = threading.Lock()
+_loaded_path: Path | None = None
+_loaded_sha256: str | None = None
+
+
+class BuildAlreadyLoadedError(RuntimeError):
+    """A different build of the kernels is already loaded into this process."""
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _ops_registered() -> bool:
+    # Resolving an op that no library defined raises AttributeError.
+    return hasattr(getattr(torch.ops, NAMESPACE), "adam_step")
+
+
+def loaded_library() -> Path | None:
+    """The library this process loaded through `load_build`, or None."""
+    return _loaded_path
+
+
+def load_build(library_path: str | Path) -> Path:
+    """Load one build's shared library into this process; idempotent for the same build.
+
+    Loading a second, different build raises `BuildAlreadyLoadedError`: both would register the
+    same `optdrift::*` ops, so two builds must be compared from two processes (one kernel host
+    each). A byte-identical copy at another path counts as the same build.
+    """
+    global _loaded_path, _loaded_sha256
+    path = Path(library_path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"kernel library {path} does not exist; build csrc first")
+    with _load_lock:
+        sha256 = _file_sha256(path)
+        if _loaded_path is not None:
+            if sha256 == _loaded_sha256:
+                return _loaded_path
+            raise BuildAlreadyLoadedError(
+                f"this process already holds the kernel build {_loaded_path} (sha256 "
+                f"{_loaded_sha256[:16]}); {path} (sha256 {sha256[:16]}) is a different build of "
+                f"the same '{NAMESPACE}' ops and cannot be loaded beside it. Load it in a "
+                "separate process (one kernel host per build)."
+            )
+        if _ops_registered():
+            raise BuildAlreadyLoadedError(
+                f"'{NAMESPACE}' ops are already registered in this process by a library that was "
+                f"not loaded through load_build; cannot also load {path}. Use a fresh process."
+            )
+        torch.ops.load_library(str(path))
+        _register_fakes()
+        _loaded_path, _loaded_sha256 = path, sha256
+        return path
+
+
+# ---------------------------------------------------------------- fake (meta) implementations
+
+
+def _check_tensors_fake(op: str, param, grad, states: Mapping[str, torch.Tensor]) -> None:
+    """The tensor checks of csrc/checks.h, for fake/meta tensors that never reach C++."""
+    if param.dtype not in _SUPPORTED_PARAM_DTYPES:
+        raise RuntimeError(
+            f"{op}: argument 'param' has dtype {param.dtype}; supported parameter dtypes are "
+            "float32, float16 and bfloat16"
+        )
+    if grad.dtype != param.dtype:
+        raise RuntimeError(
+            f"{op}: argument 'grad' has dtype {grad.dtype} but 'param' is {param.dtype}; pass "
+            "the gradient in the parameter's dtype"
+        )
+    named = [("grad", grad, False), *((name, t, True) for name, t in states.items())]
+    for name, tensor, is_state in named:
+        kind = "state argument" if is_state else "argument"
+        if is_state and tensor.dtype != torch.float32:
+            raise RuntimeError(
+                f"{op}: {kind} '{name}' has dtype {tensor.dtype}; optimizer states are float32"
+            )
+        if tensor.device != param.device:
+            raise RuntimeError(
+                f"{op}: {kind} '{name}' is on {tensor.device} but 'param' is on {param.device}; "
+                "put all tensors on one device"
+            )
+        if tensor.numel() != param.numel():
+            raise RuntimeError(
+                f"{op}: {kind} '{name}' has {tensor.numel()} elements but 'param' has "
+                f"{param.numel()}"
+            )
+    for name, tensor in [("param", param), ("grad", grad), *states.items()]:
+        if not tensor.is_contiguous():
+            raise RuntimeError(f"{op}: argument '{name}' must be contiguous")
+
+
+def _register_fakes() -> None:
+    # The ops mutate their inputs and return nothing, so a fake only has to validate.
+    @torch.library.register_fake(f"{NAMESPACE}::adam_step")
+    def _adam_fake(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
+                   gnorm_scale=1.0, skip_zeros=False):
+        _check_tensors_fake("optdrift::adam_step", param, grad,
+                            {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq})
+
+    @torch.library.register_fake(f"{NAMESPACE}::ademamix_step")
+    def _ademamix_fake(param, grad, exp_avg_fast, exp_avg_slow, exp_avg_sq, step, lr, beta1,
+                       beta2, beta3, alpha, eps, weight_decay, gnorm_scale=1.0):
+        _check_tensors_fake("optdrift::ademamix_step", param, grad,
+                            {"exp_avg_fast": exp_avg_fast, "exp_avg_slow": exp_avg_slow,
+                             "exp_avg_sq": exp_avg_sq})
+
+    @torch.library.register_fake(f"{NAMESPACE}::lion_step")
+    def _lion_fake(param, grad, exp_avg, lr, beta1, beta2, weight_decay, gnorm_scale=1.0):
+        _check_tensors_fake("optdrift::lion_step", param, grad, {"exp_avg": exp_avg})
+
+    @torch.library.register_fake(f"{NAMESPACE}::momentum_step")
+    def _momentum_fake(param, grad, momentum_buffer, step, lr, momentum, weight_decay,
+                       gnorm_scale=1.0):
+        _check_tensors_fake("optdrift::momentum_step", param, grad,
+                            {"momentum_buffer": momentum_buffer})
+
+    @torch.library.register_fake(f"{NAMESPACE}::rmsprop_step")
+    def _rmsprop_fake(param, grad, square_avg, lr, alpha, eps, weight_decay, gnorm_scale=1.0):
+        _check_tensors_fake("optdrift::rmsprop_step", param, grad, {"square_avg": square_avg})
+
+    @torch.library.register_fake(f"{NAMESPACE}::adagrad_step")
+    def _adagrad_fake(param, grad, state_sum, lr, eps, weight_decay, gnorm_scale=1.0):
+        _check_tensors_fake("optdrift::adagrad_step", param, grad, {"state_sum": state_sum})
+
+
+# ------------------------------------------------------------------------- typed wrappers
+# Defaults are torch.optim's (Adam, RMSprop, Adagrad) or the papers' (Lion, AdEMAMix); lr and
+# weight_decay are always explicit because the battery's cases differ exactly there.
+
+
+def _ops():
+    if _loaded_path is None:
+        raise RuntimeError("no kernel build is loaded in this process; call load_build(path) first")
+    return torch.ops.optdrift
+
+
+def adam_step(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, weight_decay: float,
+              beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+              gnorm_scale: float = 1.0, skip_zeros: bool = False) -> None:
+    _ops().adam_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
+                     gnorm_scale, skip_zeros)
+
+
+def ademamix_step(param, grad, exp_avg_fast, exp_avg_slow, exp_avg_sq, *, step: int, lr: float,
+                  weight_decay: float, beta1: float = 0.9, beta2: float = 0.999,
+                  beta3: float = 0.9999, alpha: float = 5.0, eps: float = 1e-8,
+                  gnorm_scale: float = 1.0) -> None:
+    _ops().ademamix_step(param, grad, exp_avg_fast, exp_avg_slow, exp_avg_sq, step, lr, beta1,
+                         beta2, beta3, alpha, eps, weight_decay, gnorm_scale)
+
+
+def lion_step(param, grad, exp_avg, *, lr: float, weight_decay: float, beta1: float = 0.9,
+              beta2: float = 0.99, gnorm_scale: float = 1.0) -> None:
+    _ops().lion_step(param, grad, exp_avg, lr, beta1, beta2, weight_decay, gnorm_scale)
+
+
+def momentum_step(param, grad, momentum_buffer, *, step: int, lr: float, weight_decay: float,
+                  momentum: float = 0.9, gnorm_scale: float = 1.0) -> None:
+    _ops().momentum_step(param, grad, momentum_buffer, step, lr, momentum, weight_decay,
+                         gnorm_scale)
+
+
+def rmsprop_step(param, grad, square_avg, *, lr: float, weight_decay: float, alpha: float = 0.99,
+                 eps: float = 1e-8, gnorm_scale: float = 1.0) -> None:
+    _ops().rmsprop_step(param, grad, square_avg, lr, alpha, eps, weight_decay, gnorm_scale)
+
+
+def adagrad_step(param, grad, state_sum, *, lr: float, weight_decay: float, eps: float = 1e-10,
+                 gnorm_scale: float = 1.0) -> None:
+    _ops().adagrad_step(param, grad, state_sum, lr, eps, weight_decay, gnorm_scale)
+
+
+_WRAPPERS = {
+    "adam": adam_step,
+    "ademamix": ademamix_step,
+    "lion": lion_step,
+    "momentum": momentum_step,
+    "rmsprop": rmsprop_step,
+    "adagrad": adagrad_step,
+}
+
+# Optimizers whose update depends on the step number (bias correction, first-step buffer).
+STEP_DEPENDENT = frozenset({"adam", "ademamix", "momentum"})
+
+
+def step(optimizer: str, param: torch.Tensor, grad: torch.Tensor,
+         states: Mapping[str, torch.Tensor], *, step: int, hyper: Mapping[str, float | bool]) -> None:
+    """One in-place update of `param` and `states` by the named optimizer.
+
+    `states` maps the names in OPTIMIZER_STATES[optimizer] to float32 tensors; `hyper` holds the
+    wrapper's keyword arguments (lr, weight_decay, betas, ...). `step` is 1-based and ignored by
+    the optimizers that do not use it.
+    """
+    try:
+        wrapper = _WRAPPERS[optimizer]
+    except KeyError:
+        raise ValueError(
+            f"unknown optimizer {optimizer!r}; known: {', '.join(sorted(_WRAPPERS))}"
+        ) from None
+    expected = OPTIMIZER_STATES[optimizer]
+    if set(states) != set(expected):
+        raise ValueError(
+            f"optimizer {optimizer!r} takes states {expected}, got {tuple(states)}"
+        )
+    kwargs = dict(hyper)
+    if optimizer in STEP_DEPENDENT:
+        kwargs["step"] = step
+    accepted = hyperparameters(optimizer)
+    unknown = set(kwargs) - set(accepted)
+    missing = {name for name, required in accepted.items() if required} - set(kwargs)
+    if unknown or missing:
+        raise ValueError(
+            f"bad hyperparameters for {optimizer!r}: unknown {sorted(unknown)}, missing "
+            f"{sorted(missing)}; it takes {sorted(accepted)}"
+        )
+    wrapper(param, grad, *(states[name] for name in expected), **kwargs)
+
+
+def hyperparameters(optimizer: str) -> dict[str, bool]:
+    """Keyword arguments of an optimizer's wrapper (step included) -> whether each is required."""
+    signature = inspect.signature(_WRAPPERS[optimizer])
+    return {
+        name: parameter.default is inspect.Parameter.empty
+        for name, parameter in signature.parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    }

@@ -33,6 +33,7 @@ console = Console()
 DEFAULT_URL = os.environ.get("OPTDRIFT_URL", "http://127.0.0.1:8000")
 UrlOption = Annotated[str, typer.Option("--url", help="the optdrift API (env OPTDRIFT_URL)")]
 FLAGGED_EXIT_CODE = 1
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @app.command()
@@ -90,7 +91,9 @@ def serve(
     if with_worker:
         worker_process = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "worker", "--pool", "solo", "--loglevel", "WARNING"],
-            env={**os.environ, "OPTDRIFT_PUBLIC_URL": settings.public_url})
+            env={**os.environ, "OPTDRIFT_PUBLIC_URL": settings.public_url,
+                 # the worker imports this checkout's packages even when run from another folder
+                 "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))})
     if demo:
         threading.Thread(target=_demo_when_ready, args=(settings.public_url,), daemon=True).start()
     try:
@@ -269,6 +272,22 @@ def verify(
     console.print(f"verify run {run['id']}: {url}{run['report_url']}")
     if wait:
         raise typer.Exit(wait_and_report(client, [run["id"]]))
+
+
+@app.command()
+def check(
+    source: Annotated[Path, typer.Option(help="the kernel source tree to check (e.g. csrc)")],
+    baseline: Annotated[Optional[Path], typer.Option(help="the tree to compare with")] = None,
+    battery: Annotated[str, typer.Option(help="quick, standard or a battery JSON file")] = "quick",
+    device: Annotated[str, typer.Option(help="auto (cuda when a GPU is visible), cpu or cuda")] = "auto",
+    json_out: Annotated[Optional[Path], typer.Option(help="write both runs and the verdict as JSON")] = None,
+    show_unchanged: bool = False,
+) -> None:
+    """No server: build SOURCE (and BASELINE), run a battery, print the verdict; exit 1 if flagged."""
+    from worker.check import run_check
+
+    raise typer.Exit(run_check(source, baseline, battery, device=device, json_out=json_out,
+                               show_unchanged=show_unchanged))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ def read_limited(upload: UploadFile | None, *, settings: Settings, field: str) -
     data = upload.file.read(settings.max_upload_bytes + 1)
     if len(data) > settings.max_upload_bytes:
         raise HTTPException(
-            status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+            status.HTTP_413_CONTENT_TOO_LARGE,
             f"`{field}` is larger than the {settings.max_upload_bytes}-byte upload limit "
             "(OPTDRIFT_MAX_UPLOAD_BYTES)",
         )

@@ -1,0 +1,163 @@
+"""Fixtures for the service tests (loaded from tests/conftest.py via `pytest_plugins`).
+
+API tests run against the real PostgreSQL: a fresh database per test session
+(`optdrift_test_<pid>`), migrated with `alembic upgrade head`, one rolled-back transaction per
+test (routes' commits become savepoints), the app's session and settings dependencies overridden.
+End-to-end tests start real processes (uvicorn, Celery worker) against real Redis (db 13) or the
+embedded default.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PG_ADMIN_URL = os.environ.get("OPTDRIFT_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/test")
+PG_HOST_URL = PG_ADMIN_URL.rsplit("/", 1)[0]
+API_TEST_REDIS = "redis://127.0.0.1:6379/14"
+E2E_REDIS = "redis://127.0.0.1:6379/13"
+
+
+def create_database(name: str) -> str:
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{PG_HOST_URL.replace('postgresql://', 'postgresql+psycopg://')}/{name}"
+
+
+def drop_database(name: str) -> None:
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def flush_redis(url: str) -> None:
+    import redis
+
+    redis.Redis.from_url(url).flushdb()
+
+
+def make_archive(files: dict[str, bytes | str], *, links: dict[str, str] | None = None) -> bytes:
+    """A tar.gz with the given files (and symlinks name -> target), for bad-input tests."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, content in files.items():
+            data = content.encode() if isinstance(content, str) else content
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.SYMTYPE
+            info.linkname = target
+            tar.addfile(info)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    from service.db.migrate import upgrade_to_head
+
+    name = f"optdrift_test_{os.getpid()}"
+    url = create_database(name)
+    upgrade_to_head(url)
+    yield url
+    drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def pg_engine(pg_url: str):
+    from sqlalchemy import create_engine
+
+    engine = create_engine(pg_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def db_session(pg_engine):
+    from sqlalchemy.orm import Session
+
+    connection = pg_engine.connect()
+    transaction = connection.begin()
+    session = Session(bind=connection, join_transaction_mode="create_savepoint",
+                      expire_on_commit=False)
+    yield session
+    session.close()
+    transaction.rollback()
+    connection.close()
+
+
+@pytest.fixture
+def api_settings(tmp_path: Path, pg_url: str):
+    from service.settings import Settings
+
+    flush_redis(API_TEST_REDIS)
+    return Settings(home=tmp_path / "home", database_url=pg_url, broker_url=API_TEST_REDIS,
+                    maintenance_interval_s=0, max_upload_bytes=256 * 1024)
+
+
+@pytest.fixture
+def api(db_session, api_settings):
+    from fastapi.testclient import TestClient
+
+    from service.api.main import create_app
+    from service.db.session import get_session
+    from service.settings import get_settings
+
+    app = create_app()
+    app.dependency_overrides[get_session] = lambda: db_session
+    app.dependency_overrides[get_settings] = lambda: api_settings
+    with TestClient(app) as client:
+        yield client
+
+
+# ----------------------------------------------------------------------------- processes
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_http(url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
+
+
+def start_process(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    log = open(log_path, "wb")  # noqa: SIM115  (closed with the process)
+    return subprocess.Popen([sys.executable, "-m", "service.cli", *args], cwd=REPO_ROOT,
+                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **env},
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def shared_build_cache() -> str:
+    return os.environ.get("OPTDRIFT_BUILD_CACHE", str(REPO_ROOT / ".optdrift" / "test-build-cache"))

@@ -1,0 +1,171 @@
+"""API tests against the real PostgreSQL (fresh database, alembic upgrade head, rolled back per test)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import select
+
+from service.db.models import Run
+from service.domain import queueing
+from service.domain.archives import pack_directory, sha256_hex
+from tests.service_fixtures import (  # noqa: F401  (fixtures)
+    api, api_settings, db_session, make_archive, pg_engine, pg_url,
+)
+
+SOURCE = {"ops.cpp": "// kernels\n", "cpu/a.cpp": "int a = 1;\n"}
+
+
+def _project(api, name="kern"):  # noqa: ANN001, ANN202
+    response = api.post("/api/v1/projects", json={"name": name})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def _submit(api, sha, archive, project="kern", headers=None, **form):  # noqa: ANN001, ANN003, ANN202
+    return api.post(f"/api/v1/projects/{project}/commits", data={"sha": sha, **form},
+                    files={"archive": ("s.tar.gz", archive, "application/gzip")}, headers=headers or {})
+
+
+def test_project_create_list_and_duplicate(api):  # noqa: ANN001
+    _project(api)
+    assert [p["name"] for p in api.get("/api/v1/projects").json()["data"]] == ["kern"]
+    duplicate = api.post("/api/v1/projects", json={"name": "kern"})
+    assert duplicate.status_code == 409 and "already exists" in duplicate.json()["detail"]
+    assert api.post("/api/v1/projects", json={"name": "../x"}).status_code == 422
+
+
+def test_unknown_project_and_commit_are_404(api):  # noqa: ANN001
+    response = _submit(api, "abc", make_archive(SOURCE), project="nope")
+    assert response.status_code == 404 and "nope" in response.json()["detail"]
+    _project(api)
+    assert api.get("/api/v1/projects/kern/commits/deadbeef").status_code == 404
+    assert api.get("/api/v1/runs/999999").status_code == 404
+
+
+def test_submission_stores_source_creates_run_and_dispatches(api, api_settings, db_session):  # noqa: ANN001
+    _project(api)
+    archive = make_archive(SOURCE)
+    response = _submit(api, "c1", archive, parents="", message="first")
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert body["created"] is True
+    run = body["runs"][0]
+    assert run["status"] == "queued" and run["dispatched"] is True and run["commit_sha"] == "c1"
+    digest = sha256_hex(archive)
+    stored = api_settings.resolved_store_dir / digest[:2] / f"{digest}.tar.gz"
+    assert stored.read_bytes() == archive
+    # The worker fetches the same bytes over HTTP.
+    assert api.get(f"/api/v1/sources/{digest}").content == archive
+    # The broker holds exactly the run id, on the environment's queue.
+    import redis
+
+    queued = redis.Redis.from_url(api_settings.resolved_broker_url).lrange("cpu", 0, -1)
+    assert len(queued) == 1 and b"optdrift.execute_run" in queued[0]
+
+
+def test_same_submission_returns_same_run_and_idempotency_key(api):  # noqa: ANN001
+    _project(api)
+    archive = make_archive(SOURCE)
+    first = _submit(api, "c1", archive).json()
+    again = _submit(api, "c1", archive)
+    assert again.status_code == 200 and again.json()["created"] is False
+    assert again.json()["runs"][0]["id"] == first["runs"][0]["id"]
+    keyed = _submit(api, "c2", make_archive({**SOURCE, "x.cpp": "1"}), headers={"Idempotency-Key": "k1"})
+    # Same key, different body: the key wins (the client is retrying the same request).
+    repeat = _submit(api, "c2", make_archive({**SOURCE, "x.cpp": "1"}), headers={"Idempotency-Key": "k1"})
+    assert repeat.json()["runs"][0]["id"] == keyed.json()["runs"][0]["id"]
+    listed = api.get("/api/v1/projects/kern/commits").json()
+    assert [c["sha"] for c in listed["data"]] == ["c2", "c1"] and listed["count"] == 2
+
+
+def test_commit_source_cannot_change(api):  # noqa: ANN001
+    _project(api)
+    _submit(api, "c1", make_archive(SOURCE))
+    response = _submit(api, "c1", make_archive({"ops.cpp": "// other"}))
+    assert response.status_code == 409 and "cannot change" in response.json()["detail"]
+
+
+def test_bad_archives_are_refused_and_nothing_is_stored(api, api_settings):  # noqa: ANN001
+    _project(api)
+    cases = {
+        "not a readable tar.gz": b"this is not gzip",
+        "escapes the archive root": make_archive({"../evil.cpp": "x"}),
+        "is a link": make_archive(SOURCE, links={"link.cpp": "/etc/passwd"}),
+        "archive is empty": make_archive({}),
+    }
+    for expected, archive in cases.items():
+        response = _submit(api, "bad", archive)
+        assert response.status_code == 422, (expected, response.text)
+        assert expected in response.json()["detail"], response.json()
+    too_big = _submit(api, "big", b"\0" * (api_settings.max_upload_bytes + 1))
+    assert too_big.status_code == 413 and "OPTDRIFT_MAX_UPLOAD_BYTES" in too_big.json()["detail"]
+    missing = api.post("/api/v1/projects/kern/commits", data={"sha": "none"})
+    assert missing.status_code == 422 and "archive" in missing.json()["detail"]
+    store = api_settings.resolved_store_dir
+    assert not store.exists() or not any(p.is_file() for p in store.rglob("*"))
+    assert api.get("/api/v1/projects/kern/commits").json()["count"] == 0
+
+
+def test_submit_by_digest_of_uploaded_archive(api):  # noqa: ANN001
+    _project(api)
+    archive = make_archive(SOURCE)
+    uploaded = api.post("/api/v1/sources", files={"archive": ("s.tar.gz", archive)}).json()
+    assert uploaded["digest"] == sha256_hex(archive) and uploaded["member_count"] == 2
+    response = api.post("/api/v1/projects/kern/commits",
+                        data={"sha": "c9", "source_digest": uploaded["digest"]})
+    assert response.status_code == 201, response.text
+    unknown = api.post("/api/v1/projects/kern/commits", data={"sha": "c10", "source_digest": "0" * 64})
+    assert unknown.status_code == 404
+
+
+def test_broker_down_keeps_run_queued_then_dispatcher_sends_it(api, api_settings, db_session):  # noqa: ANN001
+    _project(api)
+    api_settings.broker_url = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    response = _submit(api, "c1", make_archive(SOURCE))
+    assert response.status_code == 201
+    run = response.json()["runs"][0]
+    assert run["status"] == "queued" and run["dispatched"] is False
+    assert api.get("/readyz").status_code == 503
+    api_settings.broker_url = "redis://127.0.0.1:6379/14"  # the broker is back
+    sent = queueing.dispatch_pending(session=db_session, settings=api_settings)
+    assert sent == [run["id"]]
+    assert api.get(f"/api/v1/runs/{run['id']}").json()["dispatched"] is True
+    assert db_session.scalar(select(Run.dispatched_at).where(Run.id == run["id"])) is not None
+
+
+def test_verify_with_patch_against_known_commit(api, tmp_path: Path):  # noqa: ANN001
+    _project(api)
+    tree = tmp_path / "tree"
+    (tree / "cpu").mkdir(parents=True)
+    (tree / "ops.cpp").write_text("int x = 1;\n")
+    (tree / "cpu" / "a.cpp").write_text("int a = 1;\n")
+    _submit(api, "base1", pack_directory(tree))
+    patch = (b"--- a/ops.cpp\n+++ b/ops.cpp\n@@ -1 +1 @@\n-int x = 1;\n+int x = 2;\n")
+    response = api.post("/api/v1/projects/kern/verify", data={"base": "base1"},
+                        files={"patch": ("p.diff", patch)})
+    assert response.status_code == 201, response.text
+    run = response.json()
+    assert run["kind"] == "verify" and run["base_sha"] == "base1" and run["commit_sha"] is None
+    patched = api.get(f"/api/v1/sources/{run['source_digest']}").content
+    (tmp_path / "expected").mkdir()
+    (tmp_path / "expected" / "cpu").mkdir()
+    (tmp_path / "expected" / "ops.cpp").write_text("int x = 2;\n")
+    (tmp_path / "expected" / "cpu" / "a.cpp").write_text("int a = 1;\n")
+    assert patched == pack_directory(tmp_path / "expected")
+    bad = api.post("/api/v1/projects/kern/verify", data={"base": "base1"},
+                   files={"patch": ("p.diff", b"--- a/nope.cpp\n+++ b/nope.cpp\n@@ -1 +1 @@\n-a\n+b\n")})
+    assert bad.status_code == 422 and "does not apply" in bad.json()["detail"]
+    unknown_base = api.post("/api/v1/projects/kern/verify", data={"base": "zzz"},
+                            files={"patch": ("p.diff", patch)})
+    assert unknown_base.status_code == 404
+
+
+def test_health_and_metrics(api):  # noqa: ANN001
+    assert api.get("/healthz").json() == {"status": "ok"}
+    assert api.get("/readyz").json() == {"status": "ready"}
+    _project(api)
+    _submit(api, "c1", make_archive(SOURCE))
+    metrics = api.get("/metrics").text
+    assert 'optdrift_runs{status="queued"} 1.0' in metrics
+    assert "/api/v1/projects/{project}/commits" in api.get("/openapi.json").json()["paths"]

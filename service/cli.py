@@ -79,7 +79,8 @@ def serve(
     from service.settings import get_settings
 
     public_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    os.environ.setdefault("OPTDRIFT_PUBLIC_URL", public_url)
+    if not os.environ.get("OPTDRIFT_PUBLIC_URL"):
+        os.environ["OPTDRIFT_PUBLIC_URL"] = public_url
     get_settings.cache_clear()
     settings = get_settings()
     settings.home.mkdir(parents=True, exist_ok=True)

@@ -37,3 +37,43 @@ TORCH_LIBRARY(optdrift, m) {
       "adagrad_step(Tensor(a!) param, Tensor grad, Tensor(b!) state_sum, float lr, float eps, "
       "float weight_decay, float gnorm_scale=1.0) -> ()");
 }
+
+// ---- 8-bit blockwise ops (issue 6; cpu/blockwise8.cpp, cuda/blockwise8.cu) ----
+//
+// The same optimizers with each state stored as uint8 codes into a 256-value quantization map plus
+// one float32 absmax per block of 256 elements (value = map[code] * absmax[block]); see
+// quant_map.h for the step (dequantize, float32 update with optimizer_math.h, new absmax, param
+// from the float32 states, requantize to the nearest code) and the non-finite gradient rule.
+// First moments (exp_avg, exp_avg_fast, exp_avg_slow, momentum_buffer) use the signed map, second
+// moments and sums (exp_avg_sq, square_avg, state_sum) the unsigned one. The maps are arguments
+// (worker/quant_map.py builds them): 256 strictly increasing float32 values containing 0.
+TORCH_LIBRARY_FRAGMENT(optdrift, m) {
+  m.def(
+      "adam_8bit_blockwise_step(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg_codes, "
+      "Tensor(c!) exp_avg_absmax, Tensor(d!) exp_avg_sq_codes, Tensor(e!) exp_avg_sq_absmax, "
+      "Tensor signed_map, Tensor unsigned_map, int step, float lr, float beta1, float beta2, "
+      "float eps, float weight_decay, float gnorm_scale=1.0, bool skip_zeros=False) -> ()");
+  m.def(
+      "ademamix_8bit_blockwise_step(Tensor(a!) param, Tensor grad, "
+      "Tensor(b!) exp_avg_fast_codes, Tensor(c!) exp_avg_fast_absmax, "
+      "Tensor(d!) exp_avg_slow_codes, Tensor(e!) exp_avg_slow_absmax, "
+      "Tensor(f!) exp_avg_sq_codes, Tensor(g!) exp_avg_sq_absmax, Tensor signed_map, "
+      "Tensor unsigned_map, int step, float lr, float beta1, float beta2, float beta3, "
+      "float alpha, float eps, float weight_decay, float gnorm_scale=1.0) -> ()");
+  m.def(
+      "lion_8bit_blockwise_step(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg_codes, "
+      "Tensor(c!) exp_avg_absmax, Tensor signed_map, float lr, float beta1, float beta2, "
+      "float weight_decay, float gnorm_scale=1.0) -> ()");
+  m.def(
+      "momentum_8bit_blockwise_step(Tensor(a!) param, Tensor grad, "
+      "Tensor(b!) momentum_buffer_codes, Tensor(c!) momentum_buffer_absmax, Tensor signed_map, "
+      "int step, float lr, float momentum, float weight_decay, float gnorm_scale=1.0) -> ()");
+  m.def(
+      "rmsprop_8bit_blockwise_step(Tensor(a!) param, Tensor grad, Tensor(b!) square_avg_codes, "
+      "Tensor(c!) square_avg_absmax, Tensor unsigned_map, float lr, float alpha, float eps, "
+      "float weight_decay, float gnorm_scale=1.0) -> ()");
+  m.def(
+      "adagrad_8bit_blockwise_step(Tensor(a!) param, Tensor grad, Tensor(b!) state_sum_codes, "
+      "Tensor(c!) state_sum_absmax, Tensor unsigned_map, float lr, float eps, "
+      "float weight_decay, float gnorm_scale=1.0) -> ()");
+}

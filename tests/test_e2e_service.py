@@ -1,0 +1,116 @@
+"""End to end: real API process, real Celery worker process, real build and battery.
+
+Three commits of the bundled kernels: the base; its child with weight decay applied after the
+update (the PR-2040 bug) — flagged, exactly the weight-decayed Adam/AdEMAMix cases changed, from
+step 1; a comment-only grandchild — unchanged (bit-identical trajectories).
+
+Once on PostgreSQL + Redis (db 13), once on the embedded default (SQLite + filesystem broker).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from service.client import OptdriftClient
+from tests.service_fixtures import (
+    E2E_REDIS, REPO_ROOT, create_database, drop_database, flush_redis, free_port,
+    shared_build_cache, start_process, stop_process, wait_http,
+)
+from worker.mutations import DECAY_AFTER_UPDATE_OPTIMIZERS, comment_only, copy_tree, decay_after_update
+
+pytestmark = pytest.mark.slow
+
+
+def three_commit_scenario(url: str) -> None:
+    client = OptdriftClient(url)
+    client.ensure_project("e2e")
+    with tempfile.TemporaryDirectory() as tmp:
+        base = REPO_ROOT / "csrc"
+        buggy = decay_after_update(copy_tree(base, Path(tmp) / "buggy"))
+        commented = comment_only(copy_tree(buggy, Path(tmp) / "commented"))
+        ids = {}
+        for sha, parents, tree in (("base", [], base), ("buggy", ["base"], buggy),
+                                   ("commented", ["buggy"], commented)):
+            answer = client.submit_commit(project="e2e", sha=sha, parents=parents, source_dir=tree)
+            ids[sha] = answer["runs"][0]["id"]
+    runs = {sha: run for sha, run in zip(ids, client.wait(list(ids.values()), timeout_s=900))}
+
+    assert runs["base"]["status"] == "done", runs["base"]["error"]
+    assert runs["base"]["verdict"]["outcome"] == "no-baseline"
+    assert runs["base"]["progress"]["cases_done"] == runs["base"]["progress"]["cases_total"] > 0
+
+    flagged = runs["buggy"]["verdict"]
+    assert flagged["outcome"] == "changed" and flagged["flagged"] is True
+    assert flagged["baseline_run_id"] == ids["base"]
+    assert flagged["first_divergent_step"] == 1
+    cases = flagged["detail"]["cases"]
+    changed = {c["case_id"] for c in cases if c["verdict"] == "changed"}
+    trajectories = client.http.get(f"/api/v1/runs/{ids['buggy']}/trajectories").json()["data"]
+    specs = {t["case_id"]: t["case"] for t in trajectories}
+    # Every fp32 Adam/AdEMAMix case with weight decay must change, at step 1 (lr*wd*|update| is
+    # far above one float32 ulp at these sizes); nothing else may change (wd=0 gives the same
+    # float either way, and the 1-state kernels are untouched).
+    must_change = {cid for cid, s in specs.items() if s["optimizer"] in DECAY_AFTER_UPDATE_OPTIMIZERS
+                   and s["hyper"]["weight_decay"] > 0 and s["param_dtype"] == "float32"
+                   and s["size"] > 1}
+    may_change = {cid for cid, s in specs.items() if s["optimizer"] in DECAY_AFTER_UPDATE_OPTIMIZERS
+                  and s["hyper"]["weight_decay"] > 0}
+    assert must_change and must_change <= changed <= may_change, (must_change - changed, changed - may_change)
+    for case in cases:
+        if case["case_id"] in must_change:
+            assert case["first_divergent_step"] == 1, case
+    assert not [c for c in cases if c["verdict"] == "broken"]
+
+    unchanged = runs["commented"]["verdict"]
+    assert unchanged["outcome"] == "unchanged" and unchanged["flagged"] is False
+    assert unchanged["baseline_run_id"] == ids["buggy"]
+    # The per-step arrays are served at full precision and as CSV.
+    csv_text = client.http.get(f"/api/v1/runs/{ids['buggy']}/trajectories.csv").text
+    assert csv_text.splitlines()[0].startswith("case_id,status,step,ref64_max_abs")
+    client.close()
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {"OPTDRIFT_BUILD_CACHE_DIR": shared_build_cache(), "OPTDRIFT_MAINTENANCE_INTERVAL_S": "2",
+            "OPTDRIFT_HEARTBEAT_INTERVAL_S": "2", **extra}
+
+
+def test_end_to_end_postgres_redis_celery(tmp_path: Path) -> None:
+    name = f"optdrift_e2e_{__import__('os').getpid()}"
+    database_url = create_database(name)
+    flush_redis(E2E_REDIS)
+    port = free_port()
+    env = _env(OPTDRIFT_HOME=str(tmp_path / "home"), OPTDRIFT_DATABASE_URL=database_url,
+               OPTDRIFT_BROKER_URL=E2E_REDIS, OPTDRIFT_PUBLIC_URL=f"http://127.0.0.1:{port}")
+    api = start_process(["serve", "--port", str(port), "--no-worker"], env, tmp_path / "api.log")
+    worker = None
+    try:
+        wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=90)
+        worker = start_process(["worker", "--loglevel", "INFO"], env, tmp_path / "worker.log")
+        three_commit_scenario(f"http://127.0.0.1:{port}")
+    finally:
+        for process in (worker, api):
+            if process is not None:
+                stop_process(process)
+        print((tmp_path / "api.log").read_text()[-3000:])
+        if (tmp_path / "worker.log").exists():
+            print((tmp_path / "worker.log").read_text()[-5000:])
+        drop_database(name)
+
+
+def test_end_to_end_embedded_default(tmp_path: Path) -> None:
+    port = free_port()
+    env = _env(OPTDRIFT_HOME=str(tmp_path / "home"))
+    for key in ("OPTDRIFT_DATABASE_URL", "OPTDRIFT_BROKER_URL", "OPTDRIFT_PUBLIC_URL"):
+        env[key] = ""
+    server = start_process(["serve", "--port", str(port)], env, tmp_path / "serve.log")
+    try:
+        wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=90)
+        three_commit_scenario(f"http://127.0.0.1:{port}")
+        assert (tmp_path / "home" / "optdrift.db").exists()
+    finally:
+        stop_process(server)
+        print((tmp_path / "serve.log").read_text()[-5000:])

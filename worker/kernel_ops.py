@@ -264,3 +264,160 @@ def hyperparameters(optimizer: str) -> dict[str, bool]:
         for name, parameter in signature.parameters.items()
         if parameter.kind is inspect.Parameter.KEYWORD_ONLY
     }
+
+
+# =============================================================================================
+# 8-bit blockwise ops (issue 6): csrc/cpu/blockwise8.cpp, csrc/cuda/blockwise8.cu, schemas at the
+# end of csrc/ops.cpp. Each state is a pair (uint8 codes shaped like the parameter, float32 absmax
+# per block of 256); the maps come from worker.quant_map. Everything 8-bit lives below this line.
+# =============================================================================================
+
+from worker import quant_map as _quant_map  # noqa: E402  (the 8-bit section is appended)
+
+# State names per optimizer (as OPTIMIZER_STATES) and whether each is quantized with the signed map.
+STATE_SIGNED_8BIT: dict[str, tuple[bool, ...]] = {
+    "adam": (True, False),
+    "ademamix": (True, True, False),
+    "lion": (True,),
+    "momentum": (True,),
+    "rmsprop": (False,),
+    "adagrad": (False,),
+}
+
+
+def _check_8bit_fake(op: str, param, grad, states: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+                     maps: Mapping[str, torch.Tensor]) -> None:
+    """The shape/dtype/device checks of csrc/blockwise8_checks.h for fake tensors (map values,
+    which need data, are only checked by the real kernels)."""
+    _check_tensors_fake(op, param, grad, {})
+    blocks = _quant_map.num_blocks(param.numel())
+    for name, (codes, absmax) in states.items():
+        if codes.dtype != torch.uint8 or codes.numel() != param.numel() or codes.device != param.device:
+            raise RuntimeError(f"{op}: state argument '{name}_codes' must be uint8 with one code per "
+                               f"parameter element on {param.device}; got {codes.dtype}, "
+                               f"{codes.numel()} elements, {codes.device}")
+        if absmax.dtype != torch.float32 or absmax.numel() != blocks or absmax.device != param.device:
+            raise RuntimeError(f"{op}: argument '{name}_absmax' must be float32 with {blocks} elements "
+                               f"(one per block of {_quant_map.BLOCK_SIZE}) on {param.device}; got "
+                               f"{absmax.dtype}, {absmax.numel()} elements, {absmax.device}")
+    for name, qmap in maps.items():
+        if qmap.dtype != torch.float32 or qmap.shape != (_quant_map.MAP_SIZE,) or qmap.device != param.device:
+            raise RuntimeError(f"{op}: argument '{name}' must be {_quant_map.MAP_SIZE} float32 values "
+                               f"on {param.device}; got {qmap.dtype} {tuple(qmap.shape)} on {qmap.device}")
+
+
+def _register_fakes_8bit() -> None:
+    @torch.library.register_fake(f"{NAMESPACE}::adam_8bit_blockwise_step")
+    def _adam8_fake(param, grad, exp_avg_codes, exp_avg_absmax, exp_avg_sq_codes, exp_avg_sq_absmax,
+                    signed_map, unsigned_map, step, lr, beta1, beta2, eps, weight_decay,
+                    gnorm_scale=1.0, skip_zeros=False):
+        _check_8bit_fake("optdrift::adam_8bit_blockwise_step", param, grad,
+                         {"exp_avg": (exp_avg_codes, exp_avg_absmax),
+                          "exp_avg_sq": (exp_avg_sq_codes, exp_avg_sq_absmax)},
+                         {"signed_map": signed_map, "unsigned_map": unsigned_map})
+
+    @torch.library.register_fake(f"{NAMESPACE}::ademamix_8bit_blockwise_step")
+    def _ademamix8_fake(param, grad, exp_avg_fast_codes, exp_avg_fast_absmax, exp_avg_slow_codes,
+                        exp_avg_slow_absmax, exp_avg_sq_codes, exp_avg_sq_absmax, signed_map,
+                        unsigned_map, step, lr, beta1, beta2, beta3, alpha, eps, weight_decay,
+                        gnorm_scale=1.0):
+        _check_8bit_fake("optdrift::ademamix_8bit_blockwise_step", param, grad,
+                         {"exp_avg_fast": (exp_avg_fast_codes, exp_avg_fast_absmax),
+                          "exp_avg_slow": (exp_avg_slow_codes, exp_avg_slow_absmax),
+                          "exp_avg_sq": (exp_avg_sq_codes, exp_avg_sq_absmax)},
+                         {"signed_map": signed_map, "unsigned_map": unsigned_map})
+
+    @torch.library.register_fake(f"{NAMESPACE}::lion_8bit_blockwise_step")
+    def _lion8_fake(param, grad, exp_avg_codes, exp_avg_absmax, signed_map, lr, beta1, beta2,
+                    weight_decay, gnorm_scale=1.0):
+        _check_8bit_fake("optdrift::lion_8bit_blockwise_step", param, grad,
+                         {"exp_avg": (exp_avg_codes, exp_avg_absmax)}, {"signed_map": signed_map})
+
+    @torch.library.register_fake(f"{NAMESPACE}::momentum_8bit_blockwise_step")
+    def _momentum8_fake(param, grad, momentum_buffer_codes, momentum_buffer_absmax, signed_map,
+                        step, lr, momentum, weight_decay, gnorm_scale=1.0):
+        _check_8bit_fake("optdrift::momentum_8bit_blockwise_step", param, grad,
+                         {"momentum_buffer": (momentum_buffer_codes, momentum_buffer_absmax)},
+                         {"signed_map": signed_map})
+
+    @torch.library.register_fake(f"{NAMESPACE}::rmsprop_8bit_blockwise_step")
+    def _rmsprop8_fake(param, grad, square_avg_codes, square_avg_absmax, unsigned_map, lr, alpha,
+                       eps, weight_decay, gnorm_scale=1.0):
+        _check_8bit_fake("optdrift::rmsprop_8bit_blockwise_step", param, grad,
+                         {"square_avg": (square_avg_codes, square_avg_absmax)},
+                         {"unsigned_map": unsigned_map})
+
+    @torch.library.register_fake(f"{NAMESPACE}::adagrad_8bit_blockwise_step")
+    def _adagrad8_fake(param, grad, state_sum_codes, state_sum_absmax, unsigned_map, lr, eps,
+                       weight_decay, gnorm_scale=1.0):
+        _check_8bit_fake("optdrift::adagrad_8bit_blockwise_step", param, grad,
+                         {"state_sum": (state_sum_codes, state_sum_absmax)},
+                         {"unsigned_map": unsigned_map})
+
+
+# load_build calls `_register_fakes` through the module globals; chaining it here registers the
+# 8-bit fakes too without editing the 32-bit section above.
+_register_fakes_32bit = _register_fakes
+
+
+def _register_fakes() -> None:  # noqa: F811  (extends the 32-bit registration)
+    _register_fakes_32bit()
+    _register_fakes_8bit()
+
+
+def new_states_8bit(optimizer: str, param: torch.Tensor, signed_map: torch.Tensor,
+                    unsigned_map: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Zero 8-bit states for `optimizer`: name -> (codes at the map's 0, absmax zeros)."""
+    states = {}
+    for name, signed in zip(OPTIMIZER_STATES[optimizer], STATE_SIGNED_8BIT[optimizer]):
+        states[name] = _quant_map.new_state(param.numel(), signed_map if signed else unsigned_map,
+                                            param.device)
+        states[name] = (states[name][0].view(param.shape), states[name][1])
+    return states
+
+
+def step_8bit(optimizer: str, param: torch.Tensor, grad: torch.Tensor,
+              states: Mapping[str, tuple[torch.Tensor, torch.Tensor]], *, step: int,
+              hyper: Mapping[str, float | bool], signed_map: torch.Tensor,
+              unsigned_map: torch.Tensor) -> None:
+    """One in-place 8-bit blockwise update (the 8-bit counterpart of `step`).
+
+    `states` maps the names in OPTIMIZER_STATES[optimizer] to (codes, absmax) pairs; `hyper` holds
+    the same keyword arguments as the 32-bit wrapper of the optimizer (validated the same way).
+    """
+    if optimizer not in STATE_SIGNED_8BIT:
+        raise ValueError(f"unknown optimizer {optimizer!r}; known: {', '.join(sorted(STATE_SIGNED_8BIT))}")
+    expected = OPTIMIZER_STATES[optimizer]
+    if set(states) != set(expected):
+        raise ValueError(f"optimizer {optimizer!r} takes states {expected}, got {tuple(states)}")
+    accepted = hyperparameters(optimizer)
+    kwargs = dict(hyper)
+    if optimizer in STEP_DEPENDENT:
+        kwargs["step"] = step
+    unknown = set(kwargs) - set(accepted)
+    missing = {name for name, required in accepted.items() if required} - set(kwargs)
+    if unknown or missing:
+        raise ValueError(f"bad hyperparameters for {optimizer!r}: unknown {sorted(unknown)}, missing "
+                         f"{sorted(missing)}; it takes {sorted(accepted)}")
+    # Fill the wrapper's defaults so the op call below can be positional, schema order.
+    signature = inspect.signature(_WRAPPERS[optimizer])
+    full = {name: kwargs.get(name, parameter.default) for name, parameter in signature.parameters.items()
+            if parameter.kind is inspect.Parameter.KEYWORD_ONLY}
+    tensors = []
+    for name in expected:
+        codes, absmax = states[name]
+        tensors += [codes, absmax]
+    maps = {"adam": [signed_map, unsigned_map], "ademamix": [signed_map, unsigned_map],
+            "lion": [signed_map], "momentum": [signed_map], "rmsprop": [unsigned_map],
+            "adagrad": [unsigned_map]}[optimizer]
+    # Scalars in schema order (csrc/ops.cpp).
+    scalar_order = {
+        "adam": ("step", "lr", "beta1", "beta2", "eps", "weight_decay", "gnorm_scale", "skip_zeros"),
+        "ademamix": ("step", "lr", "beta1", "beta2", "beta3", "alpha", "eps", "weight_decay", "gnorm_scale"),
+        "lion": ("lr", "beta1", "beta2", "weight_decay", "gnorm_scale"),
+        "momentum": ("step", "lr", "momentum", "weight_decay", "gnorm_scale"),
+        "rmsprop": ("lr", "alpha", "eps", "weight_decay", "gnorm_scale"),
+        "adagrad": ("lr", "eps", "weight_decay", "gnorm_scale"),
+    }[optimizer]
+    op = getattr(_ops(), f"{optimizer}_8bit_blockwise_step")
+    op(param, grad, *tensors, *maps, *(full[name] for name in scalar_order))

@@ -1,0 +1,84 @@
+"""Kernel hosts for real: one build per subprocess; a crash, a hang or a kernel error costs one case.
+
+Faults are injected with the host's test-only OPTDRIFT_TEST_HOST_FAULT variable (see
+worker/kernel_host.py): "abort:TEXT" calls os.abort() and "hang:TEXT" sleeps when a case id
+contains TEXT.
+"""
+
+import os
+
+import pytest
+
+from service.results import GradientStreamSpec
+from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case
+from worker.kernel_host import FAULT_ENV, KernelHost
+
+pytestmark = pytest.mark.slow
+
+
+def _case(optimizer, seed, **hyper):
+    return make_case(optimizer=optimizer, family="32bit", param_dtype="float32",
+                     hyper={**OPTIMIZER_HYPER_DEFAULTS[optimizer], "lr": 0.1, "weight_decay": 0.1, **hyper},
+                     gradient=GradientStreamSpec(kind="closed"), seed=seed, size=300, steps=5)
+
+
+def _host(build, fault=None, **kwargs):
+    env = dict(os.environ)
+    env.pop(FAULT_ENV, None)
+    if fault:
+        env[FAULT_ENV] = fault
+    return KernelHost(build.library_path, device="cpu", env=env, **kwargs)
+
+
+def test_host_results_are_deterministic_and_fingerprinted(kernels_build):
+    cases = [_case("adam", 0), _case("lion", 1)]
+    with _host(kernels_build) as first, _host(kernels_build) as second:
+        a = [first.run(c) for c in cases]
+        b = [second.run(c) for c in cases]
+        assert first.environment.device_kind == "cpu" and first.environment.class_key.startswith("cpu-")
+    for x, y in zip(a, b):
+        assert x.status == y.status == "ok"
+        assert x.trajectory.digests == y.trajectory.digests
+        assert len(set(x.trajectory.digests)) == 5  # the state moves every step
+        # fp32 kernel vs float64 AdamW / Lion: well inside 1e-4 after 5 steps at lr=0.1
+        # (float32 rounding ~6e-8 relative per op on values up to ~32).
+        assert 0 < x.trajectory.ref64_max_abs[-1] < 1e-4
+    assert a[0].trajectory.digests != a[1].trajectory.digests
+
+
+def test_a_crashing_case_is_broken_and_the_host_restarts_for_the_rest(kernels_build):
+    cases = [_case("adam", 0), _case("adam", 1), _case("adam", 2)]
+    with _host(kernels_build, fault=f"abort:{cases[1].case_id}") as host:
+        results = [host.run(c) for c in cases]
+        assert host.restarts == 1
+    assert [r.status for r in results] == ["ok", "broken", "ok"]
+    assert "SIGABRT" in results[1].message
+    # The restarted host gives the same bits as an undisturbed one.
+    with _host(kernels_build) as clean:
+        assert clean.run(cases[2]).trajectory.digests == results[2].trajectory.digests
+
+
+def test_a_hanging_case_times_out_and_the_run_goes_on(kernels_build):
+    cases = [_case("momentum", 0), _case("momentum", 1)]
+    with _host(kernels_build, fault=f"hang:{cases[0].case_id}", case_timeout_s=5) as host:
+        results = [host.run(c) for c in cases]
+    assert results[0].status == "broken" and "timed out after 5 s" in results[0].message
+    assert results[1].status == "ok"
+
+
+def test_a_kernel_error_is_a_broken_case_naming_the_argument(kernels_build):
+    bad = _case("lion", 0, beta1=1.5)  # CaseSpec does not range-check; the kernel's checks do
+    with _host(kernels_build) as host:
+        result = host.run(bad)
+        assert result.status == "broken" and "beta1" in result.message
+        assert host.run(_case("adam", 0)).status == "ok"  # same host, still healthy
+        assert host.restarts == 0
+
+
+def test_a_library_that_cannot_load_is_broken_not_a_crash(tmp_path):
+    from worker.build import BuildResult
+
+    missing = BuildResult(ok=True, digest="x", library_path=str(tmp_path / "nope.so"))
+    with _host(missing, startup_timeout_s=60) as host:
+        result = host.run(_case("adam", 0))
+    assert result.status == "broken" and "did not start" in result.message and "nope.so" in result.message

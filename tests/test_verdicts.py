@@ -1,0 +1,110 @@
+"""Result models (bit-exact JSON) and the comparison logic, on hand-made results (no kernels)."""
+
+import json
+import math
+import struct
+
+from service.results import CaseResult, RunComparison, RunResult, Trajectory
+from service.verdicts import DIRECTION_RELATIVE_MARGIN, compare_runs, direction, first_divergent_step
+from service.results import GradientStreamSpec
+from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case
+
+AWKWARD_FLOATS = [0.1 + 0.2, 5e-324, -0.0, 1.7976931348623157e308, 2.0 ** -126, 1 / 3, math.nextafter(1.0, 2.0),
+                  float("inf"), float("-inf")]
+
+
+def _bits(x: float) -> bytes:
+    return struct.pack("<d", x)
+
+
+def _case(optimizer="adam", wd=0.1, seed=0):
+    return make_case(optimizer=optimizer, family="32bit", param_dtype="float32",
+                     hyper={**OPTIMIZER_HYPER_DEFAULTS[optimizer], "lr": 0.1, "weight_decay": wd},
+                     gradient=GradientStreamSpec(), seed=seed, size=4, steps=3)
+
+
+def _result(case, digests, distances=(1e-6, 2e-6, 3e-6), nonfinite=(0, 0, 0), status="ok", message=None):
+    if status != "ok":
+        return CaseResult(case=case, status=status, message=message)
+    return CaseResult(case=case, status="ok", trajectory=Trajectory(
+        ref64_max_abs=list(distances), ref64_max_rel=list(distances), same_precision_max_abs=list(distances),
+        nonfinite_count=list(nonfinite), digests=list(digests)))
+
+
+def _run(cases, digest="b"):
+    return RunResult(battery_name="t", battery_version=1, battery_digest="bat", build_digest=digest, cases=cases)
+
+
+def test_json_round_trip_keeps_every_float_bit_exact_and_nan():
+    floats = AWKWARD_FLOATS + [float("nan")]
+    case = _case()
+    result = CaseResult(case=case, status="ok", trajectory=Trajectory(
+        ref64_max_abs=floats, ref64_max_rel=floats, same_precision_max_abs=floats,
+        nonfinite_count=[0] * len(floats), digests=["00"] * len(floats)), duration_s=0.1 + 0.2)
+    run = _run([result])
+    text = run.model_dump_json()
+    json.loads(text)  # strict JSON (NaN/Infinity as strings), storable in PostgreSQL jsonb
+    assert "NaN" in text and "Infinity" in text
+    back = RunResult.model_validate_json(text)
+    got = back.cases[0].trajectory.ref64_max_abs
+    assert [_bits(x) for x in got[:-1]] == [_bits(x) for x in AWKWARD_FLOATS]
+    assert math.isnan(got[-1])
+    assert _bits(back.cases[0].duration_s) == _bits(0.1 + 0.2)
+    # Through python's json too (what a service might do with the dict form).
+    again = RunResult.model_validate(json.loads(json.dumps(run.model_dump(mode="json"))))
+    assert [_bits(x) for x in again.cases[0].trajectory.ref64_max_rel[:-1]] == [_bits(x) for x in AWKWARD_FLOATS]
+
+
+def test_first_divergent_step():
+    assert first_divergent_step(["a", "b", "c"], ["a", "b", "c"]) is None
+    assert first_divergent_step(["a", "x", "c"], ["a", "b", "c"]) == 2
+    assert first_divergent_step(["a", "b"], ["a", "b", "c"]) == 3
+
+
+def test_direction_margin():
+    assert direction(1.0, 25.0) == "closer"
+    assert direction(25.0, 1.0) == "farther"
+    assert direction(1.0 + DIRECTION_RELATIVE_MARGIN / 2, 1.0) == "same"
+
+
+def test_unchanged_changed_broken_new_and_the_run_verdicts():
+    same, moved, crash, fresh = _case(wd=0.1), _case(wd=0.0), _case(seed=1), _case(seed=2)
+    baseline = _run([_result(same, "abc"), _result(moved, "abc", distances=(1e-6, 1e-6, 1e-6)),
+                     _result(crash, "abc")], digest="base")
+    commit = _run([_result(same, "abc"), _result(moved, "abd", distances=(1e-6, 1e-3, 2.5e-5)),
+                   _result(crash, "", status="broken", message="kernel host crashed: killed by SIGABRT"),
+                   _result(fresh, "abc")], digest="head")
+    comparison = compare_runs(commit, baseline, {moved.case_id: [0.0, 0.0, 4e-3]})
+    verdicts = {c.case_id: c for c in comparison.cases}
+    assert verdicts[same.case_id].verdict == "unchanged"
+    changed = verdicts[moved.case_id]
+    assert (changed.verdict, changed.first_divergent_step, changed.direction) == ("changed", 3, "farther")
+    assert changed.max_abs_diff_per_step == [0.0, 0.0, 4e-3]
+    assert (changed.commit_final_ref64_distance, changed.baseline_final_ref64_distance) == (2.5e-5, 1e-6)
+    assert verdicts[crash.case_id].verdict == "broken" and "SIGABRT" in verdicts[crash.case_id].message
+    assert verdicts[fresh.case_id].verdict == "new"
+    assert comparison.verdict == "broken"
+    assert comparison.counts == {"unchanged": 1, "changed": 1, "broken": 1, "new": 1}
+    assert "SIGABRT" in comparison.summary and "adam 1" in comparison.summary
+
+    without_crash = _run([c for c in commit.cases if c.status == "ok"])
+    assert compare_runs(without_crash, baseline).verdict == "changed"
+    assert compare_runs(_run([_result(same, "abc")]), baseline).verdict == "unchanged"
+    assert compare_runs(_run([_result(same, "abc")]), None).verdict == "no-baseline"
+    RunComparison.model_validate_json(comparison.model_dump_json())
+
+
+def test_nan_where_the_baseline_was_finite_is_broken():
+    case = _case()
+    baseline = _run([_result(case, "abc")])
+    commit = _run([_result(case, "abd", distances=(1e-6, float("nan"), float("nan")), nonfinite=(0, 4, 4))])
+    comparison = compare_runs(commit, baseline)
+    assert comparison.verdict == "broken"
+    assert comparison.cases[0].first_divergent_step == 2 and "NaN/Inf" in comparison.cases[0].message
+
+
+def test_a_source_that_does_not_build_is_broken_with_the_compiler_message():
+    commit = RunResult(battery_name="t", battery_version=1, battery_digest="bat", build_ok=False,
+                       build_error="ops.cpp:3:1: error: expected ';' before '}' token")
+    comparison = compare_runs(commit, None)
+    assert comparison.verdict == "broken" and "expected ';'" in comparison.summary

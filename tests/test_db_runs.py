@@ -1,0 +1,122 @@
+"""Run lifecycle, trajectory storage and verdicts on the real PostgreSQL (rolled back per test)."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import func, select
+
+from service.db.models import Trajectory
+from service.domain import projects, runs, submissions, trajectories, verdict_store
+from service.results import CaseResult, CaseSpec, Trajectory as TrajectoryModel
+from tests.service_fixtures import (  # noqa: F401  (fixtures)
+    api, api_settings, db_session, make_archive, pg_engine, pg_url,
+)
+
+# Values a rounding store would damage: 0.1+0.2 (not 0.3), a subnormal, -0.0, inf, nan.
+AWKWARD = [0.1 + 0.2, 5e-324, -0.0, math.inf, math.nan, 1.0000000000000002]
+
+
+def _case(case_id: str = "adam-1") -> CaseSpec:
+    return CaseSpec(case_id=case_id, optimizer="adam", hyper={"lr": 0.1, "weight_decay": 0.1},
+                    seed=0, size=8, steps=len(AWKWARD))
+
+
+def _result(digests: list[str], case_id: str = "adam-1", status: str = "ok",
+            last_nonfinite: int = 2**40) -> CaseResult:
+    n = len(digests)
+    return CaseResult(case=_case(case_id), status=status, trajectory=TrajectoryModel(
+        ref64_max_abs=AWKWARD[:n], ref64_max_rel=[float(i) for i in range(n)],
+        nonfinite_count=[0] * (n - 1) + [last_nonfinite], digests=digests))
+
+
+def _commit_run(session, settings, sha, parents):  # noqa: ANN001, ANN202
+    project = projects.ensure(session=session, name="p")
+    return submissions.submit_commit(session=session, settings=settings, project=project, sha=sha,
+                                     parents=parents, archive=make_archive({"a.cpp": sha})).runs[0]
+
+
+def _finish(session, run, digests):  # noqa: ANN001, ANN202
+    assert runs.claim(session=session, run_id=run.id, worker="w")
+    trajectories.store_case_result(session=session, run_id=run.id, case_index=0,
+                                   result=_result(digests, last_nonfinite=0))
+    runs.set_status(session=session, run_id=run.id, worker="w", status="done", battery_hash="h")
+    session.refresh(run)
+
+
+def test_claim_is_exclusive_and_reclaim_is_refused(db_session, api_settings):  # noqa: ANN001
+    run = _commit_run(db_session, api_settings, "a", [])
+    assert runs.claim(session=db_session, run_id=run.id, worker="w1") is True
+    assert runs.claim(session=db_session, run_id=run.id, worker="w2") is False
+    assert runs.set_status(session=db_session, run_id=run.id, worker="w2", status="done") is False
+    db_session.refresh(run)
+    assert (run.status, run.worker, run.attempt) == ("building", "w1", 1)
+
+
+def test_trajectory_round_trip_is_bit_exact_and_idempotent(db_session, api_settings):  # noqa: ANN001
+    run = _commit_run(db_session, api_settings, "a", [])
+    digests = [f"{i:032x}" for i in range(len(AWKWARD))]
+    for _ in range(2):  # a re-run of the case replaces, never duplicates
+        trajectories.store_case_result(session=db_session, run_id=run.id, case_index=0,
+                                       result=_result(digests))
+    assert db_session.scalar(select(func.count()).select_from(Trajectory)
+                             .where(Trajectory.run_id == run.id)) == 1
+    row = trajectories.list_rows(session=db_session, run_id=run.id)[0]
+    assert len(row.series_data) == 8 * len(AWKWARD) * 3  # float64, float64, int64 per step
+    back = trajectories.row_to_case_result(row).trajectory
+    for stored, original in zip(back.ref64_max_abs, AWKWARD):
+        assert (math.isnan(stored) and math.isnan(original)) or \
+            (stored == original and math.copysign(1, stored) == math.copysign(1, original))
+    assert back.nonfinite_count[-1] == 2**40 and back.digests == digests
+
+
+def test_reaper_requeues_then_fails_after_max_attempts(db_session, api_settings):  # noqa: ANN001
+    run = _commit_run(db_session, api_settings, "a", [])
+    later = datetime.now(timezone.utc) + timedelta(seconds=1000)
+    for attempt in (1, 2):
+        assert runs.claim(session=db_session, run_id=run.id, worker=f"w{attempt}")
+        requeued, failed = runs.reap_stale(session=db_session, stale_after_s=60, max_attempts=2,
+                                           now=later)
+        db_session.refresh(run)
+        if attempt == 1:
+            assert (requeued, failed, run.status, run.dispatched_at) == ([run.id], [], "queued", None)
+        else:
+            assert (requeued, failed, run.status) == ([], [run.id], "failed")
+            assert "gave up after 2 attempts" in run.error
+    # A fresh heartbeat is never reaped.
+    other = _commit_run(db_session, api_settings, "b", [])
+    runs.claim(session=db_session, run_id=other.id, worker="w")
+    assert runs.reap_stale(session=db_session, stale_after_s=60, max_attempts=2) == ([], [])
+
+
+def test_verdict_waits_for_parent_then_flags_and_acknowledge_clears(db_session, api_settings):  # noqa: ANN001
+    parent = _commit_run(db_session, api_settings, "a", [])
+    child = _commit_run(db_session, api_settings, "b", ["a"])
+    _finish(db_session, child, ["x1", "x2", "x3"])
+    assert verdict_store.evaluate_with_dependants(session=db_session, run=child) is None  # parent pending
+    _finish(db_session, parent, ["x1", "y2", "y3"])
+    parent_verdict = verdict_store.evaluate_with_dependants(session=db_session, run=parent)
+    assert parent_verdict.outcome == "no-baseline" and parent_verdict.flagged is False
+    db_session.refresh(child)
+    assert child.verdict is not None, "finishing the parent must compute the waiting child's verdict"
+    assert (child.verdict.outcome, child.verdict.flagged, child.verdict.first_divergent_step,
+            child.verdict.baseline_run_id) == ("changed", True, 2, parent.id)
+    acknowledged = verdict_store.acknowledge(session=db_session, run=child, note="intended", by="me")
+    assert acknowledged.flagged is False and acknowledged.acknowledged is True
+
+
+def test_run_api_serves_trajectories_csv_and_cancel(api, db_session, api_settings):  # noqa: ANN001
+    run = _commit_run(db_session, api_settings, "a", [])
+    db_session.commit()
+    trajectories.store_case_result(session=db_session, run_id=run.id, case_index=0,
+                                   result=_result(["d1", "d2"]))
+    db_session.commit()
+    body = api.get(f"/api/v1/runs/{run.id}/trajectories/adam-1").json()
+    assert body["series"]["ref64_max_abs"] == [0.30000000000000004, 5e-324]
+    csv_lines = api.get(f"/api/v1/runs/{run.id}/trajectories.csv").text.splitlines()
+    assert csv_lines[1] == "adam-1,ok,1,0.30000000000000004,0.0,,0,d1"
+    cancelled = api.post(f"/api/v1/runs/{run.id}/cancel").json()
+    assert cancelled["status"] == "cancelled"
+    assert api.post(f"/api/v1/runs/{run.id}/cancel").status_code == 409
+    assert api.get(f"/api/v1/runs/{run.id}/trajectories/nope").status_code == 404

@@ -1,0 +1,82 @@
+"""Submissions per second the API sustains on loopback against PostgreSQL (a bounded run).
+
+Starts `optdrift serve --no-worker` on a fresh PostgreSQL database and Redis db 12, then posts
+distinct commits (each a small real tar.gz) from N concurrent client threads for a fixed number of
+requests, and prints a table: requests, errors, wall time, submissions/s, p50/p95 latency.
+No worker runs, so this measures the API path (upload, validate, store, rows, commit, enqueue).
+
+    .venv/bin/python bench/submit_load.py --requests 400 --concurrency 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.service_fixtures import (  # noqa: E402
+    create_database, drop_database, flush_redis, free_port, start_process, stop_process, wait_http,
+)
+from tests.service_fixtures import make_archive  # noqa: E402
+
+REDIS = "redis://127.0.0.1:6379/12"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args()
+
+    name = f"optdrift_bench_{os.getpid()}"
+    database_url = create_database(name)
+    flush_redis(REDIS)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"OPTDRIFT_HOME": tmp, "OPTDRIFT_DATABASE_URL": database_url,
+               "OPTDRIFT_BROKER_URL": REDIS, "OPTDRIFT_MAINTENANCE_INTERVAL_S": "0"}
+        server = start_process(["serve", "--port", str(port), "--no-worker"], env, Path(tmp) / "api.log")
+        try:
+            wait_http(f"{url}/readyz", 90)
+            httpx.post(f"{url}/api/v1/projects", json={"name": "bench"}).raise_for_status()
+            archives = [make_archive({"ops.cpp": f"// commit {i}\n", "cpu/a.cpp": "int a;\n" * 200})
+                        for i in range(args.requests)]
+            latencies: list[float] = []
+            errors = 0
+
+            def submit(i: int, client: httpx.Client) -> tuple[float, int]:
+                started = time.perf_counter()
+                response = client.post(f"/api/v1/projects/bench/commits",
+                                       data={"sha": f"{i:040x}", "parents": f"{i - 1:040x}" if i else ""},
+                                       files={"archive": ("s.tar.gz", archives[i], "application/gzip")})
+                return time.perf_counter() - started, response.status_code
+
+            clients = [httpx.Client(base_url=url, timeout=60) for _ in range(args.concurrency)]
+            started = time.perf_counter()
+            with ThreadPoolExecutor(args.concurrency) as pool:
+                for latency, status in pool.map(lambda i: submit(i, clients[i % args.concurrency]),
+                                                range(args.requests)):
+                    latencies.append(latency)
+                    errors += status != 201
+            wall = time.perf_counter() - started
+        finally:
+            stop_process(server)
+            drop_database(name)
+    latencies.sort()
+    print(f"| requests | concurrency | errors | wall s | submissions/s | p50 ms | p95 ms |")
+    print(f"|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| {args.requests} | {args.concurrency} | {errors} | {wall:.2f} | {args.requests / wall:.1f} "
+          f"| {1000 * statistics.median(latencies):.1f} | {1000 * latencies[int(0.95 * len(latencies)) - 1]:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -72,7 +72,8 @@ def test_quick_battery_contents():
 
 def test_standard_battery_covers_the_issue_list():
     cases = load_battery("standard").expand()
-    assert len(cases) >= 500 and min(c.steps for c in cases) >= 100
+    # 8-bit one-step cases are the closed-form checks (issue 6); every other case runs >= 100 steps.
+    assert len(cases) >= 500 and min(c.steps for c in cases if c.steps != 1 or c.family == "32bit") >= 100
     sizes = {c.size for c in cases}
     assert {1, 4097} <= sizes and max(sizes) >= 65536
     points = {(c.hyper["lr"], c.hyper["weight_decay"]) for c in cases}

@@ -178,6 +178,29 @@ _DISCRIMINATING = {"lr": 0.1, "weight_decay": 0.1}   # ordering gap ~ lr²·wd i
 _TYPICAL = {"lr": 1e-3, "weight_decay": 1e-2}
 
 
+# 8-bit blockwise cases (issue 6). One step from a zero state at the discriminating point is the
+# closed-form case: the state quantizes exactly, so step 1 equals torch.optim's float64 step 1 to
+# float32 rounding (~1e-6) and a decay-ordering change shows as ~1e-3. Longer runs carry the
+# quantization error (~1e-3 a step) and are watched by digest (codes and absmax included).
+_EIGHT_BIT = ["8bit_blockwise"]
+_EIGHT_BIT_QUICK = [
+    {"optimizers": _ALL, "families": _EIGHT_BIT, "sizes": [4097], "steps": 1, "points": [_DISCRIMINATING]},
+    {"optimizers": _ALL, "families": _EIGHT_BIT, "param_dtypes": ["float32", "bfloat16"], "sizes": [1031],
+     "steps": 10, "gradients": [{"kind": "open", "zero_fraction": 0.25}],
+     "points": [_DISCRIMINATING, {"lr": 0.1, "weight_decay": 0.0}]},
+]
+_EIGHT_BIT_STANDARD = [
+    {"optimizers": _ALL, "families": _EIGHT_BIT, "param_dtypes": ["float32", "float16", "bfloat16"],
+     "sizes": [1, 4097, 65536], "steps": 1, "seeds": [0, 1], "points": [_DISCRIMINATING, _TYPICAL]},
+    {"optimizers": _ALL, "families": _EIGHT_BIT, "param_dtypes": ["float32", "float16", "bfloat16"],
+     "sizes": [4097, 65536], "steps": 100, "gradients": [_OPEN, _CLOSED, {"kind": "open", "zero_fraction": 0.25}],
+     "points": [_TYPICAL, _DISCRIMINATING, {"lr": 1e-3, "weight_decay": 0.0}]},
+    {"optimizers": ["adam"], "families": _EIGHT_BIT, "sizes": [4097], "steps": 100,
+     "gradients": [{"kind": "open", "zero_fraction": 0.5}],
+     "points": [{**_DISCRIMINATING, "skip_zeros": True, "gnorm_scale": 0.5}]},
+]
+
+
 def _quick() -> BatterySpec:
     # CPU: the whole `optdrift check` (two hosts, co-run) must stay under a minute on 2 cores.
     return BatterySpec.model_validate({
@@ -197,6 +220,7 @@ def _quick() -> BatterySpec:
             {"optimizers": ["adam"], "sizes": [4097], "steps": 20,
              "gradients": [{"kind": "open", "zero_fraction": 0.5}],
              "points": [{"lr": 0.1, "weight_decay": 0.1, "skip_zeros": True}]},
+            *_EIGHT_BIT_QUICK,
         ],
     })
 
@@ -222,6 +246,7 @@ def _standard() -> BatterySpec:
              "gradients": [{"kind": "open", "zero_fraction": 0.5}],
              "points": [{**_TYPICAL, "skip_zeros": True}, {**_DISCRIMINATING, "skip_zeros": True}]},
             {"optimizers": _TWO_STATE, "sizes": [1 << 20], "steps": 100, "points": [_TYPICAL]},
+            *_EIGHT_BIT_STANDARD,
         ],
     })
 

@@ -53,7 +53,10 @@ class ThirtyTwoBitAdapter:
         kernel_ops.step(case.optimizer, param, grad, states, step=step, hyper=dict(case.hyper))
 
 
-FAMILY_ADAPTERS: dict[str, FamilyAdapter] = {"32bit": ThirtyTwoBitAdapter()}
+from worker.trajectory_8bit import EightBitBlockwiseAdapter  # noqa: E402  (issue 6)
+
+FAMILY_ADAPTERS: dict[str, FamilyAdapter] = {"32bit": ThirtyTwoBitAdapter(),
+                                             "8bit_blockwise": EightBitBlockwiseAdapter()}
 
 
 def digest_tensors(tensors: list[torch.Tensor]) -> str:

@@ -1,0 +1,50 @@
+"""The engine's adapter for the 8-bit blockwise kernel family (worker.trajectory.FAMILY_ADAPTERS).
+
+States are exposed to the engine as a flat dict of tensors, codes and absmax side by side
+(`exp_avg_codes`, `exp_avg_absmax`, ...), so the per-step digest the engine takes over
+`[param, *states.values()]` covers every code and every block absmax: a one-code or one-ulp-of-
+absmax change is a digest change. The maps come from worker.quant_map, once per device.
+
+Against the float64 torch.optim reference the engine measures, a one-step case from a zero state
+is the closed-form check: step 1 of torch.optim.AdamW from zero is p(1 - lr wd) - lr g/(|g|+eps)
+(worker/references_8bit.py), and the 8-bit kernel's step 1 is that to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from service.results import CaseSpec
+
+
+class EightBitBlockwiseAdapter:
+    def __init__(self) -> None:
+        self._maps: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def maps(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        from worker.quant_map import dynamic_map
+
+        key = str(device)
+        if key not in self._maps:
+            self._maps[key] = (dynamic_map(signed=True, device=device), dynamic_map(signed=False, device=device))
+        return self._maps[key]
+
+    def init_states(self, case: CaseSpec, param: torch.Tensor) -> dict[str, torch.Tensor]:
+        from worker import kernel_ops
+
+        signed_map, unsigned_map = self.maps(param.device)
+        flat: dict[str, torch.Tensor] = {}
+        for name, (codes, absmax) in kernel_ops.new_states_8bit(case.optimizer, param, signed_map, unsigned_map).items():
+            flat[f"{name}_codes"] = codes
+            flat[f"{name}_absmax"] = absmax
+        return flat
+
+    def step(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
+             states: dict[str, torch.Tensor], step: int) -> None:
+        from worker import kernel_ops
+
+        signed_map, unsigned_map = self.maps(param.device)
+        pairs = {name: (states[f"{name}_codes"], states[f"{name}_absmax"])
+                 for name in kernel_ops.OPTIMIZER_STATES[case.optimizer]}
+        kernel_ops.step_8bit(case.optimizer, param, grad, pairs, step=step, hyper=dict(case.hyper),
+                             signed_map=signed_map, unsigned_map=unsigned_map)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.service_fixtures"]
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_CSRC = REPO_ROOT / "csrc"
 

@@ -38,12 +38,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
     if settings.uses_filesystem_broker:
         folder = settings.broker_folder
-        for sub in ("queue", "processed"):
+        for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         transport_options = {
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
+            # Without it kombu keeps its exchange table in ./control of whatever folder the
+            # process was started from.
+            "control_folder": str(folder / "control"),
             "store_processed": False,
         }
     return {

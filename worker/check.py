@@ -58,11 +58,13 @@ def run_check(source: Path, baseline: Path | None, battery: str = "quick", *, de
         console = Console()
         if not console.is_terminal:  # CI logs: keep case ids on one line instead of 80 columns
             console = Console(width=220)
-    errors = Console(stderr=True)
+
+    def error(message: str) -> None:  # plain, unwrapped: one line stays one line
+        print(f"error: {message}", file=sys.stderr)
+
     for label, folder in (("--source", source), ("--baseline", baseline)):
         if folder is not None and not Path(folder).is_dir():
-            errors.print(f"error: {label} {folder} is not a folder; pass the kernel source directory (e.g. csrc)",
-                         markup=False, highlight=False)
+            error(f"{label} {folder} is not a folder; pass the kernel source directory (e.g. csrc)")
             return EXIT_BAD_INPUT
 
     from worker.battery import load_battery
@@ -71,8 +73,8 @@ def run_check(source: Path, baseline: Path | None, battery: str = "quick", *, de
 
     try:
         spec = load_battery(battery)
-    except (ValueError, ValidationError) as error:
-        errors.print(f"error: battery {battery}: {error}", markup=False, highlight=False)
+    except (ValueError, ValidationError) as problem:
+        error(f"battery {battery}: {problem}")
         return EXIT_BAD_INPUT
     cases = spec.expand()
 
@@ -80,8 +82,7 @@ def run_check(source: Path, baseline: Path | None, battery: str = "quick", *, de
     commit_build = build_extension(Path(source), cache_dir=cache_dir)
     baseline_build = build_extension(Path(baseline), cache_dir=cache_dir) if baseline is not None else None
     if baseline_build is not None and not baseline_build.ok:
-        errors.print(f"error: --baseline {baseline} does not build:\n{baseline_build.error}", markup=False,
-                     highlight=False)
+        error(f"--baseline {baseline} does not build:\n{baseline_build.error}")
         return EXIT_BAD_INPUT
     console.print(f"built {source} ({'cached' if commit_build.cached else f'{commit_build.duration_s:.1f} s'})"
                   + (f" and {baseline}" if baseline_build else "")

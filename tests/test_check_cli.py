@@ -1,0 +1,61 @@
+"""`optdrift check` bad input and exit codes, through the real CLI app."""
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from service.cli import app
+from worker.battery import load_battery
+
+runner = CliRunner()
+
+
+def test_missing_folder_is_a_one_line_error_and_exit_2(tmp_path):
+    result = runner.invoke(app, ["check", "--source", str(tmp_path / "nope")])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "nope" in lines[0] and "not a folder" in lines[0]
+    result = runner.invoke(app, ["check", "--source", str(tmp_path), "--baseline", str(tmp_path / "gone")])
+    assert result.exit_code == 2 and "--baseline" in result.output
+
+
+def test_invalid_battery_file_lists_every_problem_and_exit_2(tmp_path):
+    battery = tmp_path / "bad.json"
+    battery.write_text(json.dumps({"name": "bad", "version": 1, "groups": [
+        {"optimizers": ["adamw"], "sizes": [1 << 40], "steps": -1, "points": [{"lr": -0.1}]}]}))
+    result = runner.invoke(app, ["check", "--source", str(tmp_path), "--battery", str(battery)])
+    assert result.exit_code == 2
+    for field in ("groups.0.optimizers.0", "groups.0.sizes", "groups.0.steps", "groups.0.points.0.lr"):
+        assert field in result.output
+    result = runner.invoke(app, ["check", "--source", str(tmp_path), "--battery", "fastest"])
+    assert result.exit_code == 2 and "unknown battery 'fastest'" in result.output
+
+
+@pytest.mark.slow
+def test_a_source_that_does_not_build_is_broken_with_the_compiler_message(tmp_path, csrc_under_test,
+                                                                          build_cache_dir, monkeypatch):
+    monkeypatch.setenv("OPTDRIFT_BUILD_CACHE", str(build_cache_dir))
+    broken = tmp_path / "broken"
+    shutil.copytree(csrc_under_test, broken)
+    (broken / "cpu" / "syntax_error.cpp").write_text("int optdrift_broken( { return 0; }\n")
+    out = tmp_path / "out.json"
+    result = runner.invoke(app, ["check", "--source", str(broken), "--json-out", str(out), "--device", "cpu"])
+    assert result.exit_code == 1, result.output
+    comparison = json.loads(out.read_text())["comparison"]
+    assert comparison["verdict"] == "broken"
+    assert "syntax_error.cpp" in comparison["summary"]
+
+
+@pytest.mark.slow
+def test_no_baseline_runs_the_battery_and_exits_0(tmp_path, csrc_under_test, build_cache_dir, monkeypatch):
+    monkeypatch.setenv("OPTDRIFT_BUILD_CACHE", str(build_cache_dir))
+    out = tmp_path / "out.json"
+    result = runner.invoke(app, ["check", "--source", str(csrc_under_test), "--json-out", str(out), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(out.read_text())
+    assert payload["comparison"]["verdict"] == "no-baseline" and payload["baseline"] is None
+    cases = payload["commit"]["cases"]
+    assert len(cases) == len(load_battery("quick").expand()) and all(c["status"] == "ok" for c in cases)
+    assert "NO-BASELINE" in result.output

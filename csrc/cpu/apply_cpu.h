@@ -41,6 +41,9 @@ void apply_rule_typed(const Rule& rule, const at::Tensor& param, const at::Tenso
 template <typename Rule>
 void apply_rule(const char* op, const Rule& rule, const at::Tensor& param, const at::Tensor& grad,
                 const std::array<const at::Tensor*, Rule::kStates>& states) {
+  // A brace list shorter than kStates would compile (std::array pads with nullptr).
+  for (const at::Tensor* state : states)
+    TORCH_INTERNAL_ASSERT(state != nullptr, op, ": a state tensor was not passed to apply_rule");
   if (param.numel() == 0) return;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, param.scalar_type(), "optdrift_apply_rule_cpu", [&] {
     apply_rule_typed<Rule, scalar_t>(rule, param, grad, states);

@@ -142,6 +142,9 @@ void apply_rule(const char* op, const Rule& rule, const at::Tensor& param, const
                 const std::array<const at::Tensor*, Rule::kStates>& states) {
   TORCH_CHECK(param.is_cuda(), op, ": argument 'param' is on ", param.device(),
               "; the CUDA kernel needs every tensor on a CUDA device");
+  // A brace list shorter than kStates would compile (std::array pads with nullptr).
+  for (const at::Tensor* state : states)
+    TORCH_INTERNAL_ASSERT(state != nullptr, op, ": a state tensor was not passed to apply_rule");
   if (param.numel() == 0) return;
   const c10::cuda::CUDAGuard device_guard(param.device());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, param.scalar_type(), "optdrift_apply_rule_cuda", [&] {

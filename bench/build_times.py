@@ -26,13 +26,18 @@ from worker.build import build_extension, detect_cuda_archs  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--source", type=Path, default=Path(__file__).resolve().parents[1] / "csrc")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="an empty or missing folder to build into (kept afterwards, so later runs hit it); "
+                             "default: a temporary folder")
     parser.add_argument("--archs", default=None, help='CUDA archs such as "9.0"; "" for CPU-only; default: detect')
     args = parser.parse_args()
     archs = detect_cuda_archs() if args.archs is None else [a for a in args.archs.split(";") if a]
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        cache = Path(tmp) / "cache"
+        cache = args.cache or Path(tmp) / "cache"
+        if cache.exists() and any(cache.iterdir()):
+            raise SystemExit(f"--cache {cache} is not empty: a cold build needs an empty cache folder")
         cold = build_extension(args.source, cache_dir=cache, cuda_archs=archs)
         if not cold.ok:
             raise SystemExit(f"build failed:\n{cold.error}")
@@ -45,7 +50,7 @@ def main() -> None:
         kernel = sorted((changed / ("cuda" if archs else "cpu")).glob("*.c*"))[0]
         kernel.write_text(kernel.read_text() + "\n// touched by bench/build_times.py\n")
         started = time.monotonic()
-        one = build_extension(changed, cache_dir=cache, cuda_archs=archs)
+        one = build_extension(changed, cache_dir=Path(tmp) / "scratch-cache", cuda_archs=archs)
         rows.append((f"one file changed ({kernel.name})", time.monotonic() - started, one.cached))
 
     table = Table(title=f"csrc build times, CUDA archs: {archs or 'none (CPU-only)'}")

@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 
 from service.api import maintenance
 from service.api.routes import commits, health, projects, runs, sources, verify
+from service.dashboard.routes import install as install_dashboard
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
 from service.settings import get_settings
 
@@ -36,6 +37,7 @@ def create_app() -> FastAPI:
     )
     app.include_router(api_router)
     app.include_router(health.router)
+    install_dashboard(app)
 
     def _handler(status_code: int):  # noqa: ANN202
         async def handle(_request: Request, exc: Exception) -> JSONResponse:

@@ -1,0 +1,124 @@
+"""Dashboard pages (server-rendered Jinja2) and the small JSON endpoint their charts fetch.
+
+Pages: `/` (projects), `/projects/{name}` (commits newest first), `/projects/{name}/commits/{sha}`
+(a commit's run), `/runs/{id}` (any run, verify runs included: the shareable page),
+`/projects/{name}/releases` (release drift). Charts are drawn by plotly.js, served from the
+installed `plotly` package at /static/vendor/plotly.min.js (no CDN).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from service.api.deps import SessionDep
+from service.dashboard import release_matrix, wording
+from service.domain import dashboard_queries as queries
+from service.domain.errors import NotFoundError
+
+HERE = Path(__file__).resolve().parent
+templates = Jinja2Templates(directory=HERE / "templates")
+templates.env.filters["sci"] = wording.sci
+templates.env.filters["when"] = wording.when
+templates.env.globals["group_label"] = release_matrix.group_label
+
+router = APIRouter(tags=["dashboard"], include_in_schema=False)
+
+
+def _page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    return templates.TemplateResponse(request, name, context, status_code=status_code)
+
+
+@router.get("/", response_class=HTMLResponse)
+def projects_page(request: Request, session: SessionDep) -> HTMLResponse:
+    projects = queries.list_projects(session=session)
+    if len(projects) == 1:
+        return RedirectResponse(f"/projects/{projects[0][0].name}", status_code=307)
+    return _page(request, "projects.html", projects=projects)
+
+
+@router.get("/projects/{project}", response_class=HTMLResponse)
+def overview_page(request: Request, project: str, session: SessionDep, ref: str | None = None,
+                  verdict: str | None = None, page: int = 1) -> HTMLResponse:
+    data = queries.overview(session=session, project_name=project, ref=ref or None,
+                            verdict=verdict or None, page=page)
+    return _page(request, "overview.html", data=data, project=data.project,
+                 verdict_filters=queries.VERDICT_FILTERS)
+
+
+@router.get("/projects/{project}/commits/{sha}", response_class=HTMLResponse)
+def commit_page(request: Request, project: str, sha: str, session: SessionDep,
+                run: int | None = None) -> HTMLResponse:
+    run_id = queries.commit_run_id(session=session, project_name=project, sha=sha, run_id=run)
+    return _run_page(request, session, run_id)
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(request: Request, run_id: int, session: SessionDep) -> HTMLResponse:
+    return _run_page(request, session, run_id)
+
+
+def _run_page(request: Request, session: SessionDep, run_id: int) -> HTMLResponse:
+    data = queries.run_page(session=session, run_id=run_id)
+    fingerprint = (data.run.environment_detail or {}).get("fingerprint") or {}
+    first_plot = data.changed[0].case_id if data.changed and data.changed[0].verdict == "changed" else None
+    return _page(request, "run.html", page=data, run=data.run, project=data.run.project,
+                 sentence=wording.verdict_sentence(data), fingerprint=fingerprint,
+                 first_plot=first_plot, final=data.run.status in ("done", "failed", "cancelled"))
+
+
+@router.get("/projects/{project}/releases", response_class=HTMLResponse)
+def releases_page(request: Request, project: str, session: SessionDep, environment: str | None = None,
+                  battery: str | None = None, group: str | None = None) -> HTMLResponse:
+    matrix = release_matrix.build(session=session, project_name=project, environment=environment or None,
+                                  battery=battery or None)
+    labels = [release_matrix.group_label(g) for g in matrix.groups]
+    chosen = group if group in labels else (labels[0] if labels else None)
+    lines = {label: {case: [_finite_or_none(v) for v in values] for case, values in cases.items()}
+             for label, cases in matrix.lines.items()}
+    return _page(request, "releases.html", matrix=matrix, project=queries.get_project(
+        session=session, name=project), labels=labels, chosen_group=chosen, lines=lines)
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    # JSON has no NaN/Infinity; a gap in the line says "no finite value here".
+    return value if value is not None and math.isfinite(value) else None
+
+
+@router.get("/dashboard/api/runs/{run_id}/series")
+def case_series(run_id: int, case: str, session: SessionDep) -> JSONResponse:
+    """Per-step series of one case for the run and its baseline (what the run page plots)."""
+    data = queries.case_series(session=session, run_id=run_id, case_id=case)
+    for key in ("commit", "baseline"):
+        if data[key] is not None:
+            data[key] = {name: [_finite_or_none(float(v)) for v in values] for name, values in data[key].items()}
+    if data["max_abs_diff_per_step"] is not None:
+        data["max_abs_diff_per_step"] = [_finite_or_none(float(v)) for v in data["max_abs_diff_per_step"]]
+    return JSONResponse(data)
+
+
+def _plotly_path() -> Path:
+    import plotly
+
+    path = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+    if not path.exists():
+        raise NotFoundError(f"{path} is missing: reinstall the server extra (pip install 'optdrift[server]')")
+    return path
+
+
+@router.get("/static/vendor/plotly.min.js")
+def plotly_js() -> FileResponse:
+    return FileResponse(_plotly_path(), media_type="text/javascript",
+                        headers={"Cache-Control": "public, max-age=86400"})
+
+
+def install(app: FastAPI) -> None:
+    """Mount the dashboard pages and their static files on the API app."""
+    app.include_router(router)
+    app.mount("/static/dashboard", StaticFiles(directory=HERE / "static"), name="dashboard-static")

@@ -1,0 +1,128 @@
+// optdrift dashboard: progress polling (the JSON API) and plotly charts. No build step.
+"use strict";
+const optdrift = (() => {
+  const FINAL = new Set(["done", "failed", "cancelled"]);
+  const POLL_MS = 2000;
+
+  async function getJSON(url) {
+    const response = await fetch(url, { headers: { Accept: "application/json" } });
+    if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
+    return response.json();
+  }
+
+  // Overview: rows of unfinished runs poll their run; when one finishes, reload to show its verdict.
+  function pollOverview() {
+    const rows = [...document.querySelectorAll("tr[data-poll-run]")];
+    if (!rows.length) return;
+    const tick = async () => {
+      let finished = false;
+      for (const row of rows) {
+        try {
+          const run = await getJSON(`/api/v1/runs/${row.dataset.pollRun}`);
+          const badge = row.querySelector(".badge");
+          const p = run.progress;
+          badge.textContent = run.status + (run.status === "running" && p.cases_total ? ` ${p.cases_done}/${p.cases_total}` : "");
+          if (FINAL.has(run.status)) finished = true;
+        } catch (error) { console.warn(error.message); }
+      }
+      if (finished) window.location.reload(); else setTimeout(tick, POLL_MS);
+    };
+    setTimeout(tick, POLL_MS);
+  }
+
+  // Run page: progress while the run goes; then reload for the verdict. Plots of changed cases.
+  function runPage() {
+    const head = document.getElementById("run");
+    if (head && head.dataset.final !== "true") pollRun(head.dataset.runId);
+    const plot = document.getElementById("ref-plot");
+    if (plot) plotCase(plot.dataset.case);
+    for (const button of document.querySelectorAll(".plot-button")) {
+      button.addEventListener("click", () => {
+        plotCase(button.dataset.case);
+        document.getElementById("ref-plot").scrollIntoView({ behavior: "smooth" });
+      });
+    }
+  }
+
+  function pollRun(runId) {
+    const tick = async () => {
+      try {
+        const run = await getJSON(`/api/v1/runs/${runId}`);
+        const p = run.progress;
+        const bar = document.getElementById("progress-bar");
+        if (bar) { bar.max = p.cases_total || 1; bar.value = p.cases_done; }
+        const text = document.getElementById("progress-text");
+        if (text) text.textContent = `${run.status}: ${p.cases_done} of ${p.cases_total ?? "?"} cases`;
+        const status = document.getElementById("run-status");
+        if (status) status.textContent = run.status;
+        if (FINAL.has(run.status)) { window.location.reload(); return; }
+      } catch (error) { console.warn(error.message); }
+      setTimeout(tick, POLL_MS);
+    };
+    setTimeout(tick, POLL_MS);
+  }
+
+  const steps = (values) => values.map((_, i) => i + 1);
+  const layout = (title, yTitle) => ({
+    title: { text: title, font: { size: 14 } }, margin: { l: 64, r: 12, t: 36, b: 44 },
+    xaxis: { title: { text: "step" } }, yaxis: { type: "log", title: { text: yTitle }, exponentformat: "e" },
+    legend: { orientation: "h", y: -0.25 }, autosize: true,
+  });
+  const config = { responsive: true, displaylogo: false };
+
+  async function plotCase(caseId) {
+    const target = document.getElementById("ref-plot");
+    const data = await getJSON(`${target.dataset.seriesUrl}?case=${encodeURIComponent(caseId)}`);
+    document.getElementById("plot-case").textContent = caseId;
+    const traces = [{ name: "this commit", x: steps(data.commit.ref64_max_abs), y: data.commit.ref64_max_abs,
+                      mode: "lines", line: { color: "#cf222e", width: 2 } }];
+    if (data.baseline) {
+      traces.push({ name: `baseline (run ${data.baseline_run_id})`, x: steps(data.baseline.ref64_max_abs),
+                    y: data.baseline.ref64_max_abs, mode: "lines", line: { color: "#0969da", width: 2, dash: "dash" } });
+    }
+    const shapes = data.first_divergent_step ? [{ type: "line", xref: "x", yref: "paper", x0: data.first_divergent_step,
+      x1: data.first_divergent_step, y0: 0, y1: 1, line: { color: "#57606a", dash: "dot", width: 1 } }] : [];
+    await Plotly.react(target, traces, { ...layout("max |p − float64 reference| per step", "max abs distance"), shapes }, config);
+    const diffTarget = document.getElementById("diff-plot");
+    const note = document.getElementById("diff-note");
+    if (data.max_abs_diff_per_step) {
+      note.hidden = true; diffTarget.hidden = false;
+      await Plotly.react(diffTarget, [{ name: "|commit − baseline|", x: steps(data.max_abs_diff_per_step),
+        y: data.max_abs_diff_per_step, mode: "lines", line: { color: "#8250df", width: 2 } }],
+        layout("max |commit − baseline| per step", "max abs difference"), config);
+    } else {
+      Plotly.purge(diffTarget); diffTarget.hidden = true; note.hidden = false;
+    }
+    target.dataset.plotted = caseId;
+  }
+
+  // Release drift: one line per case of the chosen family across releases.
+  function releasesPage() {
+    const source = document.getElementById("release-lines");
+    if (!source) return;
+    const payload = JSON.parse(source.textContent);
+    const select = document.getElementById("group-select");
+    const draw = () => {
+      const group = select.value;
+      document.getElementById("chosen-group").textContent = group;
+      const cases = payload.lines[group] || {};
+      const traces = Object.entries(cases).map(([label, values]) => ({
+        name: label.split(" · ")[0], x: payload.releases, y: values, mode: "lines+markers",
+        hovertemplate: `${label}<br>%{x}: %{y:.3e}<extra></extra>`, connectgaps: false,
+      }));
+      const figure = layout("final distance to the float64 reference", "max abs distance");
+      figure.xaxis = { title: { text: "release" }, type: "category" };
+      Plotly.react("line-plot", traces, figure, config);
+      document.getElementById("line-plot").dataset.plotted = group;
+    };
+    select.addEventListener("change", draw);
+    draw();
+  }
+
+  function choosePair(select) {
+    const [environment, battery] = select.value.split("|");
+    window.location.search = new URLSearchParams({ environment, battery }).toString();
+  }
+
+  return { pollOverview, runPage, releasesPage, choosePair };
+})();

@@ -1,0 +1,314 @@
+"""Read-only queries behind the dashboard pages.
+
+They select only the columns a page shows: a verdict's `detail` holds every case of a battery
+(hundreds), and a trajectory's `series_data` every step, so the overview never loads either, and
+the commit page loads series only for the one case it plots first.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from service.db.models import FINAL_STATUSES, Commit, Project, Run, Trajectory, Verdict
+from service.domain.errors import BadInputError, NotFoundError
+from service.domain.trajectories import unpack_series
+
+# Filter values of the overview's verdict selector. "running" = queued, building or running.
+VERDICT_FILTERS = ("unchanged", "changed", "broken", "no-baseline", "running", "flagged")
+PAGE_SIZE = 50
+
+# service.verdicts.summarize writes "vs float64 reference: 3 closer, 5 farther ..."; the overview
+# reads the direction counts from that one line instead of parsing every case of `detail`.
+_DIRECTION_LINE = re.compile(r"^vs float64 reference:(.*)$", re.MULTILINE)
+_DIRECTION_COUNT = re.compile(r"(\d+) (closer|farther|same)\b")
+
+
+def direction_counts(summary: str | None) -> dict[str, int]:
+    line = _DIRECTION_LINE.search(summary or "")
+    if line is None:
+        return {}
+    head = line.group(1).split("(")[0]  # the ratio note in parentheses holds no counts
+    return {name: int(count) for count, name in _DIRECTION_COUNT.findall(head)}
+
+
+@dataclass(frozen=True)
+class Badge:
+    """What a verdict badge says (in words: colour only repeats it) and its CSS class."""
+
+    text: str
+    css: str
+    title: str = ""
+
+
+def badge(*, status: str, outcome: str | None, summary: str | None = None, acknowledged: bool = False,
+          cases_done: int | None = None, cases_total: int | None = None) -> Badge:
+    if outcome is None:
+        if status in ("queued", "building", "running"):
+            progress = f" {cases_done}/{cases_total}" if status == "running" and cases_total else ""
+            return Badge(f"{status}{progress}", "running", "the run has not finished")
+        if status in ("failed",):
+            return Badge("broken", "broken", "the run failed")
+        if status == "cancelled":
+            return Badge("cancelled", "neutral", "the run was cancelled")
+        return Badge("awaiting baseline", "neutral", "finished; the verdict waits for its baseline run")
+    if outcome == "changed":
+        counts = direction_counts(summary)
+        closer, farther = counts.get("closer", 0), counts.get("farther", 0)
+        if farther and closer:
+            text = f"changed → mixed: {farther} farther, {closer} closer"
+            css = "changed-farther"
+        elif farther:
+            text, css = "changed → farther", "changed-farther"
+        elif closer:
+            text, css = "changed → closer", "changed-closer"
+        else:
+            text, css = "changed → same distance", "changed-same"
+        if acknowledged:
+            text += " (acknowledged)"
+            css = "acknowledged"
+        return Badge(text, css, "some trajectory changed against the baseline; direction is "
+                                "relative to the float64 reference")
+    if outcome == "broken":
+        return Badge("broken" + (" (acknowledged)" if acknowledged else ""), "broken",
+                     "a build failure, crash or NaN")
+    if outcome == "no-baseline":
+        return Badge("no baseline", "neutral", "nothing earlier to compare with")
+    return Badge("unchanged", "unchanged", "every per-step digest equal to the baseline's")
+
+
+# ----------------------------------------------------------------------------- overview
+@dataclass
+class OverviewRow:
+    sha: str
+    message: str | None
+    ref: str | None
+    release_tag: str | None
+    created_at: datetime
+    run_id: int | None
+    environment: str | None
+    status: str | None
+    badge: Badge
+    changed_cases: int | None
+    first_divergent_step: int | None
+
+
+@dataclass
+class Overview:
+    project: Project
+    rows: list[OverviewRow]
+    total: int
+    page: int
+    pages: int
+    refs: list[str]
+    ref: str | None
+    verdict: str | None
+
+
+def get_project(*, session: Session, name: str) -> Project:
+    project = session.scalar(select(Project).where(Project.name == name))
+    if project is None:
+        raise NotFoundError(f"no project named {name!r}; see / for the list of projects")
+    return project
+
+
+def list_projects(*, session: Session) -> list[tuple[Project, int]]:
+    counts = (select(Commit.project_id, func.count().label("n")).group_by(Commit.project_id).subquery())
+    rows = session.execute(
+        select(Project, func.coalesce(counts.c.n, 0)).outerjoin(counts, counts.c.project_id == Project.id)
+        .order_by(Project.name)
+    ).all()
+    return [(project, count) for project, count in rows]
+
+
+def overview(*, session: Session, project_name: str, ref: str | None = None, verdict: str | None = None,
+             page: int = 1, page_size: int = PAGE_SIZE) -> Overview:
+    """A project's commits newest first with the verdict of their first run (one row per commit
+    and environment run)."""
+    if verdict and verdict not in VERDICT_FILTERS:
+        raise BadInputError(f"unknown verdict filter {verdict!r}; use one of {', '.join(VERDICT_FILTERS)}")
+    if page < 1:
+        raise BadInputError(f"page {page} does not exist; pages start at 1")
+    project = get_project(session=session, name=project_name)
+    summary = Verdict.detail["summary"].as_string()
+    query = (
+        select(Commit.sha, Commit.message, Commit.ref, Commit.release_tag, Commit.created_at, Commit.id,
+               Run.id, Run.environment, Run.status, Run.cases_done, Run.cases_total,
+               Verdict.outcome, Verdict.acknowledged, Verdict.changed_cases, Verdict.first_divergent_step,
+               Verdict.flagged)
+        .outerjoin(Run, Run.commit_id == Commit.id)
+        .outerjoin(Verdict, Verdict.run_id == Run.id)
+        .where(Commit.project_id == project.id)
+    )
+    if ref:
+        query = query.where(Commit.ref == ref)
+    if verdict == "running":
+        query = query.where(Run.status.not_in(FINAL_STATUSES))
+    elif verdict == "flagged":
+        query = query.where(Verdict.flagged.is_(True))
+    elif verdict:
+        query = query.where(Verdict.outcome == verdict)
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = session.execute(
+        query.order_by(Commit.created_at.desc(), Commit.id.desc(), Run.id)
+        .limit(page_size).offset((page - 1) * page_size)
+    ).all()
+    # Summaries (for the direction) only for the changed verdicts shown on this page.
+    changed_runs = [row[6] for row in rows if row[11] == "changed"]
+    summaries = dict(session.execute(
+        select(Verdict.run_id, summary).where(Verdict.run_id.in_(changed_runs))
+    ).all()) if changed_runs else {}
+    out = []
+    for (sha, message, commit_ref, release_tag, created_at, _cid, run_id, environment, status, done, total_cases,
+         outcome, acknowledged, changed_cases, first_step, _flagged) in rows:
+        out.append(OverviewRow(
+            sha=sha, message=message, ref=commit_ref, release_tag=release_tag, created_at=created_at,
+            run_id=run_id, environment=environment, status=status,
+            badge=badge(status=status or "queued", outcome=outcome, summary=summaries.get(run_id),
+                        acknowledged=bool(acknowledged), cases_done=done, cases_total=total_cases)
+            if run_id is not None else Badge("no run", "neutral"),
+            changed_cases=changed_cases, first_divergent_step=first_step,
+        ))
+    refs = [r for r in session.scalars(
+        select(Commit.ref).where(Commit.project_id == project.id, Commit.ref.is_not(None))
+        .distinct().order_by(Commit.ref)).all()]
+    pages = max(1, -(-total // page_size))
+    return Overview(project=project, rows=out, total=total, page=page, pages=pages, refs=refs,
+                    ref=ref, verdict=verdict)
+
+
+# ----------------------------------------------------------------------------- run / commit page
+@dataclass
+class ChangedCase:
+    case_id: str
+    verdict: str
+    optimizer: str
+    family: str | None
+    dtype: str | None
+    lr: float | None
+    weight_decay: float | None
+    seed: int | None
+    gradient: str | None
+    first_divergent_step: int | None
+    max_abs_diff: float | None
+    commit_final: float | None
+    baseline_final: float | None
+    direction: str | None
+    message: str | None
+
+
+@dataclass
+class RunPage:
+    run: Run
+    commit: Commit | None
+    base_commit: Commit | None
+    baseline_run: Run | None
+    baseline_commit_sha: str | None
+    verdict: Verdict | None
+    badge: Badge
+    summary: str
+    changed: list[ChangedCase]
+    counts: dict[str, int]
+    sibling_runs: list[tuple[int, str, str]] = field(default_factory=list)
+
+
+def _gradient_label(spec: dict[str, Any]) -> str:
+    gradient = spec.get("gradient") or {}
+    label = gradient.get("kind", "open")
+    if gradient.get("zero_fraction"):
+        label += f", {gradient['zero_fraction']:g} zeros"
+    return label
+
+
+def run_page(*, session: Session, run_id: int) -> RunPage:
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFoundError(f"no run with id {run_id}")
+    verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
+    detail = verdict.detail if verdict is not None else {}
+    cases = [c for c in detail.get("cases", []) if c.get("verdict") in ("changed", "broken")]
+    specs = dict(session.execute(
+        select(Trajectory.case_id, Trajectory.case)
+        .where(Trajectory.run_id == run_id, Trajectory.case_id.in_([c["case_id"] for c in cases]))
+    ).all()) if cases else {}
+    changed = []
+    for case in cases:
+        spec = specs.get(case["case_id"], {})
+        hyper = spec.get("hyper", {})
+        diffs = case.get("max_abs_diff_per_step")
+        changed.append(ChangedCase(
+            case_id=case["case_id"], verdict=case["verdict"], optimizer=case["optimizer"],
+            family=spec.get("family"), dtype=spec.get("param_dtype"), lr=hyper.get("lr"),
+            weight_decay=hyper.get("weight_decay"), seed=spec.get("seed"),
+            gradient=_gradient_label(spec) if spec else None,
+            first_divergent_step=case.get("first_divergent_step"),
+            max_abs_diff=max(float(v) for v in diffs) if diffs else None,
+            commit_final=case.get("commit_final_ref64_distance"),
+            baseline_final=case.get("baseline_final_ref64_distance"),
+            direction=case.get("direction"), message=case.get("message"),
+        ))
+    baseline_run = session.get(Run, verdict.baseline_run_id) if verdict and verdict.baseline_run_id else None
+    siblings = []
+    if run.commit_id is not None:
+        siblings = [(rid, env, battery) for rid, env, battery in session.execute(
+            select(Run.id, Run.environment, Run.battery).where(Run.commit_id == run.commit_id).order_by(Run.id))]
+    return RunPage(
+        run=run, commit=run.commit, base_commit=run.base_commit, baseline_run=baseline_run,
+        baseline_commit_sha=baseline_run.commit.sha if baseline_run and baseline_run.commit else None,
+        verdict=verdict,
+        badge=badge(status=run.status, outcome=verdict.outcome if verdict else None,
+                    summary=detail.get("summary"), acknowledged=bool(verdict and verdict.acknowledged),
+                    cases_done=run.cases_done, cases_total=run.cases_total),
+        summary=detail.get("summary") or run.error or "", changed=changed,
+        counts=detail.get("counts", {}), sibling_runs=siblings,
+    )
+
+
+def commit_run_id(*, session: Session, project_name: str, sha: str, run_id: int | None = None) -> int:
+    """The run a commit page shows: the asked-for run of that commit, else its first."""
+    project = get_project(session=session, name=project_name)
+    commit = session.scalar(select(Commit).where(Commit.project_id == project.id, Commit.sha == sha))
+    if commit is None:
+        raise NotFoundError(f"project {project_name} has no commit {sha!r}")
+    ids = list(session.scalars(select(Run.id).where(Run.commit_id == commit.id).order_by(Run.id)))
+    if not ids:
+        raise NotFoundError(f"commit {sha} has no run yet")
+    if run_id is not None:
+        if run_id not in ids:
+            raise NotFoundError(f"run {run_id} is not a run of commit {sha}")
+        return run_id
+    return ids[0]
+
+
+def case_series(*, session: Session, run_id: int, case_id: str) -> dict[str, Any]:
+    """Per-step series of one case for the commit's run and, when the verdict has one, its
+    baseline run; plus the co-run |commit - baseline| when the verdict carries it."""
+    row = session.scalar(select(Trajectory).where(Trajectory.run_id == run_id, Trajectory.case_id == case_id))
+    if row is None:
+        raise NotFoundError(f"run {run_id} has no case {case_id!r}")
+    out: dict[str, Any] = {"run_id": run_id, "case_id": case_id, "case": row.case, "status": row.status,
+                           "commit": unpack_series(row.series_layout, row.series_data),
+                           "baseline": None, "baseline_run_id": None, "max_abs_diff_per_step": None}
+    verdict = session.execute(
+        select(Verdict.baseline_run_id).where(Verdict.run_id == run_id)).first()
+    baseline_run_id = verdict[0] if verdict else None
+    if baseline_run_id is not None:
+        base = session.scalar(select(Trajectory).where(Trajectory.run_id == baseline_run_id,
+                                                       Trajectory.case_id == case_id))
+        if base is not None:
+            out["baseline"] = unpack_series(base.series_layout, base.series_data)
+            out["baseline_run_id"] = baseline_run_id
+        # The co-run difference, when the worker recorded one, sits in the verdict's case detail.
+        cases = session.scalar(select(Verdict.detail).where(Verdict.run_id == run_id)).get("cases", [])
+        for case in cases:
+            if case.get("case_id") == case_id:
+                out["max_abs_diff_per_step"] = case.get("max_abs_diff_per_step")
+                out["first_divergent_step"] = case.get("first_divergent_step")
+                break
+    return out
+

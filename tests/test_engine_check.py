@@ -49,7 +49,10 @@ def test_decay_after_update_is_changed_at_step_1_only_where_it_must_be(tmp_path,
             continue
         assert case["verdict"] == "changed" and case["first_divergent_step"] == 1, case["case_id"]
         assert case["max_abs_diff_per_step"][0] > 0
-        if spec["hyper"]["lr"] == 0.1 and spec["hyper"]["weight_decay"] == 0.1 and spec["param_dtype"] == "float32":
+        # 32-bit only: multi-step 8-bit runs are dominated by quantization error (their reference
+        # distance does not resolve the ordering); the 8-bit one-step closed form is issue 6's test.
+        if (spec["family"] == "32bit" and spec["hyper"]["lr"] == 0.1 and spec["hyper"]["weight_decay"] == 0.1
+                and spec["param_dtype"] == "float32"):
             assert case["direction"] == "farther", case["case_id"]
             ratios.append(case["commit_final_ref64_distance"] / case["baseline_final_ref64_distance"])
     # The correct ordering is closer to torch.optim.AdamW / the AdEMAMix paper by a large factor:
@@ -91,7 +94,7 @@ def test_one_ulp_change_is_flagged_at_the_predicted_step(tmp_path, csrc_under_te
         spec = specs[case["case_id"]]
         if spec["optimizer"] != "adam":
             assert case["verdict"] == "unchanged", case["case_id"]
-        elif spec["param_dtype"] == "float32" and spec["size"] >= 1000:
+        elif spec["family"] == "32bit" and spec["param_dtype"] == "float32" and spec["size"] >= 1000:
             # The step size moves by one float32 ulp at the steps numpy predicts; over >= 1000
             # elements some parameter rounds differently at the first of them.
             expected = _first_step_size_difference(spec["hyper"]["lr"], spec["hyper"]["beta1"], spec["steps"])

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Kernel figures on the H200 (issues 2 and 6): build times, the kernel test suite on CUDA, Adam
+# bandwidth, per-op accuracy against float64, 8-bit closed-form distances.
+# Run from the repository root on a GPU machine; logs go to $OUT (default ./gpu-out).
+# Through the device tool: run(command="bash bench/gpu/h200_kernels.sh", carry=[".whl"]).
+set -uo pipefail
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 OPTDRIFT_BUILD_CACHE=${OPTDRIFT_BUILD_CACHE:-/tmp/optdrift-builds}
+if [ -d .whl ]; then  # pure-Python packages the GPU image lacks (pydantic...), carried as wheels
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
+python3 bench/build_times.py --archs 9.0 --cache "$OPTDRIFT_BUILD_CACHE" 2>&1 | tee "$OUT/build_times.txt"
+python3 bench/adam_bandwidth.py 2>&1 | tee "$OUT/adam_bandwidth.txt"
+python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels_32bit.py tests/test_kernels_opcheck.py \
+  tests/test_kernels_bad_input.py tests/test_quant_map.py tests/test_kernels_8bit.py \
+  tests/test_kernels_8bit_acceptance.py tests/test_kernels_discriminate.py tests/test_gradients.py \
+  2>&1 | tee "$OUT/pytest_kernels.txt"
+python3 bench/kernel_accuracy.py --device cuda 2>&1 | tee "$OUT/kernel_accuracy.txt"
+python3 -m worker.closed_form_8bit --device all 2>&1 | tee "$OUT/closed_form_8bit.txt"

@@ -58,6 +58,11 @@ def test_every_page_loads_without_console_errors_and_screenshots(dashboard, page
         _open(page, dashboard.url + path)
         _no_console_errors(page)
         page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=False)
+    for name, path, selector in (("commit-flagged-plots", pages["commit-flagged"], ".plots"),
+                                 ("verify-run-plots", pages["verify-run"], ".plots"),
+                                 ("releases-line-plot", pages["releases"], ".plots")):
+        _open(page, dashboard.url + path)
+        page.locator(selector).screenshot(path=str(SCREENSHOTS / f"{name}.png"))
     # "/" redirects to the only project.
     _open(page, dashboard.url + "/")
     assert page.url.endswith(f"/projects/{PROJECT}")

@@ -23,6 +23,16 @@ def when(moment: datetime | None) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def short_error(error: str | None, limit: int = 240) -> str:
+    """The line of a long build/run error that says what went wrong (the full text is in the
+    build log and the run JSON)."""
+    if not error:
+        return "no reason recorded"
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    telling = next((line for line in lines if "error:" in line.lower()), lines[0] if lines else error)
+    return telling if len(telling) <= limit else telling[:limit - 1] + "…"
+
+
 def _plural(count: int, word: str) -> str:
     if count == 1:
         return f"1 {word}"
@@ -40,7 +50,7 @@ def verdict_sentence(page: RunPage) -> str:
             total = run.cases_total or 0
             return f"Running: {run.cases_done} of {total} cases done. This page updates by itself."
         if run.status == "failed":
-            return f"The run failed: {run.error or 'no reason recorded'}."
+            return f"The run failed: {short_error(run.error)} (full text: the build log below)."
         if run.status == "cancelled":
             return "The run was cancelled."
         return "Finished; the verdict waits for its baseline run to finish."
@@ -58,7 +68,7 @@ def verdict_sentence(page: RunPage) -> str:
         if broken:
             return (f"Broken: {_plural(broken, 'case')} crashed, hung or produced NaN/Inf"
                     + (f" (compared with {against})." if against else "."))
-        return f"Broken: {run.error or 'the build failed'}."
+        return f"Broken: {short_error(run.error)} (full text: the build log below)."
     changed = [c for c in page.changed if c.verdict == "changed"]
     farther = sum(1 for c in changed if c.direction == "farther")
     closer = sum(1 for c in changed if c.direction == "closer")

@@ -12,6 +12,8 @@ from tests.browser.engine_seed import PROJECT, RUNNING_CASES_DONE
 from worker.mutations import DECAY_AFTER_UPDATE_OPTIMIZERS
 
 FINAL_STEP = -1
+# Pages kept as docs/screenshots/*.png (the others are loaded and checked, not photographed).
+SCREENSHOT_PAGES = {"overview", "commit-flagged", "commit-broken", "run-progress", "releases"}
 
 
 def _open(page, url: str) -> None:  # noqa: ANN001
@@ -57,7 +59,8 @@ def test_every_page_loads_without_console_errors_and_screenshots(dashboard, page
     for name, path in pages.items():
         _open(page, dashboard.url + path)
         _no_console_errors(page)
-        page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=False)
+        if name in SCREENSHOT_PAGES:
+            page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=False)
     for name, path, selector in (("commit-flagged-plots", pages["commit-flagged"], ".plots"),
                                  ("verify-run-plots", pages["verify-run"], ".plots"),
                                  ("releases-line-plot", pages["releases"], ".plots")):
@@ -225,4 +228,14 @@ def test_run_progress_updates_while_the_run_executes(dashboard, page) -> None:
             connection.execute(text("UPDATE runs SET cases_done = :n WHERE id = :id"),
                                {"n": RUNNING_CASES_DONE, "id": run_id})
         engine.dispose()
+    _no_console_errors(page)
+
+
+def test_broken_commit_names_the_compiler_error_and_shows_the_log(dashboard, page) -> None:
+    _open(page, f"{dashboard.url}/projects/{PROJECT}/commits/e5-broken")
+    sentence = page.locator("#verdict-sentence").inner_text()
+    assert sentence.startswith("Broken:") and "error:" in sentence and "optdrift_missing_symbol" in sentence
+    assert len(sentence) < 400  # one telling line, not the whole log
+    assert page.locator("#build-log").get_attribute("open") is not None
+    assert "optdrift_missing_symbol" in page.locator("#build-log pre").inner_text()
     _no_console_errors(page)

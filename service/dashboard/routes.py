@@ -8,6 +8,7 @@ installed `plotly` package at /static/vendor/plotly.min.js (no CDN).
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from pathlib import Path
 from typing import Any
@@ -104,9 +105,10 @@ def case_series(run_id: int, case: str, session: SessionDep) -> JSONResponse:
 
 
 def _plotly_path() -> Path:
-    import plotly
-
-    path = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+    # Locate the package without importing it (plotly's Python side is not needed, only its JS).
+    spec = importlib.util.find_spec("plotly")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    path = Path(folders[0] if folders else "plotly") / "package_data" / "plotly.min.js"
     if not path.exists():
         raise NotFoundError(f"{path} is missing: reinstall the server extra (pip install 'optdrift[server]')")
     return path

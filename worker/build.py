@@ -35,7 +35,7 @@ from typing import Iterator
 from pydantic import BaseModel
 
 # Bump when the way a build is made changes, so old cache entries are not reused.
-BUILD_RECIPE_VERSION = "1"
+BUILD_RECIPE_VERSION = "2"  # 2: libstdc++ linked dynamically, --fmad=false
 SOURCE_SUFFIXES = (".cpp", ".cc", ".cu", ".h", ".hpp", ".cuh")
 DEFAULT_CFLAGS = ("-O3",)
 # No --use_fast_math, and no FMA contraction (--fmad=false): the CUDA kernels compute exactly the

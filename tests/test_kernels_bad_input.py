@@ -8,6 +8,9 @@ import torch
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 N = 8
+# Made on the test's device: Tensor.to() turns a strided view into a contiguous copy, so a
+# non-contiguous CPU tensor moved to CUDA would no longer be non-contiguous.
+NON_CONTIGUOUS = object()
 
 
 def adam_call(kernels, device, **overrides):
@@ -37,8 +40,8 @@ def adam_call(kernels, device, **overrides):
         ({"exp_avg_sq": torch.zeros(N, dtype=torch.bfloat16)}, "'exp_avg_sq'"),
         ({"grad": torch.ones(N + 1)}, "'grad'"),
         ({"exp_avg": torch.zeros(N - 1)}, "'exp_avg'"),
-        ({"exp_avg_sq": torch.zeros(2 * N)[::2]}, "'exp_avg_sq'"),  # non-contiguous
-        ({"param": torch.zeros(2 * N)[::2]}, "'param'"),
+        ({"exp_avg_sq": NON_CONTIGUOUS}, "'exp_avg_sq'"),
+        ({"param": NON_CONTIGUOUS}, "'param'"),
         ({"lr": -1e-3}, "'lr'"),
         ({"lr": float("nan")}, "'lr'"),
         ({"beta1": 1.0}, "'beta1'"),
@@ -54,6 +57,8 @@ def adam_call(kernels, device, **overrides):
 )
 def test_adam_rejects(kernels, device, overrides, named):
     overrides = {k: v.to(device) if isinstance(v, torch.Tensor) else v
+                 for k, v in overrides.items()}
+    overrides = {k: torch.zeros(2 * N, device=device)[::2] if v is NON_CONTIGUOUS else v
                  for k, v in overrides.items()}
     with pytest.raises(RuntimeError, match=named) as error:
         adam_call(kernels, device, **overrides)

@@ -16,7 +16,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -63,6 +63,15 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = 6 * 3600
     case_timeout_s: float = 600.0
 
+    # Authentication (service/domain/auth.py). Writes always need a token; reads only with this.
+    protect_reads: bool = False
+    # Verify runs per UTC day for a verify-scope token created without its own quota.
+    verify_daily_quota: int = 20
+    # The token a worker fetches sources with; default: <home>/worker-token (written by `serve`).
+    worker_token: SecretStr | None = None
+    # Seconds a client is told to wait (Retry-After) while the database is unreachable.
+    database_retry_after_s: int = 5
+
     @property
     def resolved_database_url(self) -> str:
         if self.database_url:
@@ -88,6 +97,22 @@ class Settings(BaseSettings):
     @property
     def resolved_build_cache_dir(self) -> Path:
         return self.build_cache_dir or self.home / "builds"
+
+    @property
+    def admin_token_file(self) -> Path:
+        return self.home / "admin-token"
+
+    @property
+    def worker_token_file(self) -> Path:
+        return self.home / "worker-token"
+
+    def resolved_worker_token(self) -> str | None:
+        if self.worker_token is not None:
+            return self.worker_token.get_secret_value()
+        try:
+            return self.worker_token_file.read_text().strip() or None
+        except OSError:
+            return None
 
 
 @lru_cache

@@ -109,7 +109,16 @@ def api_settings(tmp_path: Path, pg_url: str):
 
 
 @pytest.fixture
-def api(db_session, api_settings):
+def admin_token(db_session) -> str:
+    """An admin API token in the test's transaction (rolled back with it)."""
+    from service.domain.auth import create_token
+
+    _, token = create_token(session=db_session, name="test-admin", scope="admin")
+    return token
+
+
+@pytest.fixture
+def api(db_session, api_settings, admin_token):
     from fastapi.testclient import TestClient
 
     from service.api.main import create_app
@@ -119,7 +128,8 @@ def api(db_session, api_settings):
     app = create_app()
     app.dependency_overrides[get_session] = lambda: db_session
     app.dependency_overrides[get_settings] = lambda: api_settings
-    with TestClient(app) as client:
+    # Authenticated as admin by default; tests of the scopes pass their own headers.
+    with TestClient(app, headers={"Authorization": f"Bearer {admin_token}"}) as client:
         yield client
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
+from sqlalchemy import exc as sqlalchemy_exc
 
 from service.api import maintenance
+from service.api.auth import install_error_handlers, read_access
 from service.api.routes import commits, health, projects, runs, sources, verify
 from service.dashboard.routes import install as install_dashboard
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
@@ -34,6 +36,7 @@ def create_app() -> FastAPI:
                     "regression for optimizer kernels.",
         version="0.1.0",
         lifespan=lifespan,
+        dependencies=[Depends(read_access)],
     )
     app.include_router(api_router)
     app.include_router(health.router)
@@ -47,4 +50,15 @@ def create_app() -> FastAPI:
     app.add_exception_handler(NotFoundError, _handler(404))
     app.add_exception_handler(ConflictError, _handler(409))
     app.add_exception_handler(BadInputError, _handler(422))
+    install_error_handlers(app)
+
+    async def database_unavailable(_request: Request, exc: Exception) -> JSONResponse:
+        # The database is down or restarting: say so and when to retry, rather than a bare 500.
+        first_line = (str(getattr(exc, "orig", None) or exc).splitlines() or [""])[0]
+        return JSONResponse(
+            {"detail": f"the database is unavailable ({first_line[:200]}); retry shortly"},
+            status_code=503, headers={"Retry-After": str(get_settings().database_retry_after_s)})
+
+    app.add_exception_handler(sqlalchemy_exc.OperationalError, database_unavailable)
+    app.add_exception_handler(sqlalchemy_exc.InterfaceError, database_unavailable)
     return app

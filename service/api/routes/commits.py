@@ -5,6 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, File, Form, Header, Response, UploadFile, status
 from sqlalchemy import func, select
 
+from service.api.auth import AdminDep, SubmitDep
 from service.api.deps import SessionDep, SettingsDep
 from service.api.presenters import commit_public, run_public, verdict_public
 from service.api.schemas import (
@@ -24,6 +25,7 @@ def submit_commit(
     session: SessionDep,
     settings: SettingsDep,
     response: Response,
+    _principal: SubmitDep,
     sha: Annotated[str, Form()],
     parents: Annotated[str | None, Form(description="parent shas, first parent first")] = None,
     ref: Annotated[str | None, Form()] = None,
@@ -88,7 +90,7 @@ def commit_verdicts(project: str, sha: str, session: SessionDep) -> VerdictsPubl
 
 @router.post("/commits/{sha}/acknowledge", response_model=VerdictsPublic)
 def acknowledge_commit(
-    project: str, sha: str, body: AcknowledgeRequest, session: SessionDep
+    project: str, sha: str, body: AcknowledgeRequest, session: SessionDep, _principal: AdminDep
 ) -> VerdictsPublic:
     """Mark the commit's flagged change as intended (all its runs' verdicts)."""
     project_row = projects.get_by_name(session=session, name=project)

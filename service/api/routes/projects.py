@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, status
 
+from service.api.auth import AdminDep
 from service.api.deps import SessionDep
 from service.api.schemas import ProjectCreate, ProjectPublic, ProjectsPublic
 from service.domain import projects
@@ -15,7 +16,7 @@ def list_projects(session: SessionDep) -> ProjectsPublic:
 
 
 @router.post("", response_model=ProjectPublic, status_code=status.HTTP_201_CREATED)
-def create_project(body: ProjectCreate, session: SessionDep):  # noqa: ANN201
+def create_project(body: ProjectCreate, session: SessionDep, _principal: AdminDep):  # noqa: ANN201
     project = projects.create(session=session, **body.model_dump())
     session.commit()
     return project

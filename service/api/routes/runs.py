@@ -6,7 +6,9 @@ import io
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse, Response
 
+from service.api.auth import AdminDep, PrincipalDep
 from service.api.deps import SessionDep
+from service.domain.auth import SUBMIT
 from service.api.presenters import run_public, trajectory_public, verdict_public
 from service.api.schemas import AcknowledgeRequest, RunPublic, TrajectoriesPublic, TrajectoryPublic, VerdictPublic
 from service.domain import runs, trajectories, verdict_store
@@ -27,12 +29,15 @@ def build_log(run_id: int, session: SessionDep) -> str:
 
 
 @router.post("/{run_id}/cancel", response_model=RunPublic)
-def cancel_run(run_id: int, session: SessionDep) -> RunPublic:
+def cancel_run(run_id: int, session: SessionDep, principal: PrincipalDep) -> RunPublic:
+    # CI may cancel its own project's runs (a superseded push); everything else is admin's.
+    principal.require(SUBMIT, project=runs.get(session=session, run_id=run_id).project.name)
     return run_public(runs.request_cancel(session=session, run_id=run_id))
 
 
 @router.post("/{run_id}/acknowledge", response_model=VerdictPublic)
-def acknowledge_run(run_id: int, body: AcknowledgeRequest, session: SessionDep) -> VerdictPublic:
+def acknowledge_run(run_id: int, body: AcknowledgeRequest, session: SessionDep,
+                    _principal: AdminDep) -> VerdictPublic:
     run = runs.get(session=session, run_id=run_id)
     verdict = verdict_store.acknowledge(session=session, run=run, note=body.note, by=body.by)
     session.commit()

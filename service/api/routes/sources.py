@@ -5,6 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, File, UploadFile
 from fastapi.responses import FileResponse
 
+from service.api.auth import SubmitDep, WorkerDep
 from service.api.deps import SessionDep, SettingsDep
 from service.api.schemas import SourcePublic
 from service.api.uploads import read_limited
@@ -17,7 +18,8 @@ router = APIRouter(prefix="/sources", tags=["sources"])
 
 @router.post("", response_model=SourcePublic)
 def upload_source(
-    session: SessionDep, settings: SettingsDep, archive: Annotated[UploadFile, File()]
+    session: SessionDep, settings: SettingsDep, archive: Annotated[UploadFile, File()],
+    _principal: SubmitDep,
 ) -> SourcePublic:
     """Store an archive once; submit commits with its `digest` afterwards."""
     data = read_limited(archive, settings=settings, field="archive")
@@ -30,8 +32,10 @@ def upload_source(
 
 
 @router.get("/{digest}", response_class=FileResponse)
-def download_source(digest: str, session: SessionDep, settings: SettingsDep) -> FileResponse:
-    """The archive bytes (workers fetch sources here; they may run on other hosts)."""
+def download_source(digest: str, session: SessionDep, settings: SettingsDep,
+                    _principal: WorkerDep) -> FileResponse:
+    """The archive bytes (workers fetch sources here; they may run on other hosts). Source code is
+    more private than results: a worker (or admin) token is needed even when reads are public."""
     try:
         _, path = storage.get_archive(session=session, settings=settings, digest=digest)
     except storage.UnknownSourceError as exc:

@@ -1,0 +1,153 @@
+"""API tokens: creation (shown once), lookup by hash, scope checks, expiry, revocation, the verify
+quota.
+
+A token is `odt_` + 43 url-safe characters from `secrets.token_urlsafe(32)`: 256 random bits.
+Only its sha256 is stored. A slow password hash (bcrypt, argon2) exists to make guessing a
+*low-entropy* secret expensive after the hashes leak; guessing a 256-bit random value is already
+hopeless, so a slow hash would add nothing but ~100 ms of CPU to every authenticated request (and
+hand an attacker a cheap way to burn the API's CPU). A plain sha256 also makes the token its own
+lookup key (a unique index), so no per-token salt or scan is needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from service.db.base import utcnow
+from service.db.token_models import ADMIN, SCOPES, SUBMIT, VERIFY, WORKER, ApiToken, TokenRun
+
+TOKEN_PREFIX = "odt_"
+
+
+class TokenRejected(Exception):
+    """401: no token, an unknown one, or one that expired or was revoked."""
+
+
+class ScopeDenied(Exception):
+    """403: a valid token without the scope (or project) the request needs."""
+
+
+class QuotaExceeded(Exception):
+    """429: the verify token used its runs for today."""
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is asking: the token row's fields the routes need (never the token itself)."""
+
+    token_id: int
+    name: str
+    scope: str
+    project: str | None
+    daily_quota: int | None
+
+    def allows(self, *scopes: str, project: str | None = None) -> bool:
+        if self.scope == ADMIN:
+            return True
+        if self.scope not in scopes:
+            return False
+        return self.project is None or project is None or self.project == project
+
+    def require(self, *scopes: str, project: str | None = None) -> None:
+        if not self.allows(*scopes, project=project):
+            where = f" for project {project!r}" if project else ""
+            limited = f" (limited to project {self.project!r})" if self.project else ""
+            raise ScopeDenied(
+                f"token {self.name!r} has scope {self.scope!r}{limited}; this request needs "
+                f"{' or '.join(repr(s) for s in (*scopes, ADMIN))}{where}")
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_token(*, session: Session, name: str, scope: str, project: str | None = None,
+                 expires_in_days: float | None = None, daily_quota: int | None = None
+                 ) -> tuple[ApiToken, str]:
+    """A new token row and the token itself (the only time it exists in clear)."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope {scope!r} is not one of {', '.join(SCOPES)}")
+    if scope in (ADMIN, WORKER) and project:
+        raise ValueError(f"a {scope} token is not limited to a project; drop the project")
+    if daily_quota is not None and daily_quota < 0:
+        raise ValueError(f"daily quota {daily_quota} must be >= 0")
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    row = ApiToken(
+        name=name, token_hash=hash_token(token), prefix=token[:10], scope=scope, project=project,
+        daily_quota=daily_quota,
+        expires_at=utcnow() + timedelta(days=expires_in_days) if expires_in_days else None,
+    )
+    session.add(row)
+    session.flush()
+    return row, token
+
+
+def authenticate(*, session: Session, token: str | None, now: datetime | None = None) -> Principal:
+    if not token:
+        raise TokenRejected("this request needs an API token: send `Authorization: Bearer <token>` "
+                            "(create one with `optdrift token create`)")
+    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
+    if row is None:
+        raise TokenRejected("unknown API token")
+    now = now or utcnow()
+    if row.revoked_at is not None:
+        raise TokenRejected(f"token {row.name!r} was revoked at {row.revoked_at.isoformat()}")
+    if row.expires_at is not None and row.expires_at <= now:
+        raise TokenRejected(f"token {row.name!r} expired at {row.expires_at.isoformat()}")
+    return Principal(token_id=row.id, name=row.name, scope=row.scope, project=row.project,
+                     daily_quota=row.daily_quota)
+
+
+def revoke(*, session: Session, token_id: int) -> ApiToken:
+    row = session.get(ApiToken, token_id)
+    if row is None:
+        raise LookupError(f"no token with id {token_id}; `optdrift token list` shows them")
+    if row.revoked_at is None:
+        row.revoked_at = utcnow()
+    session.flush()
+    return row
+
+
+def list_tokens(*, session: Session) -> list[ApiToken]:
+    return list(session.scalars(select(ApiToken).order_by(ApiToken.id)))
+
+
+def _start_of_utc_day(now: datetime) -> datetime:
+    return now.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def check_verify_quota(*, session: Session, principal: Principal, default_quota: int,
+                       now: datetime | None = None) -> None:
+    """Only verify-scope tokens are metered (admin and CI submit tokens are trusted)."""
+    if principal.scope != VERIFY:
+        return
+    quota = principal.daily_quota if principal.daily_quota is not None else default_quota
+    now = now or utcnow()
+    day_start = _start_of_utc_day(now)
+    used = session.scalar(select(func.count()).select_from(TokenRun).where(
+        TokenRun.token_id == principal.token_id, TokenRun.created_at >= day_start)) or 0
+    if used >= quota:
+        reset = day_start + timedelta(days=1)
+        raise QuotaExceeded(
+            f"token {principal.name!r} used its {quota} verify runs for today (UTC); the quota "
+            f"resets at {reset.isoformat()}", retry_after_s=max(1, int((reset - now).total_seconds())))
+
+
+def record_run(*, session: Session, principal: Principal, run_id: int) -> None:
+    session.add(TokenRun(token_id=principal.token_id, run_id=run_id))
+    session.flush()
+
+
+__all__ = ["ADMIN", "SUBMIT", "VERIFY", "WORKER", "SCOPES", "Principal", "TokenRejected",
+           "ScopeDenied", "QuotaExceeded", "create_token", "authenticate", "revoke", "list_tokens",
+           "check_verify_quota", "record_run", "hash_token"]

@@ -8,6 +8,8 @@ migrate  alembic upgrade head.
 submit   CI: post a commit and its source; `--wait` shows progress and the verdict, exit 1 if flagged.
 verify   a contributor's tree or patch against a known commit.
 demo     submit the demo commits to a running service.
+token    create (shown once) / list / revoke API tokens; clients read theirs from OPTDRIFT_TOKEN,
+         OPTDRIFT_TOKEN_FILE or ~/.config/optdrift/token, never from a command-line argument.
 
 Server-side modules are imported inside the commands, so the client install (httpx, typer, rich)
 can run `submit` and `verify`.
@@ -85,6 +87,7 @@ def serve(
     settings = get_settings()
     settings.home.mkdir(parents=True, exist_ok=True)
     upgrade_to_head()
+    _bootstrap_tokens(settings)
     console.print(f"optdrift data in [bold]{settings.home}[/]; database "
                   f"{settings.resolved_database_url.split('@')[-1]}; broker "
                   f"{settings.resolved_broker_url.split('@')[-1]}")
@@ -104,6 +107,90 @@ def serve(
         if worker_process is not None:
             worker_process.terminate()
             worker_process.wait(timeout=30)
+
+
+def _bootstrap_tokens(settings) -> None:  # noqa: ANN001
+    """First start: an admin token file (0600) so no write is ever open; a worker token for the
+    local worker. Prints where they are, never the tokens."""
+    from service.db.session import get_sessionmaker
+    from service.domain.auth import bootstrap_tokens
+
+    with get_sessionmaker()() as session:
+        happened = bootstrap_tokens(session=session, admin_file=settings.admin_token_file,
+                                    worker_file=settings.worker_token_file,
+                                    worker_configured=settings.worker_token is not None)
+    if happened["admin"] == "created":
+        console.print(f"created an admin API token in [bold]{settings.admin_token_file}[/] (mode 0600); "
+                      f"clients on this machine use it, elsewhere: "
+                      f"export OPTDRIFT_TOKEN=$(cat {settings.admin_token_file})")
+    elif happened["admin"] == "kept":
+        console.print(f"admin API token: {settings.admin_token_file}")
+
+
+token_app = typer.Typer(help="API tokens: create (shown once), list, revoke. Runs against the "
+                             "configured database, so only someone on the server can do it.")
+app.add_typer(token_app, name="token")
+
+
+@token_app.command("create")
+def token_create(
+    name: Annotated[str, typer.Option(help="who or what holds it (e.g. 'ci-bitsandbytes')")],
+    scope: Annotated[str, typer.Option(help="admin, submit (CI), verify (contributors) or worker")],
+    project: Annotated[Optional[str], typer.Option(help="limit a submit/verify token to this project")] = None,
+    expires_days: Annotated[Optional[float], typer.Option(help="expire after this many days")] = None,
+    daily_quota: Annotated[Optional[int], typer.Option(help="verify runs per UTC day "
+                                                        "(default OPTDRIFT_VERIFY_DAILY_QUOTA)")] = None,
+) -> None:
+    """Create a token and print it ONCE (only its sha256 is stored)."""
+    from service.db.session import get_sessionmaker
+    from service.domain.auth import create_token
+
+    with get_sessionmaker()() as session:
+        try:
+            row, token = create_token(session=session, name=name, scope=scope, project=project,
+                                      expires_in_days=expires_days, daily_quota=daily_quota)
+        except ValueError as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from exc
+        session.commit()
+    # stderr for the words, stdout for the token alone: `optdrift token create ... > file` works.
+    Console(stderr=True).print(f"token {row.id} ({scope}{' for ' + project if project else ''}); "
+                               "shown once, store it now:")
+    print(token)
+
+
+@token_app.command("list")
+def token_list() -> None:
+    """Every token: id, name, scope, project, expiry, revocation (never the token)."""
+    from service.db.session import get_sessionmaker
+    from service.domain.auth import list_tokens
+
+    table = Table(title="API tokens")
+    for column in ("id", "name", "prefix", "scope", "project", "daily quota", "expires", "revoked"):
+        table.add_column(column)
+    with get_sessionmaker()() as session:
+        for row in list_tokens(session=session):
+            table.add_row(str(row.id), row.name, row.prefix + "...", row.scope, row.project or "*",
+                          str(row.daily_quota or "-"),
+                          row.expires_at.isoformat() if row.expires_at else "never",
+                          row.revoked_at.isoformat() if row.revoked_at else "")
+    console.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: Annotated[int, typer.Argument(help="the id `optdrift token list` shows")]) -> None:
+    """Revoke a token at once (every later request with it answers 401)."""
+    from service.db.session import get_sessionmaker
+    from service.domain.auth import revoke
+
+    with get_sessionmaker()() as session:
+        try:
+            row = revoke(session=session, token_id=token_id)
+        except LookupError as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from exc
+        session.commit()
+    console.print(f"token {row.id} ({row.name}) revoked at {row.revoked_at.isoformat()}")
 
 
 def _demo_when_ready(url: str) -> None:

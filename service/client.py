@@ -3,6 +3,7 @@ Needs only httpx and the standard library (the client install has no server pack
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,21 +16,58 @@ from service.domain.archives import pack_directory
 FINAL = {"done", "failed", "cancelled"}
 
 
+def token_sources() -> list[tuple[str, "Path | None"]]:
+    """Where the client looks for its API token, first match wins. Never a command-line argument:
+    those land in shell history and in every `ps` listing."""
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    home = Path(os.environ.get("OPTDRIFT_HOME") or Path(data_home) / "optdrift")
+    token_file = os.environ.get("OPTDRIFT_TOKEN_FILE")
+    return [
+        ("environment variable OPTDRIFT_TOKEN", None),
+        ("file named by OPTDRIFT_TOKEN_FILE", Path(token_file) if token_file else None),
+        ("config file", Path(config_home) / "optdrift" / "token"),
+        # the embedded default's own admin token, written by `optdrift serve` on this machine
+        ("embedded admin token", home / "admin-token"),
+    ]
+
+
+def resolve_token() -> str | None:
+    if os.environ.get("OPTDRIFT_TOKEN"):
+        return os.environ["OPTDRIFT_TOKEN"].strip()
+    for _label, path in token_sources()[1:]:
+        if path is not None and path.is_file():
+            try:
+                text = path.read_text().strip()
+            except OSError:
+                continue
+            if text:
+                return text
+    return None
+
+
 class ApiError(RuntimeError):
     def __init__(self, response: httpx.Response):
         try:
             detail = response.json().get("detail", response.text)
         except ValueError:
             detail = response.text
+        if response.status_code == 401:
+            detail = (f"{detail} (the client looks for its token in: "
+                      f"{', '.join(label for label, _ in token_sources())})")
         super().__init__(f"{response.request.method} {response.request.url.path} -> "
                          f"{response.status_code}: {detail}")
         self.status_code = response.status_code
 
 
 class OptdriftClient:
-    def __init__(self, base_url: str, *, timeout_s: float = 120.0):
+    def __init__(self, base_url: str, *, timeout_s: float = 120.0, token: str | None = None):
+        """`token`: for programs; people and CI set OPTDRIFT_TOKEN or a token file (see
+        `token_sources`)."""
         self.base_url = base_url.rstrip("/")
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        token = token or resolve_token()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
 
     def close(self) -> None:
         self.http.close()

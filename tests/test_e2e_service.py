@@ -12,6 +12,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import httpx
 import pytest
 
 from service.client import OptdriftClient
@@ -24,8 +25,12 @@ from worker.mutations import DECAY_AFTER_UPDATE_OPTIMIZERS, comment_only, copy_t
 pytestmark = pytest.mark.slow
 
 
-def three_commit_scenario(url: str) -> None:
-    client = OptdriftClient(url)
+def three_commit_scenario(url: str, home: Path) -> None:
+    # `serve` wrote an admin token on its first start; the embedded default is never open.
+    token_file = home / "admin-token"
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    assert httpx.post(f"{url}/api/v1/projects", json={"name": "anon"}).status_code == 401
+    client = OptdriftClient(url, token=token_file.read_text().strip())
     client.ensure_project("e2e")
     with tempfile.TemporaryDirectory() as tmp:
         base = REPO_ROOT / "csrc"
@@ -90,7 +95,7 @@ def test_end_to_end_postgres_redis_celery(tmp_path: Path) -> None:
     try:
         wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=90)
         worker = start_process(["worker", "--loglevel", "INFO"], env, tmp_path / "worker.log")
-        three_commit_scenario(f"http://127.0.0.1:{port}")
+        three_commit_scenario(f"http://127.0.0.1:{port}", tmp_path / "home")
     finally:
         for process in (worker, api):
             if process is not None:
@@ -109,7 +114,7 @@ def test_end_to_end_embedded_default(tmp_path: Path) -> None:
     server = start_process(["serve", "--port", str(port)], env, tmp_path / "serve.log")
     try:
         wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=90)
-        three_commit_scenario(f"http://127.0.0.1:{port}")
+        three_commit_scenario(f"http://127.0.0.1:{port}", tmp_path / "home")
         assert (tmp_path / "home" / "optdrift.db").exists()
     finally:
         stop_process(server)

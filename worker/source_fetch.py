@@ -15,12 +15,13 @@ class SourceFetchError(RuntimeError):
 
 
 def fetch_source(*, base_url: str, digest: str, dest: Path, limits: ArchiveLimits,
-                 max_bytes: int, timeout_s: float = 120.0) -> Path:
+                 max_bytes: int, timeout_s: float = 120.0, token: str | None = None) -> Path:
     url = f"{base_url.rstrip('/')}/api/v1/sources/{digest}"
     chunks: list[bytes] = []
     size = 0
     try:
-        with httpx.stream("GET", url, timeout=timeout_s) as response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        with httpx.stream("GET", url, timeout=timeout_s, headers=headers) as response:
             if response.status_code != 200:
                 raise SourceFetchError(f"GET {url} answered {response.status_code}: "
                                        f"{response.read()[:500]!r}")

@@ -117,7 +117,8 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
         cases = battery.expand()
         source_dir = fetch_source(
             base_url=settings.public_url, digest=run.source_digest, dest=Path(tmp) / "src",
-            limits=archive_limits(settings), max_bytes=settings.max_upload_bytes)
+            limits=archive_limits(settings), max_bytes=settings.max_upload_bytes,
+            token=settings.resolved_worker_token())
         _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
 
         cpu_only = settings.worker_device == "cpu"

@@ -151,3 +151,50 @@ def record_run(*, session: Session, principal: Principal, run_id: int) -> None:
 __all__ = ["ADMIN", "SUBMIT", "VERIFY", "WORKER", "SCOPES", "Principal", "TokenRejected",
            "ScopeDenied", "QuotaExceeded", "create_token", "authenticate", "revoke", "list_tokens",
            "check_verify_quota", "record_run", "hash_token"]
+
+
+# ----------------------------------------------------------------------------- first start
+def write_secret_file(path, text: str) -> None:  # noqa: ANN001
+    """Create `path` readable by its owner only (0600 from the first byte: no chmod race)."""
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".part")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text + "\n")
+    os.replace(tmp, path)
+
+
+def _file_token_valid(session: Session, path) -> bool:  # noqa: ANN001
+    try:
+        authenticate(session=session, token=path.read_text().strip())
+    except (OSError, TokenRejected):
+        return False
+    return True
+
+
+def bootstrap_tokens(*, session: Session, admin_file, worker_file, worker_configured: bool
+                     ) -> dict[str, str]:
+    """What `optdrift serve` does on start so the embedded default is closed from the first
+    minute: an admin token in `admin_file` (when no valid one is there and the database has no
+    other admin token: a production database's admins are left alone), and a worker token in
+    `worker_file` for the local worker (unless one is configured). Returns {kind: what happened}."""
+    happened: dict[str, str] = {}
+    if not _file_token_valid(session, admin_file):
+        active_admins = session.scalar(select(func.count()).select_from(ApiToken).where(
+            ApiToken.scope == ADMIN, ApiToken.revoked_at.is_(None))) or 0
+        if active_admins == 0:
+            _, token = create_token(session=session, name="first-start admin", scope=ADMIN)
+            write_secret_file(admin_file, token)
+            happened["admin"] = "created"
+        else:
+            happened["admin"] = "exists in the database (not in the token file)"
+    else:
+        happened["admin"] = "kept"
+    if not worker_configured and not _file_token_valid(session, worker_file):
+        _, token = create_token(session=session, name="local worker", scope=WORKER)
+        write_secret_file(worker_file, token)
+        happened["worker"] = "created"
+    session.commit()
+    return happened

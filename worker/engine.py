@@ -40,11 +40,11 @@ def _run_result(battery: BatterySpec, host: KernelHost, build_digest: str | None
 
 def run_battery(battery: BatterySpec, library_path: str | Path, *, build_digest: str | None = None,
                 device: str = "auto", case_timeout_s: float = 300.0, cases: list[CaseSpec] | None = None,
-                progress: Progress | None = None) -> RunResult:
-    """Every case of `battery` (or the given subset) on one build."""
+                progress: Progress | None = None, adapter: str = "bundled") -> RunResult:
+    """Every case of `battery` (or the given subset) on one build, driven by `adapter` (worker.adapters)."""
     cases = battery.expand() if cases is None else cases
     results = []
-    with KernelHost(library_path, device=device, case_timeout_s=case_timeout_s) as host:
+    with KernelHost(library_path, device=device, case_timeout_s=case_timeout_s, adapter=adapter) as host:
         for index, case in enumerate(cases):
             results.append(host.run(case))
             if progress:
@@ -55,12 +55,13 @@ def run_battery(battery: BatterySpec, library_path: str | Path, *, build_digest:
 def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_library: str | Path, *,
                   commit_digest: str | None = None, baseline_digest: str | None = None,
                   device: str = "auto", case_timeout_s: float = 300.0, cases: list[CaseSpec] | None = None,
-                  progress: Progress | None = None) -> tuple[RunResult, RunResult, dict[str, list[float]]]:
+                  progress: Progress | None = None,
+                  adapter: str = "bundled") -> tuple[RunResult, RunResult, dict[str, list[float]]]:
     """(commit run, baseline run, per-step max |commit - baseline| of the cases whose digests differ)."""
     cases = battery.expand() if cases is None else cases
     commit_results, baseline_results, diffs = [], [], {}
-    with (KernelHost(commit_library, device=device, case_timeout_s=case_timeout_s) as commit_host,
-          KernelHost(baseline_library, device=device, case_timeout_s=case_timeout_s) as baseline_host,
+    with (KernelHost(commit_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter) as commit_host,
+          KernelHost(baseline_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter) as baseline_host,
           tempfile.TemporaryDirectory(prefix="optdrift-corun-") as workdir):
         commit_file, baseline_file = Path(workdir) / "commit.f32", Path(workdir) / "baseline.f32"
         for index, case in enumerate(cases):

@@ -3,7 +3,9 @@
 Two builds of the same library cannot share a process (one op namespace), and a kernel that
 segfaults, hangs or hits a CUDA error must cost one case, not the run. So each build runs in
 
-    python -m worker.kernel_host --library PATH --device cpu|cuda|auto [--threads N]
+    python -m worker.kernel_host --library PATH --device cpu|cuda|auto [--threads N] [--adapter NAME]
+
+(the adapter, worker.adapters, loads PATH and steps the cases; `bundled` by default)
 
 which speaks JSON lines: the parent writes one request per line on the host's stdin, the host
 answers one line on its stdout.
@@ -61,7 +63,10 @@ def _is_cuda_error(error: BaseException) -> bool:
 
 def host_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="run optimizer cases on one kernel build")
-    parser.add_argument("--library", required=True, help="path of the built kernel library (.so)")
+    parser.add_argument("--library", required=True,
+                        help="the build's output the adapter loads (a .so, a built tree, or 'installed')")
+    parser.add_argument("--adapter", default="bundled",
+                        help="project adapter (worker.adapters): bundled, bitsandbytes, tinyopt or a module path")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads. 1 by default: the engine co-runs two hosts, and "
@@ -75,12 +80,14 @@ def host_main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from worker import kernel_ops
+    from worker.adapters import get_adapter
     from worker.environment import fingerprint, resolve_device
     from worker.trajectory import run_case
 
     torch.set_num_threads(max(1, args.threads))
-    kernel_ops.load_build(args.library)
+    adapter = get_adapter(args.adapter)
+    adapter.load(args.library)
+    families = adapter.families()
     device = resolve_device(args.device)
     protocol.write(json.dumps({"ready": True, "environment": fingerprint(device).model_dump(mode="json")}) + "\n")
 
@@ -91,12 +98,15 @@ def host_main(argv: list[str] | None = None) -> int:
         case = CaseSpec.model_validate(request["case"])
         restart = False
         _inject_fault(case)
+        unsupported = adapter.unsupported(case, device)
         try:
-            if request.get("params_out"):
+            if unsupported:
+                result = CaseResult(case=case, status="broken", message=f"unsupported: {unsupported}")
+            elif request.get("params_out"):
                 with open(request["params_out"], "wb") as params_out:
-                    result = run_case(case, device, params_out)
+                    result = run_case(case, device, params_out, families=families)
             else:
-                result = run_case(case, device)
+                result = run_case(case, device, families=families)
         except Exception as error:  # noqa: BLE001 - any kernel error is this case's verdict
             restart = device.type == "cuda" and _is_cuda_error(error)
             result = CaseResult(case=case, status="broken", message=f"{type(error).__name__}: {error}")
@@ -117,8 +127,10 @@ class KernelHost:
     """The parent's handle on one host process; restarts it after a crash, hang or CUDA error."""
 
     def __init__(self, library_path: str | Path, *, device: str = "auto", case_timeout_s: float = 300.0,
-                 startup_timeout_s: float = 120.0, env: dict[str, str] | None = None, threads: int = 1):
+                 startup_timeout_s: float = 120.0, env: dict[str, str] | None = None, threads: int = 1,
+                 adapter: str = "bundled"):
         self.library_path = str(library_path)
+        self.adapter = adapter
         self.device = device
         self.case_timeout_s = case_timeout_s
         self.startup_timeout_s = startup_timeout_s
@@ -143,7 +155,7 @@ class KernelHost:
         self._buffer = b""
         self._process = subprocess.Popen(
             [sys.executable, "-m", "worker.kernel_host", "--library", self.library_path, "--device", self.device,
-             "--threads", str(self.threads)],
+             "--threads", str(self.threads), "--adapter", self.adapter],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
             start_new_session=True,  # its own process group, so a kill takes its children too
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Mapping
 from typing import BinaryIO, Protocol
 
 import torch
@@ -72,15 +73,18 @@ def _nonfinite(tensors: list[torch.Tensor]) -> torch.Tensor:
     return sum((~torch.isfinite(t)).sum() for t in tensors)
 
 
-def run_case(case: CaseSpec, device: torch.device, params_out: BinaryIO | None = None) -> CaseResult:
+def run_case(case: CaseSpec, device: torch.device, params_out: BinaryIO | None = None, *,
+             families: Mapping[str, FamilyAdapter] | None = None) -> CaseResult:
     """Run `case` on the build loaded in this process. Errors raised by the kernel propagate (the
     kernel host turns them into a `broken` case); `params_out` receives the parameters after each
-    step as float32 bytes (exact for fp32/fp16/bf16), for the co-run comparison."""
+    step as float32 bytes (exact for fp32/fp16/bf16), for the co-run comparison. `families` is the
+    project adapter's family table (worker.adapters, issue 9); the bundled kernels' by default."""
     started = time.perf_counter()
-    if case.family not in FAMILY_ADAPTERS:
+    families = FAMILY_ADAPTERS if families is None else families
+    if case.family not in families:
         raise ValueError(f"case {case.case_id}: kernel family {case.family!r} has no adapter yet "
-                         f"(known: {sorted(FAMILY_ADAPTERS)})")
-    adapter = FAMILY_ADAPTERS[case.family]
+                         f"(known: {sorted(families)})")
+    adapter = families[case.family]
     dtype = TORCH_DTYPES[case.param_dtype]
 
     param = initial_parameters(case.seed, case.size).to(dtype).to(device)

@@ -1,0 +1,139 @@
+"""A project's configuration: how to build a source tree and which adapter drives its kernels.
+
+It is read from `optdrift.toml` at the root of the submitted tree (so a build recipe is versioned
+with the code it builds: commit N builds the way commit N says), with the project's registered
+fields (POST /api/v1/projects: build_kind, build_command, adapter, default_battery, environments)
+as defaults for whatever the file leaves out or when there is no file. docs/PROJECTS.md is the
+user's guide.
+
+    [project]
+    adapter = "tinyopt"              # bundled | bitsandbytes | tinyopt | a module path
+    battery = "battery.json"         # built-in name or a JSON file in the tree
+    environments = ["cpu"]
+    [build]
+    kind = "command"                 # torch-extension | command
+    commands = ["cmake -S . -B build -G Ninja", "cmake --build build"]
+    timeout_s = 600
+    library = "build/libtinyopt.so"  # what the adapter loads: a file or folder in the tree
+    env = { CMAKE_BUILD_PARALLEL_LEVEL = "2" }
+    source_dir = "csrc"              # torch-extension: the folder to compile ("." by default)
+
+No torch, no worker imports: the service validates configurations too.
+"""
+
+from __future__ import annotations
+
+import shlex
+import tomllib
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+CONFIG_FILE = "optdrift.toml"
+BuildKind = Literal["torch-extension", "command"]
+
+
+class ProjectConfigError(ValueError):
+    """The configuration is invalid; the message names the file and the field."""
+
+
+def _relative_inside(value: str, field: str) -> str:
+    path = PurePosixPath(value)
+    if path.is_absolute() or ".." in path.parts:
+        raise ValueError(f"{field} {value!r} must be a path inside the tree (relative, no '..')")
+    return value
+
+
+class BuildConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: BuildKind = "torch-extension"
+    commands: list[str] = Field(default_factory=list)
+    timeout_s: float = Field(900.0, gt=0, le=6 * 3600)
+    library: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    source_dir: str = "."
+
+    @field_validator("commands")
+    @classmethod
+    def _commands_parse(cls, commands: list[str]) -> list[str]:
+        for index, command in enumerate(commands):
+            try:
+                if not shlex.split(command):
+                    raise ValueError(f"build.commands[{index}] is empty")
+            except ValueError as error:  # unbalanced quotes
+                raise ValueError(f"build.commands[{index}] {command!r}: {error}") from None
+        return commands
+
+    @field_validator("library", "source_dir")
+    @classmethod
+    def _inside(cls, value: str | None, info) -> str | None:  # noqa: ANN001
+        return None if value is None else _relative_inside(value, f"build.{info.field_name}")
+
+    @model_validator(mode="after")
+    def _command_needs_commands_and_output(self) -> "BuildConfig":
+        if self.kind == "command" and not self.commands:
+            raise ValueError("build kind 'command' needs build.commands (a list of commands run in the tree)")
+        if self.kind == "command" and not self.library:
+            raise ValueError("build kind 'command' needs build.library: the built file or folder the adapter "
+                             "loads, relative to the tree (e.g. 'build/libfoo.so'), or 'installed'")
+        return self
+
+
+class ProjectConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    adapter: str = Field("bundled", min_length=1)
+    battery: str = Field("quick", min_length=1)
+    environments: list[str] = Field(default_factory=lambda: ["cpu"], min_length=1)
+    build: BuildConfig = BuildConfig()
+
+
+def _defaults(project: Any | None) -> dict[str, Any]:
+    """The registered project's fields as configuration defaults (a Project row or any object with
+    those attributes). `build_command` holds one command per line."""
+    if project is None:
+        return {}
+    build: dict[str, Any] = {"kind": project.build_kind}
+    if getattr(project, "build_command", None):
+        build["commands"] = [line.strip() for line in project.build_command.splitlines() if line.strip()]
+    return {"adapter": project.adapter, "battery": project.default_battery,
+            "environments": list(project.environments), "build": build}
+
+
+def parse_config(text: str, *, defaults: dict[str, Any] | None = None, origin: str = CONFIG_FILE) -> ProjectConfig:
+    """Validate the TOML `text` over `defaults`; every problem is named in one ProjectConfigError."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ProjectConfigError(f"{origin} is not valid TOML: {error}") from None
+    unknown = set(data) - {"project", "build"}
+    if unknown:
+        raise ProjectConfigError(f"{origin}: unknown table(s) {sorted(unknown)}; use [project] and [build]")
+    merged = dict(defaults or {})
+    merged.update(data.get("project", {}))
+    if "build" in data:
+        base_build = dict(merged.get("build", {}))
+        if data["build"].get("kind", base_build.get("kind")) != base_build.get("kind"):
+            base_build = {}  # a different build kind than registered: take nothing from the other one
+        merged["build"] = {**base_build, **data["build"]}
+    return _validate(merged, origin)
+
+
+def _validate(data: dict[str, Any], origin: str) -> ProjectConfig:
+    try:
+        return ProjectConfig.model_validate(data)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in error.errors())
+        raise ProjectConfigError(f"{origin}: {problems}") from None
+
+
+def load_project_config(tree: Path, project: Any | None = None) -> ProjectConfig:
+    """The configuration for the extracted source `tree`: its optdrift.toml over the registered
+    `project`'s fields, or those fields alone when the tree has no file."""
+    defaults = _defaults(project)
+    path = Path(tree) / CONFIG_FILE
+    if path.is_file():
+        return parse_config(path.read_text(encoding="utf-8"), defaults=defaults, origin=str(path))
+    return _validate(defaults, f"project {getattr(project, 'name', '?')} (no {CONFIG_FILE} in the tree)")

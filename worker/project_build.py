@@ -1,0 +1,172 @@
+"""Build a project's source tree the way its configuration says (service.domain.project_config).
+
+* `torch-extension`: the bundled csrc recipe, worker.build.build_extension on build.source_dir.
+* `command`: the configured commands, run one after another in a private copy of the tree, with
+  the CUDA architectures in the environment; the build's output is `build.library` (a file or a
+  folder, relative to the tree), or the literal "installed" for a project loaded from the installed
+  package (then the commands, if any, only check the tree, and the library is what is installed).
+
+A command build is cached like an extension build: the key is the sha256 of every file of the
+tree (path and bytes, `.git` excluded), the commands, the environment overrides, the CUDA
+architectures and the recipe version; the cache entry is the built copy of the tree, renamed into
+place only when complete, under an flock that a killed build cannot leave behind (worker.build).
+Commands are split with shlex and run without a shell, in their own process group, killed as a
+whole at the timeout. Environment given to each command:
+    OPTDRIFT_CUDA_ARCHS   "9.0;8.6" ("" for a CPU-only build)
+    CUDAARCHS             "90;86"   (CMake's default for CMAKE_CUDA_ARCHITECTURES)
+    TORCH_CUDA_ARCH_LIST  "9.0;8.6" (torch.utils.cpp_extension)
+    OPTDRIFT_SOURCE_DIR   the folder the commands run in
+plus build.env from the configuration.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from service.domain.project_config import ProjectConfig
+from worker.build import (
+    MANIFEST,
+    BuildResult,
+    _die_with_parent,
+    _exclusive_lock,
+    build_extension,
+    compiler_message,
+    default_cache_dir,
+    detect_cuda_archs,
+)
+
+COMMAND_RECIPE_VERSION = "1"
+INSTALLED = "installed"
+
+
+def build_project(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | None = None,
+                  cuda_archs: list[str] | None = None) -> BuildResult:
+    """Build `source_dir` (an extracted commit) per `config.build`; never raises for a failed build."""
+    source_dir = Path(source_dir).resolve()
+    build = config.build
+    if build.kind == "torch-extension":
+        return build_extension(source_dir / build.source_dir, cache_dir=cache_dir, cuda_archs=cuda_archs,
+                               timeout_s=build.timeout_s)
+    return build_command(source_dir, config, cache_dir=cache_dir, cuda_archs=cuda_archs)
+
+
+def tree_files(tree: Path) -> list[Path]:
+    return sorted((p for p in tree.rglob("*") if p.is_file() and ".git" not in p.relative_to(tree).parts),
+                  key=lambda p: p.relative_to(tree).as_posix())
+
+
+def command_digest(tree: Path, config: ProjectConfig, cuda_archs: list[str]) -> str:
+    h = hashlib.sha256()
+
+    def feed(label: str, value: str | bytes) -> None:
+        data = value.encode() if isinstance(value, str) else value
+        h.update(f"{label}:{len(data)}:".encode())
+        h.update(data)
+
+    feed("recipe", COMMAND_RECIPE_VERSION)
+    feed("build", json.dumps(config.build.model_dump(mode="json"), sort_keys=True))
+    feed("archs", ";".join(cuda_archs))
+    for path in tree_files(tree):
+        feed("path", path.relative_to(tree).as_posix())
+        feed("content", path.read_bytes())
+    return h.hexdigest()
+
+
+def _environment(config: ProjectConfig, archs: list[str], workdir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"OPTDRIFT_CUDA_ARCHS": ";".join(archs), "CUDAARCHS": ";".join(a.replace(".", "") for a in archs),
+                "TORCH_CUDA_ARCH_LIST": ";".join(archs), "OPTDRIFT_SOURCE_DIR": str(workdir)})
+    env.update(config.build.env)
+    return env
+
+
+def _run_commands(workdir: Path, config: ProjectConfig, archs: list[str], log_path: Path) -> str | None:
+    """Run the commands in `workdir`; None on success, else what went wrong (for BuildResult.error)."""
+    deadline = time.monotonic() + config.build.timeout_s
+    env = _environment(config, archs, workdir)
+    with open(log_path, "ab") as log:
+        for command in config.build.commands:
+            log.write(f"$ {command}\n".encode())
+            log.flush()
+            argv = shlex.split(command)
+            try:
+                child = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
+            except OSError as error:
+                return f"build command {command!r} could not start: {error}"
+            try:
+                code = child.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+                return (f"the build took longer than build.timeout_s = {config.build.timeout_s:g} s and was "
+                        f"stopped during {command!r}")
+            if code != 0:
+                tail = compiler_message(log_path.read_text(errors="replace"))
+                return f"build command {command!r} exited with status {code}:\n{tail}"
+    return None
+
+
+def _cached(build_dir: Path, started: float) -> BuildResult | None:
+    try:
+        manifest = json.loads((build_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    library = manifest.get("library_path")
+    if library != INSTALLED and not Path(library).exists():
+        return None
+    return BuildResult(**{**manifest, "cached": True, "duration_s": time.monotonic() - started})
+
+
+def build_command(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | None = None,
+                  cuda_archs: list[str] | None = None) -> BuildResult:
+    started = time.monotonic()
+    cache_dir = Path(cache_dir or default_cache_dir()).resolve() / "command"
+    archs = detect_cuda_archs() if cuda_archs is None else list(cuda_archs)
+    digest = command_digest(source_dir, config, archs)
+    build_dir = cache_dir / digest
+    hit = _cached(build_dir, started)
+    if hit is not None:
+        return hit
+    with _exclusive_lock(cache_dir / "locks" / f"{digest}.lock", timeout_s=config.build.timeout_s + 60):
+        hit = _cached(build_dir, started)
+        if hit is not None:
+            return hit
+        for stale in cache_dir.glob(f"{digest}.staging-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        staging = cache_dir / f"{digest}.staging-{uuid.uuid4().hex[:8]}"
+        workdir = staging / "tree"
+        shutil.copytree(source_dir, workdir, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+        log_path = staging / "build.log"
+        log_path.write_bytes(b"")
+        base = BuildResult(ok=False, digest=digest, log_path=str(log_path), cuda_archs=archs)
+        error = _run_commands(workdir, config, archs, log_path)
+        library = config.build.library
+        if error is None and library != INSTALLED and not (workdir / library).exists():
+            error = (f"the build commands succeeded but build.library {library!r} does not exist in the tree; "
+                     f"check the path in optdrift.toml (log: {build_dir / 'build.log'})")
+        if error is not None:
+            failed_dir = cache_dir / "failed" / f"{digest}-{uuid.uuid4().hex[:8]}"
+            failed_dir.mkdir(parents=True)
+            shutil.move(str(log_path), failed_dir / "build.log")
+            shutil.rmtree(staging, ignore_errors=True)
+            return base.model_copy(update={"error": error, "log_path": str(failed_dir / "build.log"),
+                                           "duration_s": time.monotonic() - started})
+        final_library = INSTALLED if library == INSTALLED else str(build_dir / "tree" / library)
+        (staging / MANIFEST).write_text(json.dumps({
+            **base.model_dump(exclude={"cached", "duration_s"}), "ok": True,
+            "library_path": final_library, "log_path": str(build_dir / "build.log")}, indent=2))
+        if build_dir.exists():
+            shutil.rmtree(build_dir)
+        os.rename(staging, build_dir)
+        return _cached(build_dir, started).model_copy(update={"cached": False})

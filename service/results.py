@@ -67,7 +67,8 @@ class Trajectory(_Model):
     same_precision_max_abs: list[float] | None = None
     # NaN/Inf elements in the parameters plus all optimizer states after the step.
     nonfinite_count: list[int]
-    # hex blake2b of parameter bytes then each state's bytes (schema order) after the step.
+    # per-step digest of parameter then state bits (schema order) after the step, prefixed by its
+    # scheme ("od2:...", worker/digest.py); unprefixed ones are the older blake2b-128.
     digests: list[str]
 
 

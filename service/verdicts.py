@@ -36,6 +36,13 @@ def _first_nonfinite_step(result: CaseResult) -> int | None:
     return next((i + 1 for i, n in enumerate(counts) if n), None)
 
 
+def digest_scheme(digest: str) -> str:
+    """The scheme of a stored digest: its "name:" prefix (worker/digest.py, e.g. od2), or
+    blake2b-128 for the first digests, which had none. Digests of two schemes never compare."""
+    head, sep, _ = digest.partition(":")
+    return head if sep else "blake2b-128"
+
+
 def first_divergent_step(commit_digests: list[str], baseline_digests: list[str]) -> int | None:
     for index, (a, b) in enumerate(zip(commit_digests, baseline_digests)):
         if a != b:
@@ -62,6 +69,12 @@ def compare_case(commit: CaseResult, baseline: CaseResult | None,
         return CaseComparison(**base, verdict="changed", first_divergent_step=1,
                               commit_final_ref64_distance=commit_distance,
                               message=f"baseline was broken: {baseline.message}")
+    schemes = {digest_scheme(d) for d in commit.trajectory.digests[:1] + baseline.trajectory.digests[:1]}
+    if len(schemes) > 1:
+        # Different digest definitions say nothing about the bits: not comparable, like no baseline.
+        return CaseComparison(**base, verdict="new", commit_final_ref64_distance=commit_distance,
+                              message=f"baseline digests use another scheme ({' vs '.join(sorted(schemes))}); "
+                                      "re-run the baseline to compare")
     step = first_divergent_step(commit.trajectory.digests, baseline.trajectory.digests)
     if step is None:
         return CaseComparison(**base, verdict="unchanged")

@@ -6,8 +6,9 @@ Per step (after the step, steps 1-based) it records, at full precision:
   * the NaN/Inf count over parameters and states,
   * a digest of the parameter and state bytes (the bitwise fingerprint).
 The scalar metrics stay on the device as 0-d tensors and are copied to the host once per case, so
-a GPU run does not synchronise on every metric. Digests need host bytes; `digest_tensors` is the
-one place that does that, so it can move to the device later without touching the loop.
+a GPU run does not synchronise on every metric. Digests are worker.digest's `od2` scheme (integer
+lanes computed on the device; this straightforward path copies two integers per step), the same
+definition worker.fast_engine computes batched, so both paths give the same digests.
 
 Kernel families are dispatched through `FAMILY_ADAPTERS`: an adapter creates the family's states
 and performs one kernel step. The 8-bit blockwise family (issue 6) adds an adapter here.
@@ -23,6 +24,7 @@ from typing import BinaryIO, Protocol
 import torch
 
 from service.results import CaseResult, CaseSpec, Trajectory
+from worker.digest import digest_tensors
 from worker.gradients import GradientStream, initial_parameters
 from worker.references import make_reference
 
@@ -60,8 +62,9 @@ FAMILY_ADAPTERS: dict[str, FamilyAdapter] = {"32bit": ThirtyTwoBitAdapter(),
                                              "8bit_blockwise": EightBitBlockwiseAdapter()}
 
 
-def digest_tensors(tensors: list[torch.Tensor]) -> str:
-    """blake2b (128-bit) over the raw bytes of each tensor in order: parameter, then states."""
+def legacy_blake2b_digest(tensors: list[torch.Tensor]) -> str:
+    """The digest before scheme od2 (stored without a prefix): blake2b-128 over the raw bytes of
+    each tensor in order. Kept to explain old rows; runs now use worker.digest.digest_tensors."""
     h = hashlib.blake2b(digest_size=16)
     for tensor in tensors:
         host = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8)

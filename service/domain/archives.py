@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import io
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,50 +61,115 @@ def pack_directory(source_dir: Path) -> bytes:
     return out.getvalue()
 
 
-def inspect_archive(data: bytes, limits: ArchiveLimits) -> int:
-    """Check a tar.gz without writing anything; return its member count.
+# tar framing around the file bytes: a 512-byte header per member (more with long names / pax
+# records: allow 2), padding to 512, and the end-of-archive blocks.
+_TAR_OVERHEAD_PER_MEMBER = 3 * 512
+_TAR_OVERHEAD_FIXED = 20 * 512
 
-    Refuses what a source tree never needs and what could write outside the extraction folder:
-    links, devices, absolute paths, `..` components, too many members, too many bytes.
+
+class _CappedGunzip(io.RawIOBase):
+    """A gzip stream that refuses to decompress past `cap` bytes: the decompression-bomb guard.
+
+    The members' declared sizes are checked too, but a tar reader skipping over member data still
+    decompresses it, and a crafted header can lie; counting the bytes that actually come out of
+    the decompressor bounds the work whatever the headers say.
     """
+
+    def __init__(self, data: bytes, cap: int):
+        self._gzip = gzip.GzipFile(fileobj=io.BytesIO(data), mode="rb")
+        self._cap = cap
+        self._produced = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # noqa: ANN001
+        chunk = self._gzip.read(min(len(buffer), self._cap + 1 - self._produced))
+        self._produced += len(chunk)
+        if self._produced > self._cap:
+            raise ArchiveError(f"archive decompresses to more than {self._cap} bytes "
+                               "(a decompression bomb, or a tree over OPTDRIFT_MAX_EXTRACTED_BYTES)")
+        buffer[:len(chunk)] = chunk
+        return len(chunk)
+
+
+def _open_stream(data: bytes, limits: ArchiveLimits) -> tarfile.TarFile:
+    if data[:2] != b"\x1f\x8b":
+        kind = "a zip file" if data[:4] == b"PK\x03\x04" else "not gzip data"
+        raise ArchiveError(f"not a readable tar.gz archive: the upload is {kind}; "
+                           "upload a gzip-compressed tar (`tar czf`)")
+    cap = (limits.max_extracted_bytes + _TAR_OVERHEAD_FIXED
+           + _TAR_OVERHEAD_PER_MEMBER * (limits.max_members + 1))
+    stream = io.BufferedReader(_CappedGunzip(data, cap), buffer_size=1 << 16)
     try:
-        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:gz")
-    except (tarfile.TarError, OSError, EOFError) as exc:
+        # "r|": a forward-only stream, so nothing seeks back and memory stays bounded.
+        return tarfile.open(fileobj=stream, mode="r|")
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise ArchiveError(f"not a readable tar.gz archive ({exc}); upload `tar czf` output") from exc
+
+
+def _check_member(member: tarfile.TarInfo, seen: set[str]) -> None:
+    name = member.name
+    parts = Path(name).parts
+    if not name or "\x00" in name:
+        raise ArchiveError(f"member {name!r} has an empty or NUL-containing name")
+    if name.startswith(("/", "\\")) or (parts and ":" in parts[0]) or ".." in parts:
+        raise ArchiveError(f"member {name!r} escapes the archive root")
+    if member.issym() or member.islnk():
+        raise ArchiveError(f"member {name!r} is a link; source archives may not contain links")
+    if not (member.isfile() or member.isdir()):
+        raise ArchiveError(f"member {name!r} is not a regular file or directory")
+    if member.mode & 0o6000:
+        raise ArchiveError(f"member {name!r} has the setuid/setgid bit; source files never need it")
+    normalised = Path(name).as_posix().rstrip("/")
+    if normalised in seen and not member.isdir():
+        raise ArchiveError(f"member {name!r} appears twice; a second copy would silently replace "
+                           "the first")
+    seen.add(normalised)
+
+
+def _walk(tar: tarfile.TarFile, limits: ArchiveLimits, on_member=None) -> int:  # noqa: ANN001
     members = 0
     total = 0
-    with tar:
-        try:
-            for member in tar:
-                members += 1
-                if members > limits.max_members:
-                    raise ArchiveError(f"archive has more than {limits.max_members} members")
-                name = member.name
-                parts = Path(name).parts
-                if name.startswith(("/", "\\")) or (parts and ":" in parts[0]) or ".." in parts:
-                    raise ArchiveError(f"member {name!r} escapes the archive root")
-                if member.issym() or member.islnk():
-                    raise ArchiveError(f"member {name!r} is a link; source archives may not contain links")
-                if not (member.isfile() or member.isdir()):
-                    raise ArchiveError(f"member {name!r} is not a regular file or directory")
-                total += member.size
-                if total > limits.max_extracted_bytes:
-                    raise ArchiveError(
-                        f"archive expands to more than {limits.max_extracted_bytes} bytes"
-                    )
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            raise ArchiveError(f"archive is truncated or corrupt ({exc})") from exc
+    seen: set[str] = set()
+    try:
+        for member in tar:
+            members += 1
+            if members > limits.max_members:
+                raise ArchiveError(f"archive has more than {limits.max_members} members "
+                                   "(OPTDRIFT_MAX_ARCHIVE_MEMBERS)")
+            _check_member(member, seen)
+            total += member.size
+            if total > limits.max_extracted_bytes:
+                raise ArchiveError(f"archive expands to more than {limits.max_extracted_bytes} bytes "
+                                   "(OPTDRIFT_MAX_EXTRACTED_BYTES)")
+            if on_member is not None:
+                on_member(member)
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise ArchiveError(f"archive is truncated or corrupt ({exc})") from exc
     if members == 0:
         raise ArchiveError("archive is empty")
     return members
 
 
+def inspect_archive(data: bytes, limits: ArchiveLimits) -> int:
+    """Check a tar.gz without writing anything; return its member count.
+
+    Refuses what a source tree never needs and what could write outside the extraction folder:
+    links, devices, fifos, absolute paths, `..` components, setuid bits, duplicate names, too
+    many members, too many bytes (declared or actually decompressed).
+    """
+    with _open_stream(data, limits) as tar:
+        return _walk(tar, limits)
+
+
 def extract_archive(data: bytes, dest: Path, limits: ArchiveLimits) -> Path:
-    """Check, then extract with tarfile's `data` filter (a second line of defence against paths
-    outside dest, links and special files)."""
+    """Check the whole archive first (nothing is written for a bad one), then extract it member by
+    member with tarfile's `data` filter (a second line of defence against paths outside dest,
+    links and special files)."""
     inspect_archive(data, limits)
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        tar.extractall(dest, filter="data")
+    with _open_stream(data, limits) as tar:
+        _walk(tar, limits, on_member=lambda member: tar.extract(member, dest, filter="data"))
     return dest

@@ -107,23 +107,30 @@ def _checkpoint(*, session, run_id: int, worker: str, beat: Heartbeat) -> None: 
 
 
 def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) -> str:
+    from service.db.models import Project
+    from service.domain.project_config import load_project_config
     from worker.battery import load_battery
-    from worker.build import build_extension
     from worker.kernel_host import KernelHost
+    from worker.project_build import build_project
 
     with get_sessionmaker()() as session, tempfile.TemporaryDirectory(prefix=f"optdrift-run{run_id}-") as tmp:
         run = session.get(Run, run_id)
-        battery = load_battery(run.battery)
-        cases = battery.expand()
         source_dir = fetch_source(
             base_url=settings.public_url, digest=run.source_digest, dest=Path(tmp) / "src",
             limits=archive_limits(settings), max_bytes=settings.max_upload_bytes,
             token=settings.resolved_worker_token())
         _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
+        # issue 9: the tree's optdrift.toml over the project's registered fields (docs/PROJECTS.md);
+        # a battery named by a path is a file in the tree.
+        config = load_project_config(source_dir, session.get(Project, run.project_id))
+        in_tree = source_dir / run.battery
+        inside = in_tree.resolve().is_relative_to(Path(source_dir).resolve())
+        battery = load_battery(str(in_tree) if inside and in_tree.is_file() else run.battery)
+        cases = battery.expand()
 
         cpu_only = settings.worker_device == "cpu"
-        build = build_extension(source_dir, cache_dir=settings.resolved_build_cache_dir,
-                                cuda_archs=[] if cpu_only else None)
+        build = build_project(source_dir, config, cache_dir=settings.resolved_build_cache_dir,
+                              cuda_archs=[] if cpu_only else None)
         detail = {"battery_version": battery.version, "build_ok": build.ok,
                   "build_error": build.error, "cuda_archs": build.cuda_archs}
         if not runs.heartbeat(session=session, run_id=run_id, worker=worker,
@@ -140,7 +147,7 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
         runs.set_status(session=session, run_id=run_id, worker=worker, status=RUNNING,
                         cases_total=len(cases), cases_done=0)
         with KernelHost(build.library_path, device=settings.worker_device,
-                        case_timeout_s=settings.case_timeout_s) as host:
+                        case_timeout_s=settings.case_timeout_s, adapter=config.adapter) as host:
             for index, case in enumerate(cases):
                 _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
                 result = host.run(case)

@@ -1,0 +1,176 @@
+"""The fast battery runner gives exactly run_case's results, and the od2 digest is what it says.
+
+Exactness, not tolerance: every per-step series is compared through repr (so NaN matches NaN and
+-0.0 does not match 0.0) and every digest as a string. Tests named *cuda* run the same checks on a
+GPU and skip without one (bench/gpu/h200_issue7.sh runs them on the H200).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from service.results import CaseResult, CaseSpec, Trajectory
+from service.verdicts import compare_case
+from worker import digest as od2
+from worker.battery import BatterySpec, load_battery
+from worker.fast_engine import ALIGN, plan_groups, run_cases_fast
+from worker.trajectory import run_case
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+# Many cases per group: every optimizer x family x dtype, sizes around the 256-element block and
+# the vector width, open/closed/zeroed gradients, two seeds, skip_zeros with gnorm_scale.
+GROUPED = BatterySpec.model_validate({"name": "grouped-test", "version": 1, "groups": [
+    {"optimizers": ["adam", "ademamix", "lion", "momentum", "rmsprop", "adagrad"],
+     "families": ["32bit", "8bit_blockwise"], "param_dtypes": ["float32", "bfloat16", "float16"],
+     "sizes": [1, 257, 1031], "seeds": [0, 1], "steps": 3,
+     "gradients": [{"kind": "open", "zero_fraction": 0.25}, {"kind": "closed"}],
+     "points": [{"lr": 0.1, "weight_decay": 0.1}]},
+    {"optimizers": ["adam"], "sizes": [7, 4097], "seeds": [0, 3], "steps": 4,
+     "gradients": [{"kind": "open", "zero_fraction": 0.5}],
+     "points": [{"lr": 0.1, "weight_decay": 0.1, "skip_zeros": True, "gnorm_scale": 0.5}]},
+]})
+
+
+def _python_od2(tensors: list[torch.Tensor]) -> str:
+    """The od2 definition in plain Python integers (the docstring of worker/digest.py)."""
+    mask = (1 << 64) - 1
+
+    def mix(z: int) -> int:
+        z &= mask
+        z ^= z >> 30
+        z = (z * 0xBF58476D1CE4E5B9) & mask
+        z ^= z >> 27
+        z = (z * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    lane_a = lane_b = 0
+    for slot, tensor in enumerate(tensors):
+        raw = tensor.contiguous().cpu().view(torch.uint8).numpy().tobytes()
+        size = tensor.element_size()
+        for j in range(tensor.numel()):
+            x = int.from_bytes(raw[j * size:(j + 1) * size], "little")
+            salt = mix(j * 0x9E3779B97F4A7C15 + (slot + 1) * 0xC2B2AE3D27D4EB4F)
+            lane_a = (lane_a + x * (salt | 1)) & mask
+            lane_b = (lane_b + mix(x ^ salt)) & mask
+    return f"od2:{lane_a:016x}{lane_b:016x}"
+
+
+def _sample_tensors(device: str = "cpu") -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(7)
+    tensors = [torch.randn(1037, generator=gen).to(torch.bfloat16), torch.randn(1037, generator=gen),
+               torch.randint(0, 256, (1037,), dtype=torch.uint8, generator=gen),
+               torch.randn(5, dtype=torch.float64, generator=gen), -torch.rand(33, generator=gen).half()]
+    return [t.to(device) for t in tensors]
+
+
+def _assert_identical(slow: list[CaseResult], fast: list[CaseResult]) -> None:
+    assert [r.case.case_id for r in slow] == [r.case.case_id for r in fast]
+    differing = []
+    for s, f in zip(slow, fast):
+        if (s.status, s.message) != (f.status, f.message):
+            differing.append(f"{s.case.case_id}: {s.status} {s.message!r} vs {f.status} {f.message!r}")
+            continue
+        if s.trajectory is None:
+            continue
+        a, b = s.trajectory.model_dump(), f.trajectory.model_dump()
+        differing += [f"{s.case.case_id}: {name}" for name in a if repr(a[name]) != repr(b[name])]
+    assert not differing, f"{len(differing)} differences, first: {differing[:5]}"
+
+
+# ----------------------------------------------------------------------------- od2 digest
+def test_od2_matches_its_written_definition():
+    tensors = _sample_tensors()
+    assert od2.digest_tensors(tensors) == _python_od2(tensors)
+
+
+def test_od2_sees_one_ulp_and_a_swap():
+    tensors = _sample_tensors()
+    before = od2.digest_tensors(tensors)
+    bumped = [t.clone() for t in tensors]
+    bits = bumped[1].view(torch.int32)
+    bits[500] += 1  # one ulp of one float32 element
+    assert od2.digest_tensors(bumped) != before
+    swapped = [t.clone() for t in tensors]
+    swapped[1][[3, 4]] = swapped[1][[4, 3]]
+    assert od2.digest_tensors(swapped) != before
+    # The same values in another tensor slot are another digest.
+    assert od2.digest_tensors([tensors[1], tensors[0]]) != od2.digest_tensors([tensors[0], tensors[1]])
+
+
+@needs_cuda
+def test_od2_cuda_equals_cpu():
+    assert od2.digest_tensors(_sample_tensors("cuda")) == od2.digest_tensors(_sample_tensors("cpu"))
+
+
+def test_verdict_never_compares_two_digest_schemes():
+    case = load_battery("quick").expand()[0]
+
+    def result(digests: list[str]) -> CaseResult:
+        return CaseResult(case=case, status="ok", trajectory=Trajectory(
+            ref64_max_abs=[0.0] * len(digests), ref64_max_rel=[0.0] * len(digests),
+            nonfinite_count=[0] * len(digests), digests=digests))
+
+    legacy = result(["0" * 32])
+    current = result(["od2:" + "0" * 32])
+    comparison = compare_case(current, legacy)
+    assert comparison.verdict == "new" and "scheme" in comparison.message
+    assert compare_case(current, result(["od2:" + "0" * 32])).verdict == "unchanged"
+    assert compare_case(current, result(["od2:" + "1" * 32])).verdict == "changed"
+
+
+# ----------------------------------------------------------------------------- grouping
+def test_groups_share_everything_but_seed_size_and_gradient_values():
+    cases = GROUPED.expand()
+    groups = plan_groups(cases)
+    assert sum(len(g) for g in groups) == len(cases)
+    assert max(len(g) for g in groups) > 1
+    for indices in groups:
+        members = [cases[i] for i in indices]
+        keys = {(c.family, c.optimizer, c.param_dtype, tuple(sorted(c.hyper.items())), c.gradient.kind, c.steps)
+                for c in members}
+        assert len(keys) == 1
+    # A memory bound of one aligned row puts every case in a group of its own.
+    assert all(len(g) == 1 for g in plan_groups(cases, max_group_elements=ALIGN))
+
+
+# ----------------------------------------------------------------------------- bit identity
+def test_fast_equals_run_case_on_the_quick_battery(kernels):
+    cases = load_battery("quick").expand()
+    slow = [run_case(case, torch.device("cpu")) for case in cases]
+    _assert_identical(slow, run_cases_fast(cases, torch.device("cpu")))
+
+
+def test_fast_equals_run_case_on_grouped_cases(kernels):
+    cases = GROUPED.expand()
+    assert len(plan_groups(cases)) < len(cases) / 3  # the batching is really exercised
+    slow = [run_case(case, torch.device("cpu")) for case in cases]
+    _assert_identical(slow, run_cases_fast(cases, torch.device("cpu")))
+
+
+def test_a_kernel_error_breaks_its_cases_as_run_case_reports_them(kernels):
+    good = GROUPED.expand()[:2]
+    # beta1 = 1.5 passes CaseSpec (no range there) but the kernel's argument check refuses it.
+    bad = [CaseSpec(**{**c.model_dump(), "case_id": c.case_id + "-bad", "optimizer": "lion",
+                       "hyper": {"lr": 0.1, "beta1": 1.5, "beta2": 0.99, "weight_decay": 0.0, "gnorm_scale": 1.0}})
+           for c in GROUPED.expand() if c.optimizer == "lion" and c.family == "32bit"][:2]
+    fast = run_cases_fast(good + bad, torch.device("cpu"))
+    assert [r.status for r in fast] == ["ok", "ok", "broken", "broken"]
+    assert "beta1" in fast[2].message
+    slow_messages = []
+    for case in bad:
+        try:
+            run_case(case, torch.device("cpu"))
+        except Exception as error:  # noqa: BLE001
+            slow_messages.append(f"{type(error).__name__}: {error}")
+    assert [r.message for r in fast[2:]] == slow_messages
+
+
+@needs_cuda
+def test_fast_equals_run_case_on_grouped_cases_cuda(kernels):
+    device = torch.device("cuda")
+    cases = GROUPED.expand()
+    slow = [run_case(case, device) for case in cases]
+    _assert_identical(slow, run_cases_fast(cases, device))
+    _assert_identical(slow, run_cases_fast(cases, device, use_graphs=False))

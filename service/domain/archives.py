@@ -104,7 +104,9 @@ def _open_stream(data: bytes, limits: ArchiveLimits) -> tarfile.TarFile:
     try:
         # "r|": a forward-only stream, so nothing seeks back and memory stays bounded.
         return tarfile.open(fileobj=stream, mode="r|")
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+    except (EOFError, zlib.error) as exc:
+        raise ArchiveError(f"archive is truncated or corrupt ({exc})") from exc
+    except (tarfile.TarError, OSError) as exc:
         raise ArchiveError(f"not a readable tar.gz archive ({exc}); upload `tar czf` output") from exc
 
 

@@ -174,3 +174,33 @@ def test_fast_equals_run_case_on_grouped_cases_cuda(kernels):
     slow = [run_case(case, device) for case in cases]
     _assert_identical(slow, run_cases_fast(cases, device))
     _assert_identical(slow, run_cases_fast(cases, device, use_graphs=False))
+
+
+# ----------------------------------------------------------------------------- through the kernel host
+def test_kernel_host_fast_mode_equals_one_case_at_a_time(kernels_build):
+    from worker.engine import run_battery
+
+    battery = load_battery("quick")
+    cases = battery.expand()[:30]
+    slow = run_battery(battery, kernels_build.library_path, device="cpu", cases=cases)
+    seen = []
+    fast = run_battery(battery, kernels_build.library_path, device="cpu", cases=cases, fast=True,
+                       progress=lambda done, total, result: seen.append(done))
+    _assert_identical(slow.cases, fast.cases)
+    assert seen == list(range(1, len(cases) + 1))
+    assert fast.environment == slow.environment
+
+
+def test_kernel_host_fast_mode_crash_falls_back_case_by_case(kernels_build, monkeypatch):
+    from worker.kernel_host import FAULT_ENV
+    from worker.engine import run_battery
+
+    battery = load_battery("quick")
+    cases = battery.expand()[:6]
+    victim = cases[3].case_id
+    monkeypatch.setenv(FAULT_ENV, f"abort:{victim}")
+    fast = run_battery(battery, kernels_build.library_path, device="cpu", cases=cases, fast=True)
+    statuses = {r.case.case_id: r.status for r in fast.cases}
+    assert statuses.pop(victim) == "broken"
+    assert set(statuses.values()) == {"ok"}
+    assert "crashed" in next(r.message for r in fast.cases if r.case.case_id == victim)

@@ -40,11 +40,21 @@ def _run_result(battery: BatterySpec, host: KernelHost, build_digest: str | None
 
 def run_battery(battery: BatterySpec, library_path: str | Path, *, build_digest: str | None = None,
                 device: str = "auto", case_timeout_s: float = 300.0, cases: list[CaseSpec] | None = None,
-                progress: Progress | None = None, adapter: str = "bundled") -> RunResult:
-    """Every case of `battery` (or the given subset) on one build, driven by `adapter` (worker.adapters)."""
+                progress: Progress | None = None, adapter: str = "bundled", fast: bool = False) -> RunResult:
+    """Every case of `battery` (or the given subset) on one build, driven by `adapter` (worker.adapters).
+    `fast`: the kernel host's fast runner (worker.fast_engine; the same results, bit for bit)."""
     cases = battery.expand() if cases is None else cases
     results = []
     with KernelHost(library_path, device=device, case_timeout_s=case_timeout_s, adapter=adapter) as host:
+        if fast:
+            arrived: list[int] = []
+
+            def on_result(index: int, result: CaseResult) -> None:
+                arrived.append(index)
+                if progress:
+                    progress(len(arrived), len(cases), result)
+
+            return _run_result(battery, host, build_digest, host.run_many(cases, on_result=on_result))
         for index, case in enumerate(cases):
             results.append(host.run(case))
             if progress:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -48,7 +49,7 @@ from service.results import CaseResult, CaseSpec, Trajectory
 from worker import digest as od2
 from worker.gradients import GradientStream, initial_parameters, zero_mask
 from worker.references import make_reference
-from worker.trajectory import FAMILY_ADAPTERS, RELATIVE_ERROR_FLOOR, TORCH_DTYPES, run_case
+from worker.trajectory import FAMILY_ADAPTERS, RELATIVE_ERROR_FLOOR, TORCH_DTYPES, FamilyAdapter, run_case
 
 ALIGN = 512  # elements; 2 KiB for float32 rows, 1 KiB for 16-bit rows, 512 B for uint8 codes
 DEFAULT_MAX_GROUP_ELEMENTS = 1 << 23  # cases * width per group: bounds memory (steps x grads)
@@ -144,12 +145,12 @@ def _slot_from(tensors: list[torch.Tensor], device: torch.device) -> _Slot:
 
 
 class _Group:
-    def __init__(self, cases: list[CaseSpec], device: torch.device, inputs: InputCache):
+    def __init__(self, cases: list[CaseSpec], device: torch.device, inputs: InputCache, families):  # noqa: ANN001
         self.cases, self.device, self.inputs = cases, device, inputs
         first = cases[0]
         self.steps = first.steps
         self.dtype = TORCH_DTYPES[first.param_dtype]
-        self.adapter = FAMILY_ADAPTERS[first.family]
+        self.adapter = families[first.family]
         # The starting point exactly as run_case makes it: float32 init, cast on the CPU.
         params = [inputs.initial(c.seed, c.size).to(self.dtype) for c in cases]
         self.param = _slot_from(params, device)
@@ -328,35 +329,37 @@ class _Group:
 
 # ----------------------------------------------------------------------------- the battery
 def run_cases_fast(cases: list[CaseSpec], device: torch.device, *, use_graphs: bool | None = None,
-                   inputs: InputCache | None = None, progress=None,  # noqa: ANN001
-                   max_group_elements: int = DEFAULT_MAX_GROUP_ELEMENTS) -> list[CaseResult]:
-    """Every case's result, in the order of `cases`. `use_graphs` defaults to True on CUDA."""
+                   inputs: InputCache | None = None, on_result=None,  # noqa: ANN001
+                   max_group_elements: int = DEFAULT_MAX_GROUP_ELEMENTS,
+                   families: Mapping[str, FamilyAdapter] | None = None) -> list[CaseResult]:
+    """Every case's result, in the order of `cases`. `use_graphs` defaults to True on CUDA.
+    `on_result(index, result)` is called as each group finishes (groups finish out of order).
+    `families`: the project adapter's family table, as run_case takes it (bundled by default)."""
     device = torch.device(device)
     use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
     inputs = inputs or InputCache()
-    unknown = sorted({c.family for c in cases} - set(FAMILY_ADAPTERS))
+    families = FAMILY_ADAPTERS if families is None else families
+    unknown = sorted({c.family for c in cases} - set(families))
     if unknown:
-        raise ValueError(f"kernel families {unknown} have no adapter (known: {sorted(FAMILY_ADAPTERS)})")
+        raise ValueError(f"kernel families {unknown} have no adapter (known: {sorted(families)})")
     results: list[CaseResult | None] = [None] * len(cases)
-    done = 0
     for indices in plan_groups(cases, max_group_elements):
         group_cases = [cases[i] for i in indices]
         try:
-            group_results = _Group(group_cases, device, inputs).run(use_graphs)
+            group_results = _Group(group_cases, device, inputs, families).run(use_graphs)
         except Exception as error:  # noqa: BLE001
             if device.type == "cuda" and ("CUDA" in str(error) or type(error).__name__ == "AcceleratorError"):
                 raise  # the context is gone: the kernel host reports and restarts
-            group_results = [_run_alone(case, device) for case in group_cases]
+            group_results = [_run_alone(case, device, families) for case in group_cases]
         for index, result in zip(indices, group_results):
             results[index] = result
-            done += 1
-            if progress:
-                progress(done, len(cases), result)
+            if on_result:
+                on_result(index, result)
     return results
 
 
-def _run_alone(case: CaseSpec, device: torch.device) -> CaseResult:
+def _run_alone(case: CaseSpec, device: torch.device, families) -> CaseResult:  # noqa: ANN001
     try:
-        return run_case(case, device)
+        return run_case(case, device, families=families)
     except Exception as error:  # noqa: BLE001 - the kernel host's rule: a kernel error breaks its case
         return CaseResult(case=case, status="broken", message=f"{type(error).__name__}: {error}")

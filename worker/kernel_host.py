@@ -12,6 +12,10 @@ answers one line on its stdout.
 
     -> {"op": "run", "case": <CaseSpec>, "params_out": "/tmp/x.f32" | null}
     <- {"result": <CaseResult>, "restart": false}
+    -> {"op": "run_many", "cases": [<CaseSpec>, ...]}       (fast mode: worker.fast_engine)
+    <- {"index": i, "result": <CaseResult>} per case as its group finishes, then {"done": true},
+       or {"stopped": "<error>", "restart": bool} after an error the fast runner could not
+       attribute to a case (the parent then runs the unanswered cases one by one)
     -> {"op": "exit"}
 On start the host answers {"ready": true, "environment": <EnvironmentFingerprint>}.
 
@@ -39,6 +43,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from worker import sandbox
 from service.results import CaseResult, CaseSpec, EnvironmentFingerprint
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -95,6 +100,10 @@ def host_main(argv: list[str] | None = None) -> int:
         request = json.loads(line)
         if request.get("op") == "exit":
             return 0
+        if request.get("op") == "run_many":
+            if not _run_many(request, device, protocol, adapter, families):
+                return 3
+            continue
         case = CaseSpec.model_validate(request["case"])
         restart = False
         _inject_fault(case)
@@ -116,6 +125,38 @@ def host_main(argv: list[str] | None = None) -> int:
         if restart:
             return 3
     return 0
+
+
+def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # noqa: ANN001
+    """Fast mode; False when the host must exit (a CUDA error left the context unusable)."""
+    import torch
+
+    from worker.fast_engine import run_cases_fast
+
+    cases = [CaseSpec.model_validate(c) for c in request["cases"]]
+
+    def emit(index: int, result: CaseResult) -> None:
+        protocol.write(json.dumps({"index": index, "result": result.model_dump(mode="json")}) + "\n")
+
+    runnable = []
+    for index, case in enumerate(cases):
+        _inject_fault(case)  # test-only: a crash here must fall back to one case at a time
+        unsupported = adapter.unsupported(case, device)
+        if unsupported:  # as the one-case path answers it
+            emit(index, CaseResult(case=case, status="broken", message=f"unsupported: {unsupported}"))
+        else:
+            runnable.append(index)
+    try:
+        run_cases_fast([cases[i] for i in runnable], device, families=families,
+                       on_result=lambda position, result: emit(runnable[position], result))
+    except Exception as error:  # noqa: BLE001 - reported; the parent falls back to one case at a time
+        restart = device.type == "cuda" and _is_cuda_error(error)
+        protocol.write(json.dumps({"stopped": f"{type(error).__name__}: {error}", "restart": restart}) + "\n")
+        return not restart
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    protocol.write(json.dumps({"done": True}) + "\n")
+    return True
 
 
 # ----------------------------------------------------------------------------- parent side
@@ -141,6 +182,7 @@ class KernelHost:
         self._process: subprocess.Popen | None = None
         self._buffer = b""
         self._stderr = tempfile.NamedTemporaryFile(prefix="optdrift-host-", suffix=".log", delete=False)
+        self._scratch = sandbox.Scratch(prefix="optdrift-host-scratch-")
 
     def __enter__(self) -> "KernelHost":
         return self
@@ -150,14 +192,17 @@ class KernelHost:
 
     # -- process management
     def start(self) -> None:
-        env = dict(os.environ if self.env is None else self.env)
+        # Submitted code runs here: the sandbox's allowlisted environment (no database URL, broker
+        # URL or token), limits, no network, a scratch HOME/TMPDIR removed by close().
+        env = sandbox.sandbox_env(scratch=self._scratch.path,
+                                  source=os.environ if self.env is None else self.env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
         self._buffer = b""
-        self._process = subprocess.Popen(
+        self._process = sandbox.popen(
             [sys.executable, "-m", "worker.kernel_host", "--library", self.library_path, "--device", self.device,
              "--threads", str(self.threads), "--adapter", self.adapter],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
-            start_new_session=True,  # its own process group, so a kill takes its children too
+            limits=sandbox.HOST_LIMITS,  # its own process group, so a kill takes its children too
         )
         line = self._read_line(time.monotonic() + self.startup_timeout_s)
         if line is None:
@@ -195,6 +240,7 @@ class KernelHost:
         self._process = None
         self._stderr.close()
         os.unlink(self._stderr.name)
+        self._scratch.remove()
 
     def stderr_tail(self, lines: int = 8) -> str:
         self._stderr.flush()
@@ -275,6 +321,50 @@ class KernelHost:
     def run(self, case: CaseSpec, params_out: str | Path | None = None) -> CaseResult:
         self.submit(case, params_out)
         return self.collect()
+
+    def run_many(self, cases: list[CaseSpec], on_result=None) -> list[CaseResult]:  # noqa: ANN001
+        """All `cases` through the host's fast runner (worker.fast_engine), the same results as
+        `run` one by one. `on_result(index, result)` as results arrive (out of order). Cases the
+        fast runner did not answer (crash, hang, CUDA error) are then run one by one with `run`,
+        so a faulty case is reported broken on its own."""
+        results: list[CaseResult | None] = [None] * len(cases)
+        if not self._alive():
+            if self._process is not None:
+                self._kill()
+                self.restarts += 1
+            try:
+                self.start()
+            except KernelHostError:
+                pass  # the one-by-one pass below reports the startup failure per case
+        if self._alive():
+            request = {"op": "run_many", "cases": [c.model_dump(mode="json") for c in cases]}
+            try:
+                self._process.stdin.write((json.dumps(request) + "\n").encode())
+                self._process.stdin.flush()
+            except OSError:
+                pass
+            while True:
+                # The timeout applies between answers: one group of cases at most.
+                line = self._read_line(time.monotonic() + self.case_timeout_s)
+                if line is None:
+                    self._kill()
+                    break
+                answer = json.loads(line)
+                if "index" in answer:
+                    result = CaseResult.model_validate(answer["result"])
+                    results[answer["index"]] = result
+                    if on_result:
+                        on_result(answer["index"], result)
+                    continue
+                if answer.get("restart"):
+                    self._kill()
+                break
+        for index, case in enumerate(cases):
+            if results[index] is None:
+                results[index] = self.run(case)
+                if on_result:
+                    on_result(index, results[index])
+        return results
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ from typing import Iterator
 
 from pydantic import BaseModel
 
+from worker import sandbox
+
 # Bump when the way a build is made changes, so old cache entries are not reused.
 BUILD_RECIPE_VERSION = "2"  # 2: libstdc++ linked dynamically, --fmad=false
 SOURCE_SUFFIXES = (".cpp", ".cc", ".cu", ".h", ".hpp", ".cuh")
@@ -283,15 +285,17 @@ def _compile(
         extra_cuda_cflags=list(extra_cuda_cflags),
     )
     log_path = staging / "build.log"
-    env = {**os.environ, "TORCH_CUDA_ARCH_LIST": ";".join(archs)} if archs else dict(os.environ)
+    scratch = sandbox.Scratch(prefix="optdrift-build-scratch-")
+    # Submitted code is compiled here: allowlisted environment (no secrets), limits, no network.
+    env = sandbox.sandbox_env(scratch=scratch.path,
+                              extra={"TORCH_CUDA_ARCH_LIST": ";".join(archs)} if archs else None)
     env.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
     base = BuildResult(ok=False, digest=digest, log_path=str(log_path), cuda_archs=archs)
-    with open(log_path, "wb") as log:
-        child = subprocess.Popen(
+    with open(log_path, "wb") as log, scratch:
+        child = sandbox.popen(
             [sys.executable, "-m", "worker.build_child", spec.model_dump_json()],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            cwd=Path(__file__).resolve().parents[1], start_new_session=True,
-            preexec_fn=_die_with_parent,
+            cwd=Path(__file__).resolve().parents[1], limits=sandbox.BUILD_LIMITS,
         )
         try:
             returncode = child.wait(timeout=timeout_s)

@@ -26,8 +26,9 @@ fresh host for the remaining cases. The parent (`KernelHost`) enforces a per-cas
 turns a crash, a hang or a startup failure into a `broken` case whose message carries the
 host's last stderr lines.
 
-Test-only fault injection (tests/test_engine_host.py): OPTDRIFT_TEST_HOST_FAULT="abort:TEXT" calls
-os.abort() and "hang:TEXT" sleeps forever when a case id contains TEXT. Nothing else reads it.
+Test-only fault injection (tests/test_engine_host.py, tests/test_faults.py):
+OPTDRIFT_TEST_HOST_FAULT="abort:TEXT" calls os.abort(), "segv:TEXT" reads address 0 and
+"hang:TEXT" sleeps forever when a case id contains TEXT. Nothing else reads it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ def _inject_fault(case: CaseSpec) -> None:
     if text and text in case.case_id:
         if kind == "abort":
             os.abort()
+        if kind == "segv":  # a real invalid read: the kernel delivers SIGSEGV, as a bad kernel would
+            import ctypes
+
+            ctypes.string_at(0)
         if kind == "hang":
             while True:
                 time.sleep(3600)

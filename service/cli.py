@@ -55,8 +55,21 @@ def worker(
     pool: Annotated[str, typer.Option(help="celery pool: prefork (production) or solo")] = "prefork",
     concurrency: Annotated[int, typer.Option(help="runs at once; keep 1 per GPU")] = 1,
     loglevel: str = "INFO",
+    gpus: Annotated[Optional[str], typer.Option(
+        help="all or GPU indices (0,1): one worker process per GPU, CUDA_VISIBLE_DEVICES set, "
+             "queue gpu.sm<cc> of its compute capability")] = None,
 ) -> None:
     """Run a Celery worker consuming OPTDRIFT_WORKER_ENVIRONMENT's queue (cpu, gpu.sm90, ...)."""
+    if gpus is not None:
+        from worker.gpu_workers import run_gpu_workers
+
+        try:
+            code = run_gpu_workers(gpus, worker_args=["--pool", pool, "--concurrency", str(concurrency),
+                                                      "--loglevel", loglevel])
+        except (RuntimeError, ValueError) as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from exc
+        raise typer.Exit(code)
     from service.settings import get_settings
     from worker.celery_app import app as celery_app, worker_argv
 

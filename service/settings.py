@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     # "gpu.sm90", ...). Runs are only ever compared with runs of the same class.
     worker_environment: str = "cpu"
     worker_device: str = "cpu"
+    # Run batteries through worker.fast_engine (grouped references, device-side metrics and
+    # digests): bit-identical results, many times faster on a GPU. False: one case at a time.
+    fast_engine: bool = True
 
     heartbeat_interval_s: float = 10.0
     # A running run whose heartbeat is older than this is presumed dead and re-queued.

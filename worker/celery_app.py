@@ -8,12 +8,15 @@ queue of OPTDRIFT_WORKER_ENVIRONMENT (`cpu`, `gpu.sm90`, ...).
 
 from __future__ import annotations
 
+import os
+
 from celery import Celery
 
 from service.domain.queueing import celery_config
 from service.settings import get_settings
 
-app = Celery("optdrift", set_as_current=False, include=["worker.tasks"])
+# worker.gpu_workers: the presence beat every worker process writes (signals connected on import).
+app = Celery("optdrift", set_as_current=False, include=["worker.tasks", "worker.gpu_workers"])
 
 
 @app.on_configure.connect
@@ -24,9 +27,12 @@ def _configure(sender: Celery, **_kwargs) -> None:  # noqa: ANN003
 def worker_argv(*, environment: str, concurrency: int = 1, pool: str = "prefork",
                 loglevel: str = "INFO") -> list[str]:
     """argv for `celery worker` consuming one environment's queue."""
+    # One worker per GPU on a host: the GPU index keeps their node names apart.
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
+    node = f"optdrift-{environment}" + (f"-gpu{gpu.replace(',', '_')}" if gpu else "")
     return [
         "worker", "--queues", environment, "--concurrency", str(concurrency), "--pool", pool,
-        "--loglevel", loglevel, "--hostname", f"optdrift-{environment}@%h",
+        "--loglevel", loglevel, "--hostname", f"{node}@%h",
         # No gossip/mingle/broker heartbeats: workers coordinate through the database, and the
         # filesystem broker of the embedded default has no fanout for them.
         "--without-gossip", "--without-mingle", "--without-heartbeat",

@@ -148,6 +148,26 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
                         cases_total=len(cases), cases_done=0)
         with KernelHost(build.library_path, device=settings.worker_device,
                         case_timeout_s=settings.case_timeout_s, adapter=config.adapter) as host:
+            if settings.fast_engine:
+                # worker.fast_engine through the host: the same results, stored as groups finish.
+                _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
+                stored: list[int] = []
+
+                def store(index: int, result) -> None:  # noqa: ANN001
+                    nonlocal detail
+                    _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
+                    trajectories.store_case_result(session=session, run_id=run_id, case_index=index,
+                                                   result=result)
+                    stored.append(index)
+                    if host.environment is not None and "fingerprint" not in detail:
+                        detail = {**detail, "fingerprint": host.environment.model_dump(mode="json")}
+                    if not runs.heartbeat(session=session, run_id=run_id, worker=worker,
+                                          cases_done=len(stored), environment_detail=detail):
+                        session.rollback()
+                        raise RunLost("the run was taken away while running cases")
+
+                host.run_many(cases, on_result=store)
+                cases = []  # all stored; the one-case loop below has nothing left to do
             for index, case in enumerate(cases):
                 _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
                 result = host.run(case)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 
+from sqlalchemy.orm import object_session
+
 from service.api.schemas import (
     CommitPublic, Progress, RunPublic, TrajectoryPublic, VerdictPublic,
 )
 from service.db.models import Commit, Run, Trajectory, Verdict
 from service.domain.trajectories import unpack_series
+from service.domain.workers import waiting_for
 
 
 def verdict_public(verdict: Verdict) -> VerdictPublic:
@@ -38,7 +41,13 @@ def run_public(run: Run) -> RunPublic:
         build_cached=run.build_cached, error=run.error,
         verdict=verdict_public(run.verdict) if run.verdict else None,
         report_url=f"/api/v1/runs/{run.id}",
+        waiting_for=_waiting_for(run),
     )
+
+
+def _waiting_for(run: Run) -> str | None:
+    session = object_session(run)
+    return waiting_for(session=session, run=run) if session is not None else None
 
 
 def commit_public(commit: Commit) -> CommitPublic:

@@ -80,6 +80,8 @@ class RunPublic(BaseModel):
     error: str | None
     verdict: VerdictPublic | None
     report_url: str
+    # Set while the run is queued and cannot start, e.g. "no live worker for queue gpu.sm90: ...".
+    waiting_for: str | None = None
 
 
 class CommitPublic(BaseModel):

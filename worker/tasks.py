@@ -13,7 +13,10 @@ import logging
 import socket
 import tempfile
 import threading
+import time
 from pathlib import Path
+
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from service.db.models import CANCELLED, DONE, FAILED, RUNNING, Run
 from service.db.session import get_sessionmaker
@@ -26,6 +29,25 @@ from worker.source_fetch import fetch_source
 
 log = logging.getLogger(__name__)
 MAX_LOG_CHARS = 200_000
+
+
+DATABASE_DOWN = (OperationalError, InterfaceError)
+
+
+def retry_database(action, *, what: str, give_up_after_s: float = 300.0):  # noqa: ANN001, ANN201
+    """`action()`, retried with backoff while the database is unreachable (a restart, a failover)."""
+    delay = 0.5
+    deadline = time.monotonic() + give_up_after_s
+    while True:
+        try:
+            return action()
+        except DATABASE_DOWN as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s: database unavailable (%s); retrying in %.1f s", what,
+                        str(exc).splitlines()[0], delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
 
 
 class RunLost(RuntimeError):
@@ -73,15 +95,27 @@ def execute_run(run_id: int, *, settings: Settings | None = None, worker: str | 
     settings = settings or get_settings()
     worker = worker or worker_name()
     sessions = get_sessionmaker()
-    with sessions() as session:
-        if not runs.claim(session=session, run_id=run_id, worker=worker):
-            log.info("run %s is not queued (taken, finished or cancelled); skipping", run_id)
-            return "skipped"
+
+    def claim() -> bool:
+        with sessions() as session:
+            return runs.claim(session=session, run_id=run_id, worker=worker)
+
+    # A task delivered while PostgreSQL restarts must not be lost: its message is acked when the
+    # task returns, and nothing else would re-send a run that stays queued and dispatched.
+    if not retry_database(claim, what=f"claiming run {run_id}"):
+        log.info("run %s is not queued (taken, finished or cancelled); skipping", run_id)
+        return "skipped"
     with Heartbeat(run_id=run_id, worker=worker, interval_s=settings.heartbeat_interval_s) as beat:
         try:
             status = _phases(run_id=run_id, settings=settings, worker=worker, beat=beat)
         except RunLost as lost:
             log.warning("run %s: %s", run_id, lost)
+            return "lost"
+        except DATABASE_DOWN as exc:
+            # Not the run's fault: leave it to the reaper, which re-queues it once the heartbeat is
+            # stale (bounded by max_attempts); trajectories already stored are kept (unique rows).
+            log.warning("run %s: database unavailable mid-run (%s); the reaper will re-queue it",
+                        run_id, str(exc).splitlines()[0])
             return "lost"
         except Exception as exc:  # noqa: BLE001  (any failure is recorded on the run)
             log.exception("run %s failed", run_id)
@@ -93,7 +127,22 @@ def execute_run(run_id: int, *, settings: Settings | None = None, worker: str | 
         run = session.get(Run, run_id)
         if run.status in (DONE, FAILED) and run.worker == worker:
             verdict_store.evaluate_with_dependants(session=session, run=run)
+    if status == DONE:
+        _record_baseline_diffs(run_id, settings)
     return status
+
+
+def _record_baseline_diffs(run_id: int, settings: Settings) -> None:
+    """Per-step |commit − baseline| for the changed cases (worker/baseline_diffs.py). The verdict is
+    already stored and stands without them, so a failure here is logged, never raised."""
+    from worker.baseline_diffs import record_baseline_diffs
+
+    try:
+        count = record_baseline_diffs(run_id=run_id, settings=settings)
+        if count:
+            log.info("run %s: per-step |commit - baseline| stored for %d changed cases", run_id, count)
+    except Exception:  # noqa: BLE001
+        log.exception("run %s: co-running the baseline for per-step diffs failed", run_id)
 
 
 def _checkpoint(*, session, run_id: int, worker: str, beat: Heartbeat) -> None:  # noqa: ANN001

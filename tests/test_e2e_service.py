@@ -10,6 +10,7 @@ Once on PostgreSQL + Redis (db 13), once on the embedded default (SQLite + files
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -68,6 +69,23 @@ def three_commit_scenario(url: str, home: Path) -> None:
         if case["case_id"] in must_change:
             assert case["first_divergent_step"] == 1, case
     assert not [c for c in cases if c["verdict"] == "broken"]
+    # The worker then co-runs the baseline build for the changed cases (worker/baseline_diffs.py):
+    # the exact per-step |commit - baseline|, one value per step, zero before the first divergent
+    # step and non-zero at it.
+    deadline = time.monotonic() + 300
+    while True:
+        detail = client.http.get(f"/api/v1/runs/{ids['buggy']}").json()["verdict"]["detail"]
+        with_diffs = {c["case_id"]: c for c in detail["cases"] if c.get("max_abs_diff_per_step")}
+        if set(with_diffs) >= changed or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert set(with_diffs) == changed, changed - set(with_diffs)
+    for case_id, case in with_diffs.items():
+        diffs = case["max_abs_diff_per_step"]
+        assert len(diffs) == specs[case_id]["steps"]
+        first = case["first_divergent_step"]
+        assert all(d == 0.0 for d in diffs[: first - 1]) and diffs[first - 1] > 0.0, (case_id, diffs[:3])
+    assert "largest |commit - baseline|" in detail["summary"]
 
     unchanged = runs["commented"]["verdict"]
     assert unchanged["outcome"] == "unchanged" and unchanged["flagged"] is False

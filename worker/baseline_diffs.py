@@ -1,0 +1,98 @@
+"""The exact per-step |commit − baseline| of a finished run's changed cases.
+
+Digests say *that* a trajectory changed and at which step; the stored float64-reference distances
+say whether it moved closer or farther. How far the commit's parameters are from the baseline's at
+each step needs both trajectories side by side, which the database does not keep (a parameter
+snapshot per step would be gigabytes). So after a run's verdict names changed cases, the worker that
+ran it fetches the baseline's source, builds it (usually a cache hit: the baseline ran here too) and
+co-runs only the changed cases in two kernel hosts (worker.engine.corun_battery). The verdict is
+then recomputed with those diffs and stored; its outcome cannot change (the same stored
+trajectories are compared), only the per-step magnitudes and the summary line are added.
+
+Kernels are deterministic in one environment, so the co-run reproduces both stored trajectories;
+if a re-run's digests disagree with the stored ones, the diffs are not trusted and not stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+from sqlalchemy import select
+
+from service.db.models import DONE, Project, Run, Verdict
+from service.db.session import get_sessionmaker
+from service.domain import trajectories
+from service.domain.project_config import load_project_config
+from service.domain.storage import archive_limits
+from service.settings import Settings
+from service.verdicts import compare_runs
+from worker.source_fetch import fetch_source
+
+log = logging.getLogger(__name__)
+
+
+def record_baseline_diffs(*, run_id: int, settings: Settings) -> int:
+    """Store per-step |commit − baseline| for the changed cases of `run_id`; returns how many."""
+    from worker.battery import load_battery
+    from worker.engine import corun_battery
+    from worker.project_build import build_project
+
+    sessions = get_sessionmaker()
+    with sessions() as session:
+        run = session.get(Run, run_id)
+        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
+        if run is None or verdict is None or verdict.baseline_run_id is None or run.status != DONE:
+            return 0
+        changed_ids = {case["case_id"] for case in (verdict.detail or {}).get("cases", [])
+                       if case.get("verdict") == "changed" and not case.get("max_abs_diff_per_step")}
+        if not changed_ids:
+            return 0
+        baseline = session.get(Run, verdict.baseline_run_id)
+        commit_result = trajectories.run_result(session=session, run=run)
+        baseline_result = trajectories.run_result(session=session, run=baseline)
+        project = session.get(Project, run.project_id)
+        digests = {"commit": run.source_digest, "baseline": baseline.source_digest}
+
+    cases = [c.case for c in commit_result.cases if c.case.case_id in changed_ids]
+    stored = {c.case.case_id: c for c in commit_result.cases}
+    with tempfile.TemporaryDirectory(prefix=f"optdrift-diffs-{run_id}-") as tmp:
+        libraries, adapter = {}, "bundled"
+        for side, digest in digests.items():
+            source = fetch_source(base_url=settings.public_url, digest=digest, dest=Path(tmp) / side,
+                                  limits=archive_limits(settings), max_bytes=settings.max_upload_bytes,
+                                  token=settings.resolved_worker_token())
+            config = load_project_config(source, project)
+            adapter = config.adapter
+            build = build_project(source, config, cache_dir=settings.resolved_build_cache_dir,
+                                  cuda_archs=[] if settings.worker_device == "cpu" else None)
+            if not build.ok:
+                log.warning("run %s: the %s no longer builds (%s); no per-step diffs", run_id, side, build.error)
+                return 0
+            libraries[side] = build.library_path
+        # As the run itself did (worker/tasks.py): a battery named by a path is a file in the tree.
+        in_tree = Path(tmp) / "commit" / run.battery
+        inside = in_tree.resolve().is_relative_to((Path(tmp) / "commit").resolve())
+        battery = load_battery(str(in_tree) if inside and in_tree.is_file() else run.battery)
+        rerun, _, diffs = corun_battery(battery, libraries["commit"], libraries["baseline"],
+                                        device=settings.worker_device, cases=cases,
+                                        case_timeout_s=settings.case_timeout_s, adapter=adapter)
+    for result in rerun.cases:
+        original = stored[result.case.case_id]
+        if result.trajectory is None or original.trajectory is None \
+                or result.trajectory.digests != original.trajectory.digests:
+            log.warning("run %s: the co-run of %s did not reproduce the stored trajectory; "
+                        "diffs not stored", run_id, result.case.case_id)
+            return 0
+
+    comparison = compare_runs(commit_result, baseline_result, diffs)
+    with sessions() as session:
+        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
+        if comparison.verdict != verdict.outcome:  # cannot happen: the same stored results
+            log.error("run %s: recomputed verdict %s != stored %s; diffs not stored",
+                      run_id, comparison.verdict, verdict.outcome)
+            return 0
+        verdict.detail = comparison.model_dump(mode="json")
+        session.commit()
+    return len(diffs)

@@ -192,6 +192,9 @@ def test_faults_lose_nothing(tmp_path: Path) -> None:
             # 3. PostgreSQL restarted while runs are running: 503 + Retry-After meanwhile
             _wait(lambda: any(run(i)["status"] == "running" for i in submitted), 600,
                   "no run was running before the PostgreSQL restart")
+            # c4 waits in Redis behind the running run (prefetch 1): its task is likely delivered
+            # while the database is down, which is the claim-retry path of worker.tasks.
+            submit("c4")
             postgres.stop("fast")
             faults.append("postgresql restart (during a run)")
             answers = []
@@ -203,7 +206,6 @@ def test_faults_lose_nothing(tmp_path: Path) -> None:
             assert (503, "5") in answers, answers
             assert all(status == 503 for status, _ in answers), answers
             _wait(lambda: _ok(f"{url}/api/v1/projects"), 60, "the API did not recover after PostgreSQL")
-            submit("c4")
 
             final = _wait(lambda: (lambda rs: rs if all(r["status"] in ("done", "failed", "cancelled")
                                                         for r in rs) else None)(
@@ -223,6 +225,9 @@ def test_faults_lose_nothing(tmp_path: Path) -> None:
     print(f"| {len(submitted)} | {len(faults)} | {len(lost)} | {duplicates} |")
     print("faults:", "; ".join(faults))
     print("attempts per run:", {r["id"]: r["attempt"] for r in final})
+    worker_logs = "".join((tmp_path / f"worker{i}.log").read_text() for i in (1, 2))
+    print("claims retried through the database outage:", worker_logs.count("retrying in"),
+          "; runs left to the reaper mid-outage:", worker_logs.count("the reaper will re-queue"))
     assert not lost, [(r["id"], r["status"], r["error"]) for r in final]
     assert duplicates == 0
     first_run = next(r for r in final if r["id"] == submitted[0])

@@ -138,3 +138,24 @@ def test_configuration_errors_name_the_field():
         parse_config('[build]\nkind="bazel"\n')
     with pytest.raises(ProjectConfigError, match="unknown table"):
         parse_config('[projekt]\nadapter="x"\n')
+
+
+def test_command_builds_run_in_the_sandbox_without_the_workers_secrets(tmp_path, monkeypatch):
+    """A submitted build command sees no database URL, broker URL or token, and a scratch HOME."""
+    from service.domain.project_config import ProjectConfig
+    from worker.project_build import build_project
+
+    monkeypatch.setenv("OPTDRIFT_DATABASE_URL", "postgresql://user:s3cret-password@db/optdrift")
+    monkeypatch.setenv("OPTDRIFT_WORKER_TOKEN", "odt_s3cret-token")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "README").write_text("a project whose build prints its environment\n")
+    config = ProjectConfig.model_validate({"build": {
+        "kind": "command", "commands": ["sh -c 'env > seen-environment.txt'"],
+        "library": "seen-environment.txt"}})
+    result = build_project(tree, config, cache_dir=tmp_path / "cache", cuda_archs=[])
+    assert result.ok, result.error
+    seen = Path(result.library_path).read_text()
+    assert "s3cret" not in seen
+    home = dict(line.split("=", 1) for line in seen.splitlines() if "=" in line)["HOME"]
+    assert home != str(Path.home()) and "optdrift-command-build-scratch-" in home

@@ -33,10 +33,10 @@ import uuid
 from pathlib import Path
 
 from service.domain.project_config import ProjectConfig
+from worker import sandbox
 from worker.build import (
     MANIFEST,
     BuildResult,
-    _die_with_parent,
     _exclusive_lock,
     build_extension,
     compiler_message,
@@ -81,8 +81,9 @@ def command_digest(tree: Path, config: ProjectConfig, cuda_archs: list[str]) -> 
     return h.hexdigest()
 
 
-def _environment(config: ProjectConfig, archs: list[str], workdir: Path) -> dict[str, str]:
-    env = dict(os.environ)
+def _environment(config: ProjectConfig, archs: list[str], workdir: Path, scratch: Path) -> dict[str, str]:
+    # The sandbox's allowlisted environment (no database URL, broker URL or token), a scratch HOME.
+    env = sandbox.sandbox_env(scratch=scratch)
     env.update({"OPTDRIFT_CUDA_ARCHS": ";".join(archs), "CUDAARCHS": ";".join(a.replace(".", "") for a in archs),
                 "TORCH_CUDA_ARCH_LIST": ";".join(archs), "OPTDRIFT_SOURCE_DIR": str(workdir)})
     env.update(config.build.env)
@@ -92,16 +93,17 @@ def _environment(config: ProjectConfig, archs: list[str], workdir: Path) -> dict
 def _run_commands(workdir: Path, config: ProjectConfig, archs: list[str], log_path: Path) -> str | None:
     """Run the commands in `workdir`; None on success, else what went wrong (for BuildResult.error)."""
     deadline = time.monotonic() + config.build.timeout_s
-    env = _environment(config, archs, workdir)
-    with open(log_path, "ab") as log:
+    scratch = sandbox.Scratch(prefix="optdrift-command-build-scratch-")
+    env = _environment(config, archs, workdir, scratch.path)
+    with open(log_path, "ab") as log, scratch:
         for command in config.build.commands:
             log.write(f"$ {command}\n".encode())
             log.flush()
             argv = shlex.split(command)
             try:
-                child = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+                # Submitted build commands run like csrc builds: own process group, limits, no network.
+                child = sandbox.popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                      stderr=subprocess.STDOUT, limits=sandbox.BUILD_LIMITS)
             except OSError as error:
                 return f"build command {command!r} could not start: {error}"
             try:

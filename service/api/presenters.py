@@ -27,7 +27,7 @@ def verdict_public(verdict: Verdict) -> VerdictPublic:
     )
 
 
-def run_public(run: Run) -> RunPublic:
+def run_public(run: Run, waiting_cache: dict | None = None) -> RunPublic:
     return RunPublic(
         id=run.id, project=run.project.name, kind=run.kind,
         commit_sha=run.commit.sha if run.commit else None,
@@ -41,20 +41,28 @@ def run_public(run: Run) -> RunPublic:
         build_cached=run.build_cached, error=run.error,
         verdict=verdict_public(run.verdict) if run.verdict else None,
         report_url=f"/api/v1/runs/{run.id}",
-        waiting_for=_waiting_for(run),
+        waiting_for=_waiting_for(run, waiting_cache),
     )
 
 
-def _waiting_for(run: Run) -> str | None:
+def _waiting_for(run: Run, cache: dict | None) -> str | None:
     session = object_session(run)
-    return waiting_for(session=session, run=run) if session is not None else None
+    if session is None:
+        return None
+    if cache is None:
+        return waiting_for(session=session, run=run)
+    # A list answer asks once per (status, environment), not once per listed run.
+    key = (run.status, run.environment)
+    if key not in cache:
+        cache[key] = waiting_for(session=session, run=run)
+    return cache[key]
 
 
-def commit_public(commit: Commit) -> CommitPublic:
+def commit_public(commit: Commit, waiting_cache: dict | None = None) -> CommitPublic:
     return CommitPublic(
         project=commit.project.name, sha=commit.sha, parents=commit.parents, ref=commit.ref,
         release_tag=commit.release_tag, message=commit.message, source_digest=commit.source_digest,
-        created_at=commit.created_at, runs=[run_public(run) for run in commit.runs],
+        created_at=commit.created_at, runs=[run_public(run, waiting_cache) for run in commit.runs],
     )
 
 

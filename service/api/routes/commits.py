@@ -4,6 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Header, Response, UploadFile, status
 from sqlalchemy import func, select
+from sqlalchemy.orm import joinedload, selectinload
 
 from service.api.auth import AdminDep, SubmitDep
 from service.api.deps import SessionDep, SettingsDep
@@ -64,10 +65,15 @@ def list_commits(project: str, session: SessionDep, limit: int = 50, offset: int
     project_row = projects.get_by_name(session=session, name=project)
     query = select(Commit).where(Commit.project_id == project_row.id)
     count = session.scalar(select(func.count()).select_from(query.subquery()))
+    # Load the page's runs and their verdicts in two IN queries instead of one query per commit and
+    # per run (the N+1 pattern made this list 2.7 s p95 under load).
     rows = session.scalars(
-        query.order_by(Commit.created_at.desc(), Commit.id.desc()).limit(min(limit, 500)).offset(offset)
+        query.options(selectinload(Commit.runs).selectinload(Run.verdict),
+                      selectinload(Commit.runs).joinedload(Run.base_commit))
+        .order_by(Commit.created_at.desc(), Commit.id.desc()).limit(min(limit, 500)).offset(offset)
     ).all()
-    return CommitsPublic(data=[commit_public(row) for row in rows], count=count or 0)
+    waiting_cache: dict = {}
+    return CommitsPublic(data=[commit_public(row, waiting_cache) for row in rows], count=count or 0)
 
 
 @router.get("/commits/{sha}", response_model=CommitPublic)

@@ -9,9 +9,7 @@ from sqlalchemy import select
 from service.db.models import Run
 from service.domain import queueing
 from service.domain.archives import pack_directory, sha256_hex
-from tests.service_fixtures import (  # noqa: F401  (fixtures)
-    api, api_settings, db_session, make_archive, pg_engine, pg_url,
-)
+from tests.service_fixtures import make_archive
 
 SOURCE = {"ops.cpp": "// kernels\n", "cpu/a.cpp": "int a = 1;\n"}
 

@@ -20,9 +20,7 @@ from sqlalchemy.orm import Session
 
 from service.db.worker_presence import WorkerPresence
 from service.domain import workers
-from tests.service_fixtures import (  # noqa: F401  (fixtures)
-    API_TEST_REDIS, api, api_settings, db_session, flush_redis, make_archive, pg_engine, pg_url,
-)
+from tests.service_fixtures import API_TEST_REDIS, flush_redis, make_archive
 from worker.gpu_workers import environment_class, plan_workers
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -113,6 +113,22 @@ def kernel_source_files(source_dir: Path) -> list[Path]:
     )
 
 
+class LabelledHash:
+    """sha256 over (label, length, bytes) records: no two different sequences of fields can feed
+    the same bytes, so a digest names its inputs unambiguously. Shared by every build kind."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+
+    def feed(self, label: str, value: str | bytes) -> None:
+        data = value.encode() if isinstance(value, str) else value
+        self._hash.update(f"{label}:{len(data)}:".encode())
+        self._hash.update(data)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
 def build_digest(
     source_dir: Path,
     *,
@@ -122,13 +138,8 @@ def build_digest(
 ) -> str:
     import torch
 
-    h = hashlib.sha256()
-
-    def feed(label: str, value: str | bytes) -> None:
-        data = value.encode() if isinstance(value, str) else value
-        h.update(f"{label}:{len(data)}:".encode())
-        h.update(data)
-
+    h = LabelledHash()
+    feed = h.feed
     feed("recipe", BUILD_RECIPE_VERSION)
     feed("torch", torch.__version__)
     feed("cuda", str(torch.version.cuda) if cuda_archs else "none")

@@ -21,7 +21,6 @@ plus build.env from the configuration.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -35,6 +34,7 @@ from pathlib import Path
 from service.domain.project_config import ProjectConfig
 from worker import sandbox
 from worker.build import (
+    LabelledHash,
     MANIFEST,
     BuildResult,
     _exclusive_lock,
@@ -65,13 +65,8 @@ def tree_files(tree: Path) -> list[Path]:
 
 
 def command_digest(tree: Path, config: ProjectConfig, cuda_archs: list[str]) -> str:
-    h = hashlib.sha256()
-
-    def feed(label: str, value: str | bytes) -> None:
-        data = value.encode() if isinstance(value, str) else value
-        h.update(f"{label}:{len(data)}:".encode())
-        h.update(data)
-
+    h = LabelledHash()
+    feed = h.feed
     feed("recipe", COMMAND_RECIPE_VERSION)
     feed("build", json.dumps(config.build.model_dump(mode="json"), sort_keys=True))
     feed("archs", ";".join(cuda_archs))

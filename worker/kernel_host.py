@@ -282,19 +282,27 @@ class KernelHost:
         return line
 
     # -- requests
+    def _ensure_running(self) -> str | None:
+        """(Re)start the host process if it is not alive; the reason when it cannot start."""
+        if self._alive():
+            return None
+        if self._process is not None:  # it died: a crash in the previous case
+            self._kill()
+            self.restarts += 1
+        try:
+            self.start()
+        except KernelHostError as error:
+            return str(error)
+        return None
+
     def submit(self, case: CaseSpec, params_out: str | Path | None = None) -> None:
         """Send a case; `collect()` gets its result. Two hosts can work at the same time this way."""
         self._pending_case = case
         self._pending_failure: CaseResult | None = None
-        if not self._alive():
-            if self._process is not None:
-                self._kill()
-                self.restarts += 1
-            try:
-                self.start()
-            except KernelHostError as error:
-                self._pending_failure = CaseResult(case=case, status="broken", message=str(error))
-                return
+        startup_error = self._ensure_running()
+        if startup_error is not None:
+            self._pending_failure = CaseResult(case=case, status="broken", message=startup_error)
+            return
         request = {"op": "run", "case": case.model_dump(mode="json"),
                    "params_out": str(params_out) if params_out else None}
         self._pending_started = time.monotonic()
@@ -333,14 +341,7 @@ class KernelHost:
         fast runner did not answer (crash, hang, CUDA error) are then run one by one with `run`,
         so a faulty case is reported broken on its own."""
         results: list[CaseResult | None] = [None] * len(cases)
-        if not self._alive():
-            if self._process is not None:
-                self._kill()
-                self.restarts += 1
-            try:
-                self.start()
-            except KernelHostError:
-                pass  # the one-by-one pass below reports the startup failure per case
+        self._ensure_running()  # a startup failure: the one-by-one pass below reports it per case
         if self._alive():
             request = {"op": "run_many", "cases": [c.model_dump(mode="json") for c in cases]}
             try:

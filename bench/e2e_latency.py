@@ -1,0 +1,489 @@
+"""Submit-to-verdict latency of the whole service on its embedded default (issue 7, deliverable 4).
+
+Starts, in a fresh OPTDRIFT_HOME (SQLite + kombu's filesystem broker + source store + build
+cache, nothing else), `optdrift serve --no-worker` and one worker: `optdrift worker --gpus all`
+(one Celery worker per GPU, queue gpu.sm<cc>) with --gpus, else a CPU worker (queue cpu). Then it
+acts as CI would: the admin token `serve` wrote creates the project, `optdrift token create
+--scope submit` makes CI's token, and every commit goes through the REST API (service.client,
+httpx) and is polled until its verdict is there.
+
+Commits, one at a time, each submitted only once the worker is idle again:
+
+  A  the bundled csrc                                    cold build (empty cache), no baseline
+  C  A + a comment-only file outside the kernel sources  same build digest as A: cache hit; unchanged
+  B  A with weight decay after the update               a new digest: compiled; flagged from step 1
+  B2 B + the same comment-only file                      same build digest as B: cache hit; flagged
+
+(C before B so that the warm figure comes first when a time budget is tight.) A comment inside a
+.cpp/.h would change the build digest (it hashes the source bytes), so C's and B2's comment lives
+in a NOTES.md beside the kernels; the archive, and so the commit's source digest, still differs.
+
+Each row's time is the client's wall clock from "submit" (packing the tree included) until it
+reads a verdict from GET /runs/{id}; it includes the upload, the database writes, the broker
+(the filesystem transport polls its folder about once a second), queueing, fetching the source,
+the build (or its cache hit), starting the kernel host, the battery, storing every trajectory and
+computing the verdict. The phases beside it come from the run's own timestamps (created, started,
+finished, verdict created) and from the client seeing the status turn `running` (polling every
+--poll-s, so phases are good to about that). After a flagged verdict the worker goes on to co-run
+the baseline for the changed cases (worker/baseline_diffs.py); that comes after the verdict, is
+reported as "after verdict", and the next commit waits for it so that it never queues behind it.
+
+    .venv/bin/python bench/e2e_latency.py --battery quick              # CPU
+    python3 bench/e2e_latency.py --battery standard --gpus all         # the H200 (bench/gpu/h200_e2e.sh)
+
+Exit 0 when A has no baseline, C is unchanged and a cache hit, B and B2 are changed from step 1
+(B2 a cache hit), 1 when a check fails, 2 when the service could not be run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import httpx  # noqa: E402
+
+from service.client import FINAL, OptdriftClient  # noqa: E402
+from worker.mutations import copy_tree, decay_after_update  # noqa: E402
+
+PROJECT = "e2e"
+NOTE_FILE = "NOTES.md"
+# Settings and client variables that would take the service off its embedded default or hand it
+# another token; removed from the children's environment (build knobs such as
+# OPTDRIFT_CUDA_ARCHS and OPTDRIFT_CCACHE stay).
+STRIPPED = ("OPTDRIFT_DATABASE_URL", "OPTDRIFT_BROKER_URL", "OPTDRIFT_HOME", "OPTDRIFT_STORE_DIR",
+            "OPTDRIFT_BUILD_CACHE", "OPTDRIFT_BUILD_CACHE_DIR", "OPTDRIFT_WORKER_ENVIRONMENT",
+            "OPTDRIFT_WORKER_DEVICE", "OPTDRIFT_WORKER_TOKEN", "OPTDRIFT_TOKEN", "OPTDRIFT_TOKEN_FILE",
+            "OPTDRIFT_PUBLIC_URL", "OPTDRIFT_URL", "OPTDRIFT_PROTECT_READS", "OPTDRIFT_FAST_ENGINE")
+TASK_DONE = re.compile(r"Task optdrift\.execute_run\[[^\]]+\] (succeeded|raised|failed)")
+
+
+class SetupError(RuntimeError):
+    """The service or the worker could not be started (exit 2)."""
+
+
+@dataclass
+class Commit:
+    sha: str
+    parents: list[str]
+    tree: Path
+    what: str
+    expect_outcome: str
+    expect_cache_hit: bool
+    expect_first_step: int | None = None
+
+
+@dataclass
+class Measured:
+    commit: Commit
+    run: dict = field(default_factory=dict)
+    total_s: float = float("nan")
+    upload_s: float = float("nan")
+    seen_running_wall: float | None = None
+    verdict_wall: float | None = None
+    after_verdict_s: float | None = None
+    problems: list[str] = field(default_factory=list)
+    skipped: str | None = None
+
+
+# ----------------------------------------------------------------------------- processes
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def child_environment(home: Path, url: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in STRIPPED}
+    env.update(OPTDRIFT_HOME=str(home), OPTDRIFT_PUBLIC_URL=url, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    return env
+
+
+def start(argv: list[str], *, env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    log = open(log_path, "ab")  # noqa: SIM115  (closed with the process)
+    # Own process group: stop() ends it and every child (GPU workers, pool children) together.
+    process = subprocess.Popen(argv, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    process.log_file = log  # type: ignore[attr-defined]
+    return process
+
+
+def stop(process: subprocess.Popen | None, timeout_s: float = 60.0) -> None:
+    """SIGTERM to the process we started (Celery's warm shutdown, which stops its pool children and
+    the GPU supervisor's workers; uvicorn's graceful one), then SIGKILL to whatever is left of its
+    process group."""
+    if process is None:
+        return
+    try:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is gone: nothing was left behind
+        process.wait()
+    finally:
+        process.log_file.close()  # type: ignore[attr-defined]
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def wait_ready(url: str, process: subprocess.Popen, log_path: Path, timeout_s: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if process.poll() is not None:
+            raise SetupError(f"`optdrift serve` exited with {process.returncode}:\n{tail(log_path)}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return time.monotonic() - started
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SetupError(f"the API at {url} was not ready after {timeout_s:g} s:\n{tail(log_path)}")
+
+
+def gpu_environment(gpus: str) -> str:
+    """The queue the GPU worker(s) will consume, from nvidia-smi (no CUDA here either)."""
+    from worker.gpu_workers import list_gpus, plan_workers
+
+    classes = sorted({plan.environment for plan in plan_workers(list_gpus(), gpus)})
+    if len(classes) != 1:
+        raise SetupError(f"--gpus {gpus!r} spans environment classes {classes}; pick GPUs of one class")
+    return classes[0]
+
+
+def wait_worker(home: Path, environment: str, worker: subprocess.Popen, log_path: Path,
+                timeout_s: float) -> float:
+    """Until a worker of `environment` has written its presence row (what the API's waiting_for
+    reads), i.e. Celery is consuming the queue."""
+    os.environ["OPTDRIFT_HOME"] = str(home)
+    for name in STRIPPED:
+        if name != "OPTDRIFT_HOME":
+            os.environ.pop(name, None)
+    from service.db.session import get_sessionmaker
+    from service.domain.workers import live_workers
+    from service.settings import get_settings
+
+    get_settings.cache_clear()
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if worker.poll() is not None:
+            raise SetupError(f"the worker exited with {worker.returncode}:\n{tail(log_path)}")
+        with get_sessionmaker()() as session:
+            if live_workers(session=session, environment=environment):
+                return time.monotonic() - started
+        time.sleep(0.25)
+    raise SetupError(f"no worker for {environment} after {timeout_s:g} s:\n{tail(log_path)}")
+
+
+def tasks_finished(log_path: Path) -> int:
+    try:
+        return len(TASK_DONE.findall(log_path.read_text(errors="replace")))
+    except OSError:
+        return 0
+
+
+def wait_idle(log_path: Path, submitted: int, timeout_s: float) -> float | None:
+    """Until the worker's log shows `submitted` finished tasks (the task returns after the verdict
+    and the baseline co-run); seconds waited, None on timeout."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if tasks_finished(log_path) >= submitted:
+            return time.monotonic() - started
+        time.sleep(0.2)
+    return None
+
+
+# ----------------------------------------------------------------------------- commits
+def make_trees(root: Path) -> dict[str, Path]:
+    csrc = REPO_ROOT / "csrc"
+    trees = {"A": copy_tree(csrc, root / "A")}
+    trees["C"] = copy_tree(trees["A"], root / "C")
+    trees["B"] = decay_after_update(copy_tree(csrc, root / "B"))
+    trees["B2"] = copy_tree(trees["B"], root / "B2")
+    for key in ("C", "B2"):
+        (trees[key] / NOTE_FILE).write_text(
+            "<!-- A comment-only change outside the kernel sources: no trajectory may move, "
+            "and the build digest stays the same. -->\n")
+    return trees
+
+
+def parse_time(value: str | None) -> float | None:
+    return datetime.fromisoformat(value).timestamp() if value else None
+
+
+def measure(client: OptdriftClient, commit: Commit, *, battery: str, poll_s: float,
+            timeout_s: float) -> Measured:
+    result = Measured(commit=commit)
+    started = time.monotonic()
+    answer = client.submit_commit(project=PROJECT, sha=commit.sha, parents=commit.parents,
+                                  source_dir=commit.tree, battery=battery, message=commit.what)
+    result.upload_s = time.monotonic() - started
+    if len(answer["runs"]) != 1:
+        raise SetupError(f"{commit.sha}: expected one run, the API made {len(answer['runs'])}")
+    run_id = answer["runs"][0]["id"]
+    while True:
+        run = client.run(run_id)
+        if run["status"] == "running" and result.seen_running_wall is None:
+            result.seen_running_wall = time.time()
+        if run["status"] in FINAL and (run["verdict"] is not None or run["status"] == "cancelled"):
+            break
+        if time.monotonic() - started > timeout_s:
+            result.problems.append(f"no verdict after {timeout_s:g} s (status {run['status']}, "
+                                   f"{run['progress']}, waiting_for {run.get('waiting_for')})")
+            result.run = run
+            return result
+        time.sleep(poll_s)
+    result.total_s = time.monotonic() - started
+    result.verdict_wall = time.time()
+    result.run = run
+    return result
+
+
+def check(measured: Measured) -> None:
+    commit, run = measured.commit, measured.run
+    verdict = run.get("verdict") or {}
+    problems = measured.problems
+    if run.get("status") != "done":
+        problems.append(f"status {run.get('status')}: {run.get('error')}")
+    if verdict.get("outcome") != commit.expect_outcome:
+        problems.append(f"verdict {verdict.get('outcome')!r}, expected {commit.expect_outcome!r}")
+    if commit.expect_first_step is not None and verdict.get("first_divergent_step") != commit.expect_first_step:
+        problems.append(f"first changed step {verdict.get('first_divergent_step')}, "
+                        f"expected {commit.expect_first_step}")
+    if commit.expect_outcome == "changed" and not verdict.get("changed_cases"):
+        problems.append("no changed case")
+    if bool(run.get("build_cached")) != commit.expect_cache_hit:
+        problems.append(f"build cached={run.get('build_cached')}, expected {commit.expect_cache_hit}")
+
+
+def phases(measured: Measured) -> dict[str, float | None]:
+    run = measured.run
+    created, started = parse_time(run.get("created_at")), parse_time(run.get("started_at"))
+    finished = parse_time(run.get("finished_at"))
+    verdict_at = parse_time((run.get("verdict") or {}).get("created_at"))
+    running = measured.seen_running_wall
+
+    def span(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else b - a
+
+    return {"upload_s": measured.upload_s, "queued_s": span(created, started),
+            "fetch_build_s": span(started, running), "battery_store_s": span(running, finished),
+            "verdict_s": span(finished, verdict_at), "total_s": measured.total_s,
+            "after_verdict_s": measured.after_verdict_s}
+
+
+def fmt(value: float | None) -> str:
+    return "-" if value is None or value != value else f"{value:.2f}"
+
+
+def report(rows: list[Measured], *, battery: str, device: str, cold_reference: Measured | None) -> str:
+    head = ("commit", "verdict", "changed cases", "first step", "build", "total s", "upload",
+            "queued", "fetch+build", "battery+store", "verdict", "after verdict", "check")
+    table = [head]
+    for row in rows:
+        if row.skipped:
+            table.append((row.commit.sha, "skipped", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-",
+                          row.skipped))
+            continue
+        run, verdict = row.run, row.run.get("verdict") or {}
+        build = ("cache hit" if run.get("build_cached") else
+                 "cold (empty cache)" if row is cold_reference else "compiled (new digest)")
+        p = phases(row)
+        table.append((row.commit.sha, verdict.get("outcome", run.get("status", "-")),
+                      str(verdict.get("changed_cases", "-")), str(verdict.get("first_divergent_step") or "-"),
+                      build, fmt(p["total_s"]), fmt(p["upload_s"]), fmt(p["queued_s"]), fmt(p["fetch_build_s"]),
+                      fmt(p["battery_store_s"]), fmt(p["verdict_s"]), fmt(p["after_verdict_s"]),
+                      "ok" if not row.problems else "FAIL: " + "; ".join(row.problems)))
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    lines = [f"submit-to-verdict, battery {battery!r}, {device}, embedded default (SQLite + filesystem broker)"]
+    for index, row in enumerate(table):
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        if index == 0:
+            lines.append("  ".join("-" * width for width in widths))
+    lines += [
+        "total s: the client's clock from submit (packing the tree) until GET /runs/{id} returns the "
+        "verdict; it includes upload, database, broker, queueing, source fetch, the build or its "
+        "cache hit, the kernel host's start, the battery, storing every trajectory and the verdict.",
+        "upload: pack + POST (run created and sent to the broker). queued: run created -> claimed by "
+        "the worker (the filesystem broker polls about once a second). fetch+build: claimed -> "
+        "status `running` as polled (source fetch, build, battery expansion). battery+store: -> run "
+        "finished (kernel host start, every case, each trajectory stored). verdict: finished -> "
+        "verdict stored. after verdict: the worker's co-run of the baseline for the changed cases "
+        "(per-step |commit - baseline|), done before it takes the next run; not in total s.",
+    ]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--battery", default="quick", help="quick (CPU) or standard (GPU)")
+    parser.add_argument("--gpus", nargs="?", const="all", default=None,
+                        help="GPU worker(s): `optdrift worker --gpus SPEC` (default all); without it a CPU worker")
+    parser.add_argument("--home", type=Path, default=None,
+                        help="OPTDRIFT_HOME, must be absent or empty (default: a fresh temporary folder)")
+    parser.add_argument("--log-dir", type=Path, default=None,
+                        help="service.log, worker.log and e2e.json go here (default: the home)")
+    parser.add_argument("--port", type=int, default=0, help="API port (default: a free one)")
+    parser.add_argument("--poll-s", type=float, default=0.1)
+    parser.add_argument("--run-timeout-s", type=float, default=900.0, help="per commit")
+    parser.add_argument("--idle-timeout-s", type=float, default=300.0,
+                        help="how long to wait for the worker to finish a run's post-verdict work")
+    parser.add_argument("--deadline-s", type=float, default=0.0,
+                        help="overall budget; a commit is skipped when the time left is under 1.5x "
+                             "the slowest run so far (0: no budget)")
+    parser.add_argument("--keep-home", action="store_true", help="leave the temporary home behind")
+    args = parser.parse_args(argv)
+    begun = time.monotonic()
+
+    home = args.home or Path(tempfile.mkdtemp(prefix="optdrift-e2e-"))
+    if home.exists() and any(home.iterdir()):
+        print(f"--home {home} is not empty: the measurement needs a fresh OPTDRIFT_HOME", file=sys.stderr)
+        return 2
+    home.mkdir(parents=True, exist_ok=True)
+    log_dir = args.log_dir or home
+    log_dir.mkdir(parents=True, exist_ok=True)
+    service_log, worker_log = log_dir / "service.log", log_dir / "worker.log"
+    port = args.port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = child_environment(home, url)
+    python = sys.executable
+    server = worker = None
+    rows: list[Measured] = []
+    device, setup_error = "-", None
+    try:
+        environment = gpu_environment(args.gpus) if args.gpus else "cpu"
+        device = f"GPU worker(s) --gpus {args.gpus}, queue {environment}" if args.gpus else "CPU worker, queue cpu"
+        print(f"OPTDRIFT_HOME={home}  API {url}  {device}  battery {args.battery}  logs in {log_dir}",
+              flush=True)
+        server = start([python, "-m", "service.cli", "serve", "--no-worker", "--host", "127.0.0.1",
+                        "--port", str(port)], env=env, log_path=service_log)
+        ready_s = wait_ready(url, server, service_log, timeout_s=180)
+        worker_argv = [python, "-m", "service.cli", "worker", "--loglevel", "INFO"]
+        worker_argv += ["--gpus", args.gpus] if args.gpus else []
+        worker = start(worker_argv, env=env, log_path=worker_log)
+
+        admin = OptdriftClient(url, token=(home / "admin-token").read_text().strip())
+        admin.ensure_project(PROJECT, environments=[environment], default_battery=args.battery)
+        token = subprocess.run([python, "-m", "service.cli", "token", "create", "--name", "e2e-ci",
+                                "--scope", "submit", "--project", PROJECT], env=env, cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=120)
+        if token.returncode != 0 or not token.stdout.strip():
+            raise SetupError(f"`optdrift token create` failed ({token.returncode}): {token.stderr}")
+        client = OptdriftClient(url, token=token.stdout.strip().splitlines()[-1])
+        worker_s = wait_worker(home, environment, worker, worker_log, timeout_s=180)
+        print(f"API ready in {ready_s:.1f} s; worker consuming {environment} "
+              f"{worker_s:.1f} s after the project and token were made", flush=True)
+
+        with tempfile.TemporaryDirectory(prefix="optdrift-e2e-trees-") as tmp:
+            trees = make_trees(Path(tmp))
+            commits = [
+                Commit("A-base", [], trees["A"], "bundled kernels", "no-baseline", False),
+                Commit("C-comment-only", ["A-base"], trees["C"], "A + a comment-only NOTES.md",
+                       "unchanged", True),
+                Commit("B-decay-after-update", ["A-base"], trees["B"],
+                       "weight decay after the update (worker/mutations.py)", "changed", False, 1),
+                Commit("B2-decay-after-update-comment", ["A-base"], trees["B2"],
+                       "B + a comment-only NOTES.md", "changed", True, 1),
+            ]
+            slowest = 0.0
+            for index, commit in enumerate(commits):
+                elapsed = time.monotonic() - begun
+                if args.deadline_s and index and args.deadline_s - elapsed < 1.5 * slowest:
+                    rows.append(Measured(commit=commit, skipped=(
+                        f"{args.deadline_s - elapsed:.0f} s left of --deadline-s {args.deadline_s:g}, "
+                        f"under 1.5x the slowest run so far ({slowest:.0f} s)")))
+                    print(f"[{elapsed:6.1f}s] {commit.sha}: skipped ({rows[-1].skipped})", flush=True)
+                    continue
+                print(f"[{elapsed:6.1f}s] submitting {commit.sha} ({commit.what})", flush=True)
+                row = measure(client, commit, battery=args.battery, poll_s=args.poll_s,
+                              timeout_s=args.run_timeout_s)
+                submitted = sum(1 for r in rows if not r.skipped) + 1
+                idle = wait_idle(worker_log, submitted, args.idle_timeout_s)
+                if idle is None:
+                    row.problems.append(f"the worker's task did not finish within {args.idle_timeout_s:g} s "
+                                        "of the verdict (no 'Task ... succeeded' in worker.log)")
+                elif row.verdict_wall is not None:
+                    row.after_verdict_s = idle
+                check(row)
+                rows.append(row)
+                slowest = max(slowest, (row.total_s if row.total_s == row.total_s else args.run_timeout_s)
+                              + (row.after_verdict_s or 0.0))
+                verdict = row.run.get("verdict") or {}
+                print(f"[{time.monotonic() - begun:6.1f}s] {commit.sha}: {verdict.get('outcome')} "
+                      f"in {fmt(row.total_s)} s (build cached {row.run.get('build_cached')}); "
+                      f"{'ok' if not row.problems else 'FAIL: ' + '; '.join(row.problems)}", flush=True)
+                if row.verdict_wall is None:
+                    break  # no verdict: the rest would only queue behind it
+    except (RuntimeError, ValueError, OSError, httpx.HTTPError) as exc:  # SetupError, ApiError among them
+        setup_error = f"{type(exc).__name__}: {exc}"
+    finally:
+        stop(worker)
+        stop(server)
+    if setup_error is not None:
+        print(f"\ncould not run the service to the end: {setup_error}\nlogs: {service_log}, {worker_log}",
+              file=sys.stderr)
+        if rows:
+            print(report(rows, battery=args.battery, device=device, cold_reference=rows[0]))
+        return 2
+
+    text = report(rows, battery=args.battery, device=device, cold_reference=rows[0] if rows else None)
+    print("\n" + text)
+    (log_dir / "e2e.json").write_text(json.dumps(
+        {"battery": args.battery, "device": device, "home": str(home),
+         "rows": [{"commit": r.commit.sha, "skipped": r.skipped, "problems": r.problems,
+                   "phases": None if r.skipped else phases(r),
+                   "run": {k: r.run.get(k) for k in ("id", "status", "build_cached", "build_digest",
+                                                     "created_at", "started_at", "finished_at",
+                                                     "environment", "progress", "error")},
+                   "verdict": {k: (r.run.get("verdict") or {}).get(k) for k in
+                               ("outcome", "flagged", "changed_cases", "first_divergent_step",
+                                "summary", "created_at")}}
+                  for r in rows]}, indent=2))
+    digests = {r.commit.sha: r.run.get("build_digest") for r in rows if not r.skipped}
+    problems = [f"{r.commit.sha}: {p}" for r in rows for p in r.problems]
+    if digests.get("C-comment-only") and digests["C-comment-only"] != digests.get("A-base"):
+        problems.append("C's build digest differs from A's")
+    if digests.get("B2-decay-after-update-comment") and \
+            digests["B2-decay-after-update-comment"] != digests.get("B-decay-after-update"):
+        problems.append("B2's build digest differs from B's")
+    if len(rows) < 3 or any(r.skipped for r in rows[:3]):
+        problems.append("A, C and B did not all run")
+    if not args.keep_home and args.home is None and args.log_dir is not None:
+        import shutil
+
+        shutil.rmtree(home, ignore_errors=True)
+    if problems:
+        print("\nFAILED:\n  " + "\n  ".join(problems))
+        return 1
+    print("\nall checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

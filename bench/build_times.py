@@ -1,15 +1,23 @@
-"""Cold build, cache hit, and one-file-changed rebuild of the bundled csrc; prints a table.
+"""Cold build, digest cache hit, and one-file-changed rebuild of the bundled csrc, with ccache and
+without; prints a table.
 
-    python bench/build_times.py [--archs 9.0] [--source csrc]
+    python bench/build_times.py [--archs 9.0] [--source csrc] [--ccache PATH] [--no-compare]
 
-Cold: a fresh cache folder. Hit: the same key again (compiles nothing). One file changed: a copy
-of the tree with a comment appended to one kernel file (a new digest, so a new build folder;
-without a compiler cache this is a full rebuild, which the table makes visible).
+For each mode (through ccache; without it, OPTDRIFT_CCACHE=0), in a fresh build cache folder:
+  cold             the sources into an empty cache (ccache's own folder, under it, empty too);
+  digest hit       the same sources again: the same digest, so nothing compiles;
+  one file changed a copy of the tree with one kernel file changed in its code (a new constant, not
+                   a comment: ccache rightly treats a comment-only change as unchanged), built into
+                   the same cache folder. A new digest, so a new build folder: without ccache every
+                   file recompiles, with it only the changed one (the table shows ccache's hits and
+                   misses for that build).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
 import sys
 import tempfile
@@ -20,45 +28,94 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from worker.build import build_extension, detect_cuda_archs  # noqa: E402
+from worker.build import BuildResult, build_extension, detect_cuda_archs, find_ccache  # noqa: E402
+
+CODE_CHANGE = "\nnamespace { [[maybe_unused]] constexpr int optdrift_bench_changed = 1; }\n"
+
+
+def changed_copy(source: Path, destination: Path, archs: list[str]) -> Path:
+    """A copy of `source` with one kernel file (a .cu for a CUDA build, else a cpu .cpp) changed."""
+    shutil.copytree(source, destination)
+    kernels = sorted((destination / ("cuda" if archs else "cpu")).glob("*.cu" if archs else "*.cpp"))
+    if not kernels:
+        raise SystemExit(f"no kernel file to change under {destination}")
+    kernel = kernels[0]
+    kernel.write_text(kernel.read_text() + CODE_CHANGE)
+    return kernel
+
+
+def timed_build(source: Path, cache: Path, archs: list[str]) -> tuple[float, BuildResult]:
+    started = time.monotonic()
+    result = build_extension(source, cache_dir=cache, cuda_archs=archs)
+    elapsed = time.monotonic() - started
+    if not result.ok:
+        raise SystemExit(f"build of {source} failed (log {result.log_path}):\n{result.error}")
+    return elapsed, result
+
+
+def run_mode(mode: str, ccache: str, source: Path, cache: Path, archs: list[str], scratch: Path) -> list[dict]:
+    os.environ["OPTDRIFT_CCACHE"] = ccache
+    rows = []
+    for build, tree in (("cold", source), ("digest hit", source), ("one file changed", None)):
+        label = build
+        if tree is None:
+            kernel = changed_copy(source, scratch / f"changed-{mode.replace(' ', '-')}", archs)
+            tree, label = kernel.parents[1], f"one file changed ({kernel.name})"
+        seconds, result = timed_build(tree, cache, archs)
+        stats = result.compiler_cache if not result.cached else None
+        rows.append({
+            "mode": mode, "build": label, "seconds": seconds, "digest_hit": result.cached,
+            "ccache_hits": stats.hits if stats else None, "ccache_misses": stats.misses if stats else None,
+            "ccache_missed_files": stats.missed_files if stats else None,
+            "ccache_uncacheable": stats.uncacheable if stats else None,
+            "log": result.log_path,
+        })
+        print(f"{mode:>9} | {label}: {seconds:.3f} s"
+              + (f" | {stats.summary()}" if stats else ""), flush=True)
+    return rows
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", type=Path, default=Path(__file__).resolve().parents[1] / "csrc")
     parser.add_argument("--cache", type=Path, default=None,
-                        help="an empty or missing folder to build into (kept afterwards, so later runs hit it); "
-                             "default: a temporary folder")
+                        help="an empty or missing folder to build into (kept afterwards); default: a temporary folder")
     parser.add_argument("--archs", default=None, help='CUDA archs such as "9.0"; "" for CPU-only; default: detect')
+    parser.add_argument("--ccache", default=None,
+                        help="the ccache to use (default: OPTDRIFT_CCACHE, else ccache on PATH or beside python)")
+    parser.add_argument("--no-compare", action="store_true", help="skip the builds without ccache")
+    parser.add_argument("--json-out", type=Path, default=None, help="also write the rows as JSON here")
     args = parser.parse_args()
     archs = detect_cuda_archs() if args.archs is None else [a for a in args.archs.split(";") if a]
+    if args.ccache:
+        os.environ["OPTDRIFT_CCACHE"] = args.ccache
+    ccache = find_ccache()
+    if ccache is None:
+        print("no ccache found (OPTDRIFT_CCACHE, PATH, beside python): timing builds without it only", flush=True)
 
-    rows = []
+    modes = ([("ccache", str(ccache))] if ccache else []) + ([] if args.no_compare and ccache else [("no ccache", "0")])
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        cache = args.cache or Path(tmp) / "cache"
-        if cache.exists() and any(cache.iterdir()):
-            raise SystemExit(f"--cache {cache} is not empty: a cold build needs an empty cache folder")
-        cold = build_extension(args.source, cache_dir=cache, cuda_archs=archs)
-        if not cold.ok:
-            raise SystemExit(f"build failed:\n{cold.error}")
-        rows.append(("cold", cold.duration_s, cold.cached))
-        hit = build_extension(args.source, cache_dir=cache, cuda_archs=archs)
-        rows.append(("cache hit", hit.duration_s, hit.cached))
+        root = args.cache or Path(tmp) / "cache"
+        if root.exists() and any(root.iterdir()):
+            raise SystemExit(f"--cache {root} is not empty: a cold build needs an empty cache folder")
+        for mode, setting in modes:
+            rows += run_mode(mode, setting, args.source.resolve(), root / mode.replace(" ", "-"), archs, Path(tmp))
 
-        changed = Path(tmp) / "changed"
-        shutil.copytree(args.source, changed)
-        kernel = sorted((changed / ("cuda" if archs else "cpu")).glob("*.c*"))[0]
-        kernel.write_text(kernel.read_text() + "\n// touched by bench/build_times.py\n")
-        started = time.monotonic()
-        one = build_extension(changed, cache_dir=Path(tmp) / "scratch-cache", cuda_archs=archs)
-        rows.append((f"one file changed ({kernel.name})", time.monotonic() - started, one.cached))
-
-    table = Table(title=f"csrc build times, CUDA archs: {archs or 'none (CPU-only)'}")
-    for column in ("build", "seconds", "cache hit"):
+    table = Table(title=f"csrc build times, CUDA archs: {archs or 'none (CPU-only)'}, "
+                        f"ccache: {ccache or 'none'}, {os.cpu_count()} cores")
+    for column in ("mode", "build", "seconds", "digest hit", "ccache hits", "ccache misses"):
         table.add_column(column)
-    for name, seconds, cached in rows:
-        table.add_row(name, f"{seconds:.3f}", str(cached))
-    Console().print(table)
+    for row in rows:
+        misses = "" if row["ccache_misses"] is None else str(row["ccache_misses"])
+        if row["ccache_missed_files"]:
+            misses += f" ({', '.join(row['ccache_missed_files'])})"
+        table.add_row(row["mode"], row["build"], f"{row['seconds']:.3f}", str(row["digest_hit"]),
+                      "" if row["ccache_hits"] is None else str(row["ccache_hits"]), misses)
+    Console(width=160).print(table)
+    if args.json_out:
+        args.json_out.write_text(json.dumps({"archs": archs, "ccache": str(ccache) if ccache else None,
+                                             "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,11 @@ failed compile exits non-zero; the parent turns the log into a structured BuildR
 
 from __future__ import annotations
 
+import os
+import shlex
+import shutil
 import sys
+from pathlib import Path
 
 from worker.build import BuildSpec
 
@@ -24,9 +28,46 @@ def loaded_libstdcxx() -> str | None:
     return None
 
 
+def route_through_ccache(ccache: str, *, cuda_home: str | None, wrapper_dir: Path) -> list[str]:
+    """Make torch's ninja file call every compiler through `ccache`; returns lines for the log.
+
+    nvcc: torch writes PYTORCH_NVCC into the ninja file as it is (a command line). The host
+    compiler: torch takes CXX as one executable (newer versions shell-quote it, older ones check
+    its name), so CXX becomes a two-line script named c++ that execs `ccache <real c++>`.
+    TORCH_NO_COMPILER_WRAPPER stops newer torch from adding a ccache of its own from PATH
+    (a second ccache, with the default cache folder in the sandbox's throwaway HOME).
+    """
+    os.environ["TORCH_NO_COMPILER_WRAPPER"] = "1"
+    host = shlex.split(os.environ.get("CXX", "c++"))
+    if len(host) > 1 and Path(host[0]).name in ("ccache", "sccache"):
+        host = host[1:]  # CXX="ccache c++" from an older setup: one compiler cache is enough
+    host_path = shutil.which(host[0])
+    if host_path is None:
+        return [f"compiler cache: the host compiler {host[0]!r} is not on PATH; compiling without ccache"]
+    wrapper_dir.mkdir(parents=True, exist_ok=True)
+    wrapper = wrapper_dir / "c++"
+    wrapper.write_text(f"#!/bin/sh\nexec {shlex.join([ccache, host_path, *host[1:]])} \"$@\"\n")
+    wrapper.chmod(0o755)
+    os.environ["CXX"] = str(wrapper)
+    lines = [f"compiler cache: host compiler via {ccache} {host_path}"]
+    nvcc = os.path.join(cuda_home, "bin", "nvcc") if cuda_home else None
+    if nvcc and os.path.isfile(nvcc):
+        os.environ["PYTORCH_NVCC"] = shlex.join([ccache, nvcc])
+        lines.append(f"compiler cache: nvcc via {os.environ['PYTORCH_NVCC']}")
+    lines.append(f"compiler cache: CCACHE_DIR={os.environ.get('CCACHE_DIR')} "
+                 f"CCACHE_BASEDIR={os.environ.get('CCACHE_BASEDIR')}")
+    return lines
+
+
 def main(spec_json: str) -> int:
     spec = BuildSpec.model_validate_json(spec_json)
     from torch.utils import cpp_extension
+
+    if spec.ccache:
+        scratch = Path(os.environ.get("TMPDIR") or spec.build_directory)
+        for line in route_through_ccache(spec.ccache, cuda_home=cpp_extension.CUDA_HOME,
+                                         wrapper_dir=scratch / "ccache-wrappers"):
+            print(line, flush=True)
 
     # Link against the libstdc++ that torch itself uses, by path. Some toolchains (the H200's
     # /opt/gcc) otherwise link libstdc++ statically into the extension: the library then carries a

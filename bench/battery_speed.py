@@ -31,7 +31,7 @@ from worker import kernel_ops  # noqa: E402
 from worker.battery import load_battery  # noqa: E402
 from worker.build import build_extension  # noqa: E402
 from worker.environment import fingerprint, resolve_device  # noqa: E402
-from worker.fast_engine import plan_groups, run_cases_fast  # noqa: E402
+from worker.fast_engine import DEFAULT_MAX_WAVE_ELEMENTS, bundle_count, plan_waves, run_cases_fast  # noqa: E402
 from worker.trajectory import run_case  # noqa: E402
 
 
@@ -80,7 +80,9 @@ def main() -> int:
     total_steps = sum(c.steps for c in cases)
     env = fingerprint(device)
     print(f"battery {battery.name} v{battery.version}: {len(cases)} cases, {total_steps} case-steps, "
-          f"{len(plan_groups(cases))} groups; {env.class_key}")
+          f"{bundle_count(cases, device.type)} bundles (float64 reference objects), "
+          f"{len(plan_waves(cases, DEFAULT_MAX_WAVE_ELEMENTS.get(device.type, DEFAULT_MAX_WAVE_ELEMENTS['cpu'])))} waves; "
+          f"{env.class_key}")
 
     # Warm-up (CUDA context, allocator, cuBLAS-free kernels' first launches), not timed.
     warm = [c for c in cases if c.size <= 4097][:4]
@@ -89,10 +91,13 @@ def main() -> int:
     run_cases_fast(warm, device)
     _sync(device)
 
+    profile: dict[str, float] = {}
     started = time.perf_counter()
-    fast = run_cases_fast(cases, device)
+    fast = run_cases_fast(cases, device, profile=profile)
     _sync(device)
     fast_s = time.perf_counter() - started
+    print(f"optimized run: {fast_s:.2f} s; host seconds by phase: "
+          + ", ".join(f"{name} {seconds:.2f}" for name, seconds in profile.items()), flush=True)
 
     order = list(range(len(cases)))
     random.Random(args.sample_seed).shuffle(order)
@@ -158,7 +163,7 @@ def main() -> int:
             "battery": battery.name, "cases": len(cases), "case_steps": total_steps, "environment": env.class_key,
             "fast_s": fast_s, "straight_total_s": slow_total_s, "straight_how": how, "sampled_cases": len(sampled),
             "straight_sampled_s": slow_sampled_s, "fast_subset_s": fast_subset_s, "mismatches": mismatches,
-            "per_case_step_us": per_case_step_us}, indent=1))
+            "per_case_step_us": per_case_step_us, "profile": profile}, indent=1))
     return 1 if mismatches else 0
 
 

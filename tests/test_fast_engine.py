@@ -14,7 +14,7 @@ from service.results import CaseResult, CaseSpec, Trajectory
 from service.verdicts import compare_case
 from worker import digest as od2
 from worker.battery import BatterySpec, load_battery
-from worker.fast_engine import ALIGN, plan_groups, run_cases_fast
+from worker.fast_engine import ALIGN, bundle_count, plan_waves, reference_key, run_cases_fast, width_classes
 from worker.trajectory import run_case
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -121,18 +121,29 @@ def test_verdict_never_compares_two_digest_schemes():
 
 
 # ----------------------------------------------------------------------------- grouping
-def test_groups_share_everything_but_seed_size_and_gradient_values():
+def test_width_classes_merge_narrow_rows_only_while_padding_stays_small():
+    sizes = [c.size for c in load_battery("standard").expand()]
+    classes = width_classes(sizes)
+    # size 1 (512-wide rows) joins the 4097 rows (4608): little padding; neither joins 65536,
+    # whose class would then be mostly padding; 2**20 stays alone.
+    assert classes == {512: 4608, 4608: 4608, 65536: 65536, 1 << 20: 1 << 20}
+    assert width_classes([1, 1, 1, 65536]) == {512: 512, 65536: 65536}
+    assert width_classes([1, 65536, 65536, 65536]) == {512: 65536, 65536: 65536}
+    assert all(w % ALIGN == 0 for w in classes.values())
+
+
+def test_waves_cover_every_case_once_and_keep_reference_keys_together():
     cases = GROUPED.expand()
-    groups = plan_groups(cases)
-    assert sum(len(g) for g in groups) == len(cases)
-    assert max(len(g) for g in groups) > 1
-    for indices in groups:
-        members = [cases[i] for i in indices]
-        keys = {(c.family, c.optimizer, c.param_dtype, tuple(sorted(c.hyper.items())), c.gradient.kind, c.steps)
-                for c in members}
-        assert len(keys) == 1
-    # A memory bound of one aligned row puts every case in a group of its own.
-    assert all(len(g) == 1 for g in plan_groups(cases, max_group_elements=ALIGN))
+    waves = plan_waves(cases, max_wave_elements=1 << 30)
+    # one wave per step count (a wave runs as long as its longest case)
+    assert [sorted(w) for w in waves] == [[i for i, c in enumerate(cases) if c.steps == steps] for steps in (3, 4)]
+    small = plan_waves(cases, max_wave_elements=20 * ALIGN)
+    assert sorted(i for w in small for i in w) == list(range(len(cases)))
+    assert len(small) > 1
+    for wave in small:  # one step count per wave; a reference key's cases are contiguous
+        assert len({cases[i].steps for i in wave}) == 1
+        keys = [reference_key(cases[i]) for i in wave]
+        assert keys == sorted(keys, key=keys.index)
 
 
 # ----------------------------------------------------------------------------- bit identity
@@ -144,7 +155,7 @@ def test_fast_equals_run_case_on_the_quick_battery(kernels):
 
 def test_fast_equals_run_case_on_grouped_cases(kernels):
     cases = GROUPED.expand()
-    assert len(plan_groups(cases)) < len(cases) / 3  # the batching is really exercised
+    assert bundle_count(cases) < len(cases) / 20  # the batching is really exercised
     slow = [run_case(case, torch.device("cpu")) for case in cases]
     _assert_identical(slow, run_cases_fast(cases, torch.device("cpu")))
 

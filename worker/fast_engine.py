@@ -1,46 +1,55 @@
 """The fast battery runner: the same CaseResults as worker.trajectory.run_case, bit for bit, with
-far fewer launches and host round trips.
+the per-step work of a whole battery done in a few hundred launches instead of tens of thousands.
 
-What is shared, and why each sharing gives the same bits:
+Layout. A *wave* of cases (the whole standard battery is two) is laid out in padded row arenas:
 
-* **Groups.** Cases with the same family, optimizer, parameter dtype, hyperparameters, gradient
-  kind and step count run together. Their tensors live in padded [cases, width] buffers; width is
-  a multiple of ALIGN elements, so every row starts at least 512-byte aligned (the kernel sees the
-  alignment a fresh allocation has) and element j of row i sits at flat index i*width + j, the
-  same position modulo ALIGN as in a tensor of its own.
-* **The kernel under test is called per case**, through the family adapter exactly as run_case
-  calls it, on contiguous row views of the case's own length. Nothing about the kernel is
-  assumed: a kernel whose result depends on the tensor's length, blocks or tail sees the same
-  length, blocks and tail as in run_case.
-* **The float64 and float32 references run once per group** over the whole buffer. They are
-  torch elementwise ops (torch.optim's single-tensor loops, the paper references) on types whose
-  vectorised and scalar loops compute the same IEEE operations, so an element's value does not
-  depend on where it sits. Padding holds parameter 0 and gradient 0, which stays exactly 0 under
-  every reference optimizer, so padding never turns into NaN next to real values.
-  **16-bit same-precision references run per case** on tensors of the case's own length: torch's
-  CPU half/bfloat16 kernels give position-dependent bits (vector body vs scalar tail; measured: 145
-  of 652 grouped cases differed when they were batched), so batching them is not exact.
-* **Inputs are computed once.** Initial parameters, open-loop gradient values and zero masks
-  depend only on (seed, size, step, ...): the same gradients.py functions make them once per
-  process, and the same casts (on the CPU, as run_case does) give each case's rows.
-* **Metrics and digests stay on the device**: per row maxima (the padding contributes 0 to
-  max |p - r| and the relative error, and maxima are exact in any order), non-finite counts and
-  the od2 digest lanes (integer sums, exact in any order; padding masked out) are written into
-  [steps, cases] history tensors and copied to the host once per group.
-* **CUDA graphs** capture that per-step observation (about a hundred small kernels per step) once
-  per group and replay it every step. The kernel and reference steps stay eager: their scalars
-  (step number, bias corrections) change every step and each group runs once, so a graph of them
-  would be replayed only once.
+* **Width classes.** Every case gets a row of width W: its size rounded up to ALIGN (512)
+  elements, then merged upwards into a wider class while the padding that costs stays small
+  (`width_classes`). A row starts at a multiple of ALIGN elements, so the kernel sees the
+  alignment a fresh allocation has and element j sits at the same position modulo ALIGN.
+* **Bundles** are the cases of one width class that share the reference optimizer and its
+  hyperparameters, whatever their parameter dtype, kernel family, gradient kind, seed or size.
+  Their rows are contiguous in the width class's float64 reference arena, so one float64
+  reference object (torch.optim, or the papers' Lion/AdEMAMix) steps the whole bundle at once;
+  within the bundle, the rows of one dtype are contiguous in that dtype's arena, so one
+  same-precision reference steps them.
+* **Kernel parameters** live in one arena per (dtype, W), states in one arena per (slot, state
+  dtype, width): the kernel under test writes into contiguous row views of the case's own length
+  and shape.
 
-A group whose kernel raises is re-run case by case with run_case, so the broken case is reported
-exactly as the straightforward path reports it and its group mates are unaffected.
+Why the bits stay run_case's:
+
+* **The kernel under test is called per case**, with exactly run_case's op and arguments
+  (the adapter's `bind`, which checks once and then makes the same call), on a tensor of the
+  case's own length. Nothing about the kernel is assumed, so a kernel whose result depends on
+  the length, blocks or tail sees the same length, blocks and tail as in run_case.
+* **References** are torch elementwise ops; an element's value does not depend on where it sits
+  on CUDA, nor for float32/float64 on the CPU. Padding holds parameter 0 and gradient 0, which
+  stays exactly 0 under every reference optimizer. On the CPU, float16/bfloat16 kernels give
+  position-dependent bits (vector body vs scalar tail: 145 of 652 grouped cases differed when
+  batched), so there the 16-bit same-precision references run per case on tensors of the case's
+  own length and are copied into the arena. On CUDA they are batched; the CUDA test compares
+  every series with run_case's, 16-bit cases of several sizes included.
+* **Gradients** are gradients.py's values: each open-loop stream (seed, size, scale, step) and
+  each zero mask is made once, in a thread pool ahead of the step that needs it (torch releases
+  the GIL), concatenated into one upload per step, and gathered into the arenas by precomputed
+  indices; closed-loop gradients h*(p - c) are the same two float32 (or reference-dtype) ops as
+  run_case, over the whole arena.
+* **Metrics and digests** are per-row maxima and integer sums, exact in any order; padding adds 0
+  to the maxima and is masked out of the od2 lanes. The whole observation of a step (a few
+  hundred small kernels over every arena) is one CUDA graph, captured at step 1 and replayed.
+
+A case whose kernel (or binding) raises is re-run alone with run_case after the wave, so a broken
+case is reported exactly as the straightforward path reports it; its arena row is left alone.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -52,252 +61,485 @@ from worker.references import make_reference
 from worker.trajectory import FAMILY_ADAPTERS, RELATIVE_ERROR_FLOOR, TORCH_DTYPES, FamilyAdapter, run_case
 
 ALIGN = 512  # elements; 2 KiB for float32 rows, 1 KiB for 16-bit rows, 512 B for uint8 codes
-DEFAULT_MAX_GROUP_ELEMENTS = 1 << 23  # cases * width per group: bounds memory (steps x grads)
-
-
-def group_key(case: CaseSpec) -> tuple:
-    return (case.family, case.optimizer, case.param_dtype, tuple(sorted(case.hyper.items())),
-            case.gradient.kind, case.steps)
-
-
-def plan_groups(cases: list[CaseSpec], max_group_elements: int = DEFAULT_MAX_GROUP_ELEMENTS,
-                max_group_cases: int = 64) -> list[list[int]]:
-    """Indices of `cases` in groups that may share references; order within a group is battery
-    order. Sizes are sorted so small cases are not padded to a huge one's width."""
-    by_key: dict[tuple, list[int]] = defaultdict(list)
-    for index, case in enumerate(cases):
-        by_key[group_key(case)].append(index)
-    groups: list[list[int]] = []
-    for indices in by_key.values():
-        current: list[int] = []
-        for index in sorted(indices, key=lambda i: cases[i].size):
-            width = _round_up(cases[index].size)
-            if current and (len(current) + 1) * width > max_group_elements or len(current) >= max_group_cases:
-                groups.append(current)
-                current = []
-            current.append(index)
-        groups.append(current)
-    return groups
+# Elements of parameter rows per wave (padding included): bounds memory. The standard battery's
+# ~73M elements make two waves on a GPU; the float64 arenas cost ~8 bytes x 8 per element.
+DEFAULT_MAX_WAVE_ELEMENTS = {"cuda": 1 << 26, "cpu": 1 << 23}
+# A narrower width class is merged into the next wider one while the padding this adds stays
+# under this fraction of the merged class's elements: fewer bundles, so fewer reference launches.
+# That pays on a GPU, where launches cost more than arithmetic on padding; on the CPU the padding's
+# arithmetic is the cost, so nothing is merged there.
+MERGE_PADDING_FRACTION = {"cuda": 0.5, "cpu": 0.0}
+PREFETCH_STEPS = 16
 
 
 def _round_up(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-# ----------------------------------------------------------------------------- inputs, made once
-class InputCache:
-    """Initial parameters, open-loop gradient values and zero masks (CPU), by their arguments."""
+def reference_key(case: CaseSpec) -> tuple:
+    """What a reference object depends on: the optimizer and every hyperparameter."""
+    return (case.optimizer, tuple(sorted(case.hyper.items())))
 
-    def __init__(self) -> None:
-        self._init: dict[tuple, torch.Tensor] = {}
-        self._open: dict[tuple, torch.Tensor] = {}
-        self._masks: dict[tuple, torch.Tensor | None] = {}
 
-    def initial(self, seed: int, size: int) -> torch.Tensor:
-        key = (seed, size)
-        if key not in self._init:
-            self._init[key] = initial_parameters(seed, size)
-        return self._init[key]
+# ----------------------------------------------------------------------------- planning
+def width_classes(sizes: list[int], merge_fraction: float = MERGE_PADDING_FRACTION["cuda"]) -> dict[int, int]:
+    """round_up(size) -> the width of its class. Walking from the narrowest width up, the next
+    wider width joins the current class while the class's padding (its narrower rows widened to
+    the new width) stays at most `merge_fraction` of the class's elements."""
+    rows: dict[int, int] = defaultdict(int)
+    for size in sizes:
+        rows[_round_up(size)] += 1
+    target: dict[int, int] = {}
+    members: list[int] = []
+    for width in sorted(rows):
+        if members:
+            candidate = members + [width]
+            padding = sum(rows[w] * (width - w) for w in candidate)
+            if padding > merge_fraction * sum(rows[w] for w in candidate) * width:
+                target.update({w: members[-1] for w in members})
+                members = []
+        members.append(width)
+    target.update({w: members[-1] for w in members})
+    return target
 
-    def open_values(self, case: CaseSpec, step: int) -> torch.Tensor:
-        key = (case.seed, case.size, case.gradient.scale, step)
-        if key not in self._open:
+
+def plan_waves(cases: list[CaseSpec], max_wave_elements: int) -> list[list[int]]:
+    """Indices of `cases` in waves: cases of one step count together (a wave runs as many steps
+    as its longest case, so a one-step case in a 100-step wave would be observed 99 times for
+    nothing), at most `max_wave_elements` padded parameter elements each (a case wider than that
+    is a wave of its own), cases of one reference key kept together where they fit so that
+    their bundles are not split."""
+    by_key: dict[tuple, list[int]] = defaultdict(list)
+    for index, case in enumerate(cases):
+        by_key[(case.steps, reference_key(case))].append(index)
+    waves: list[list[int]] = []
+    current: list[int] = []
+    used, steps = 0, None
+    for (key_steps, _), indices in sorted(by_key.items(), key=lambda kv: kv[0][0]):
+        for index in indices:
+            cost = _round_up(cases[index].size)
+            if current and (used + cost > max_wave_elements or key_steps != steps):
+                waves.append(current)
+                current, used = [], 0
+            current.append(index)
+            used += cost
+            steps = key_steps
+    if current:
+        waves.append(current)
+    return waves
+
+
+# ----------------------------------------------------------------------------- gradient inputs
+def _stream_key(case: CaseSpec) -> tuple | None:
+    return (case.seed, case.size, case.gradient.scale) if case.gradient.kind == "open" else None
+
+
+def _mask_key(case: CaseSpec) -> tuple | None:
+    return (case.seed, case.size, case.gradient.zero_fraction) if case.gradient.zero_fraction > 0 else None
+
+
+def _offsets(keys: list[tuple]) -> dict[tuple, int]:
+    """Start of each (seed, size, ...) stream when they are laid back to back."""
+    offsets, at = {}, 0
+    for key in keys:
+        offsets[key] = at
+        at += key[1]
+    return offsets
+
+
+class StepInputs:
+    """Open-loop gradient values and zero masks, each (stream, step) made once with gradients.py's
+    own functions, in a thread pool ahead of the step that needs it (torch releases the GIL), and
+    uploaded as one float32 and one bool tensor per step.
+
+    Step t's layout: the values of the streams active at t back to back, then one 0.0 (where
+    padding, closed-loop rows and finished cases point); the masks likewise, then one False."""
+
+    def __init__(self, cases: list[CaseSpec], device: torch.device) -> None:
+        self.device = device
+        self.steps = max(c.steps for c in cases)
+        self._specs = {}
+        for case in cases:
+            if case.gradient.kind == "open":
+                self._specs.setdefault(_stream_key(case), case.gradient)
+        shared: dict[tuple, tuple] = {}
+        self._layouts: dict[int, tuple] = {}
+        for step in range(1, self.steps + 1):
+            active = [c for c in cases if step <= c.steps]
+            streams = sorted({_stream_key(c) for c in active} - {None})
+            masks = sorted({_mask_key(c) for c in active} - {None})
+            key = (tuple(streams), tuple(masks))
+            if key not in shared:
+                shared[key] = (_offsets(streams), _offsets(masks),
+                               sum(s[1] for s in streams), sum(m[1] for m in masks))
+            self._layouts[step] = shared[key]
+        workers = max(1, min(8, (os.cpu_count() or 2) - 1))
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="optdrift-inputs")
+        self._futures: dict[int, Future] = {}
+
+    def layout(self, step: int) -> tuple[dict, dict, int, int]:
+        """(value offsets, mask offsets, number of values, number of mask elements) of `step`."""
+        return self._layouts[step]
+
+    def _make(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        value_offsets, mask_offsets, n_values, n_masks = self._layouts[step]
+        values = torch.zeros(n_values + 1, dtype=torch.float32)
+        for key, offset in value_offsets.items():
+            seed, size, _scale = key
+            stream = GradientStream(self._specs[key], seed=seed, size=size, device="cpu", grad_dtype=torch.float32)
+            values[offset:offset + size] = stream._open_values(step)
+        masks = torch.zeros(n_masks + 1, dtype=torch.bool)
+        for (seed, size, fraction), offset in mask_offsets.items():
+            masks[offset:offset + size] = zero_mask(seed, step, size, fraction)
+        if self.device.type == "cuda":
+            values, masks = values.pin_memory(), masks.pin_memory()
+        return values, masks
+
+    def get(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step `step`'s values and masks on the device (and the next steps queued)."""
+        for ahead in range(step, min(self.steps, step + PREFETCH_STEPS) + 1):
+            if ahead not in self._futures:
+                self._futures[ahead] = self._pool.submit(self._make, ahead)
+        values, masks = self._futures.pop(step).result()
+        return values.to(self.device, non_blocking=True), masks.to(self.device, non_blocking=True)
+
+    def close(self) -> None:
+        for future in self._futures.values():
+            future.cancel()
+        self._pool.shutdown(wait=True)
+
+
+def _gather_index(cases: list[CaseSpec], width: int, offsets: dict, sentinel: int, key_of, step: int) -> torch.Tensor:  # noqa: ANN001
+    """[rows, width] int64 into a step's layout: offset + j for j < size where the row's stream
+    is active this step; the sentinel everywhere else."""
+    index = torch.full((len(cases), width), sentinel, dtype=torch.int64)
+    for row, case in enumerate(cases):
+        key = key_of(case) if case.steps >= step else None
+        if key is not None and key in offsets:
+            index[row, :case.size] = torch.arange(offsets[key], offsets[key] + case.size, dtype=torch.int64)
+    return index
+
+
+# ----------------------------------------------------------------------------- arenas
+class _ParamArena:
+    """The kernel parameters of one (dtype, width class), rows in bundle order, with their
+    gradients, the same-precision reference values and (closed loop) the quadratic's constants."""
+
+    def __init__(self, dtype: torch.dtype, width: int, cases: list[CaseSpec], wave_index: list[int],
+                 device: torch.device, initial: dict) -> None:
+        self.dtype, self.width, self.cases, self.wave_index = dtype, width, cases, wave_index
+        host = torch.zeros((len(cases), width), dtype=dtype)
+        for row, case in enumerate(cases):
+            key = (case.seed, case.size)
+            if key not in initial:
+                initial[key] = initial_parameters(case.seed, case.size)
+            host[row, :case.size] = initial[key].to(dtype)  # run_case's start: float32 init cast on the CPU
+        self.param = host.to(device)
+        self.grad = torch.zeros_like(self.param)
+        self.same = self.param.clone()
+        self.has_closed = any(c.gradient.kind == "closed" for c in cases)
+        self.has_zeros = any(c.gradient.zero_fraction > 0 for c in cases)
+        self.same_grad = torch.zeros_like(self.param) if self.has_closed else self.grad
+        self.r64_rows: torch.Tensor | None = None            # rows of the width class's float64 arena
+        self.closed_rows = _row_flags(cases, device)
+        self.h32 = self.c32 = self.h_same = self.c_same = None
+
+    def view(self, tensor: torch.Tensor, row: int) -> torch.Tensor:
+        return tensor[row, :self.cases[row].size]
+
+
+def _row_flags(cases: list[CaseSpec], device: torch.device) -> torch.Tensor:
+    """[rows, 1] bool: True on closed-loop rows."""
+    return torch.tensor([[c.gradient.kind == "closed"] for c in cases], dtype=torch.bool, device=device)
+
+
+def _closed_constants(cases: list[CaseSpec], width: int, cache: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, width] float32 curvature and centre (0 on padding and open-loop rows), on the CPU."""
+    h = torch.zeros((len(cases), width), dtype=torch.float32)
+    c = torch.zeros_like(h)
+    for row, case in enumerate(cases):
+        if case.gradient.kind != "closed":
+            continue
+        key = (case.seed, case.size, case.gradient.scale)
+        if key not in cache:
             stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device="cpu",
                                     grad_dtype=torch.float32)
-            self._open[key] = stream._open_values(step)
-        return self._open[key]
-
-    def mask(self, case: CaseSpec, step: int) -> torch.Tensor | None:
-        key = (case.seed, case.size, case.gradient.zero_fraction, step)
-        if key not in self._masks:
-            self._masks[key] = zero_mask(case.seed, step, case.size, case.gradient.zero_fraction)
-        return self._masks[key]
-
-    def clear(self) -> None:
-        self._init.clear(), self._open.clear(), self._masks.clear()
+            cache[key] = (stream.curvature32, stream.centre32)
+        h[row, :case.size], c[row, :case.size] = cache[key]
+    return h, c
 
 
-# ----------------------------------------------------------------------------- one group
+class _WidthClass:
+    """One width class: its dtype arenas and the float64 reference arena over all of its rows."""
+
+    def __init__(self, width: int, order: list[int], cases: list[CaseSpec], arenas: dict,
+                 device: torch.device, closed_cache: dict) -> None:
+        self.width, self.order, self.arenas = width, order, arenas
+        self.cases = [cases[i] for i in order]
+        position = {index: row for row, index in enumerate(order)}
+        self.r64 = torch.zeros((len(order), width), dtype=torch.float64, device=device)
+        for arena in arenas.values():
+            arena.r64_rows = torch.tensor([position[i] for i in arena.wave_index], dtype=torch.int64, device=device)
+            self.r64.index_copy_(0, arena.r64_rows, arena.param.to(torch.float64))
+        self.g64 = torch.zeros_like(self.r64)
+        self.has_closed = any(c.gradient.kind == "closed" for c in self.cases)
+        self.has_zeros = any(c.gradient.zero_fraction > 0 for c in self.cases)
+        if self.has_closed:
+            h32, c32 = _closed_constants(self.cases, width, closed_cache)
+            self.closed_rows = _row_flags(self.cases, device)
+            self.h64 = h32.to(device=device, dtype=torch.float64)
+            self.c64 = c32.to(device=device, dtype=torch.float64)
+            for arena in arenas.values():
+                rows = arena.r64_rows.cpu()
+                arena.h32, arena.c32 = h32[rows].to(device), c32[rows].to(device)
+                arena.h_same, arena.c_same = arena.h32.to(arena.dtype), arena.c32.to(arena.dtype)
+        self.index_cache: dict[tuple, dict] = {}
+
+
 @dataclass
-class _Slot:
-    """One tensor of every case of a group (the parameter or one state) in a padded buffer."""
+class _Bundle:
+    """The rows of one reference key in one width class: one float64 reference over its
+    contiguous rows of the float64 arena, and same-precision references per dtype."""
 
-    buffer: torch.Tensor                       # [cases, width]
-    lengths: list[int]
-    shapes: list[torch.Size]
-    valid: torch.Tensor = field(init=False)    # bool [cases, width]: False on padding
-
-    def __post_init__(self) -> None:
-        columns = torch.arange(self.buffer.shape[1], device=self.buffer.device)
-        lengths = torch.tensor(self.lengths, device=self.buffer.device)
-        self.valid = columns.unsqueeze(0) < lengths.unsqueeze(1)
-
-    def view(self, row: int) -> torch.Tensor:
-        return self.buffer[row, :self.lengths[row]].view(self.shapes[row])
+    width_class: _WidthClass
+    rows64: slice
+    ref64: object
+    # (arena, its contiguous rows, a batched reference or None, per-case [(row, reference)])
+    same: list[tuple[_ParamArena, slice, object | None, list]] = field(default_factory=list)
 
 
-def _slot_from(tensors: list[torch.Tensor], device: torch.device) -> _Slot:
-    width = _round_up(max(t.numel() for t in tensors))
-    buffer = torch.zeros((len(tensors), width), dtype=tensors[0].dtype, device=device)
-    for row, tensor in enumerate(tensors):
-        buffer[row, :tensor.numel()] = tensor.reshape(-1)
-    return _Slot(buffer, [t.numel() for t in tensors], [t.shape for t in tensors])
+class _StateArena:
+    """One state slot (by slot number, dtype and width) of many cases."""
+
+    def __init__(self, slot: int, buffer: torch.Tensor, lengths: list[int], wave_index: list[int]) -> None:
+        self.slot, self.buffer, self.wave_index = slot, buffer, wave_index
+        self.lengths = lengths
 
 
-class _Group:
-    def __init__(self, cases: list[CaseSpec], device: torch.device, inputs: InputCache, families):  # noqa: ANN001
-        self.cases, self.device, self.inputs = cases, device, inputs
-        first = cases[0]
-        self.steps = first.steps
-        self.dtype = TORCH_DTYPES[first.param_dtype]
-        self.adapter = families[first.family]
-        # The starting point exactly as run_case makes it: float32 init, cast on the CPU.
-        params = [inputs.initial(c.seed, c.size).to(self.dtype) for c in cases]
-        self.param = _slot_from(params, device)
-        self.width = self.param.buffer.shape[1]
-        per_case = [self.adapter.init_states(c, self.param.view(row)) for row, c in enumerate(cases)]
-        self.state_names = list(per_case[0])
-        self.states = [_slot_from([s[name] for s in per_case], device) for name in self.state_names]
-        self.ref64 = make_reference(first, self.param.buffer.to(torch.float64))
-        # 16-bit same-precision references: one per case, on its own tensor (see the docstring).
-        self.same_per_case = self.dtype != torch.float32
-        if self.same_per_case:
-            self.ref_same_cases = [make_reference(c, self.param.view(row).clone()) for row, c in enumerate(cases)]
-            self.ref_same = None
-        else:
-            self.ref_same = make_reference(first, self.param.buffer.clone())
-        self.closed = first.gradient.kind == "closed"
-        if self.closed:
-            self._closed_constants()
-        self.has_zeros = any(c.gradient.zero_fraction > 0 for c in cases)
 
-    # -- gradients
-    def _closed_constants(self) -> None:
-        h = torch.zeros((len(self.cases), self.width), dtype=torch.float32)
-        c = torch.zeros_like(h)
-        for row, case in enumerate(self.cases):
-            stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device="cpu",
-                                    grad_dtype=self.dtype)
-            h[row, :case.size] = stream.curvature32
-            c[row, :case.size] = stream.centre32
-        # Padding: h = c = 0, so the padded gradient h*(p - c) is exactly 0.
-        self.h32, self.c32 = h.to(self.device), c.to(self.device)
-        self.h64, self.c64 = self.h32.to(torch.float64), self.c32.to(torch.float64)
-        self.h_same, self.c_same = self.h32.to(self.dtype), self.c32.to(self.dtype)
+def _unbound_step(adapter: FamilyAdapter, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
+                  states: dict[str, torch.Tensor]) -> Callable[[int], None]:
+    """For an adapter without `bind`: its `step` on the same fixed tensors."""
+    return lambda step: adapter.step(case, param, grad, states, step)
 
-    def _step_masks(self, step: int) -> torch.Tensor | None:
-        if not self.has_zeros:
-            return None
-        mask = torch.zeros((len(self.cases), self.width), dtype=torch.bool)
-        for row, case in enumerate(self.cases):
-            case_mask = self.inputs.mask(case, step)
-            if case_mask is not None:
-                mask[row, :case.size] = case_mask
-        return mask
 
-    def open_gradients(self) -> torch.Tensor:
-        """[steps, cases, width] kernel gradients (grad dtype, zeros applied), one upload."""
-        grads = torch.zeros((self.steps, len(self.cases), self.width), dtype=self.dtype)
-        masks = torch.zeros((self.steps, len(self.cases), self.width), dtype=torch.bool) if self.has_zeros else None
-        for step in range(1, self.steps + 1):
-            for row, case in enumerate(self.cases):
-                grads[step - 1, row, :case.size] = self.inputs.open_values(case, step).to(self.dtype)
-            if masks is not None:
-                masks[step - 1] = self._step_masks(step)
-        grads = grads.to(self.device)
-        if masks is not None:
-            grads = grads.masked_fill(masks.to(self.device), 0.0)
-        return grads
+# ----------------------------------------------------------------------------- one wave
+class _Wave:
+    def __init__(self, cases: list[CaseSpec], device: torch.device, families: Mapping[str, FamilyAdapter],
+                 batch_low_precision_refs: bool, initial: dict, closed_cache: dict) -> None:
+        self.cases, self.device, self.families = cases, device, families
+        self.steps = max(c.steps for c in cases)
+        self.broken: set[int] = set()
+        dtype_order = list(TORCH_DTYPES.values())
+        classes = width_classes([c.size for c in cases],
+                                MERGE_PADDING_FRACTION.get(device.type, MERGE_PADDING_FRACTION["cpu"]))
+        by_class: dict[int, list[int]] = defaultdict(list)
+        for index, case in enumerate(cases):
+            by_class[classes[_round_up(case.size)]].append(index)
 
-    # -- observation: metrics and digest lanes of the current step into the histories
-    def allocate_histories(self) -> None:
-        shape = (self.steps, len(self.cases))
-        self.hist_f64 = torch.zeros((3,) + shape, dtype=torch.float64, device=self.device)
-        self.hist_i64 = torch.zeros((3,) + shape, dtype=torch.int64, device=self.device)
-        self.step_index = torch.zeros((1,), dtype=torch.int64, device=self.device)
-        self.r64 = torch.zeros_like(self.ref64.param.detach())
-        self.r_same = torch.zeros_like(self.param.buffer)
-        self.salts = [od2.salts(slot, s.buffer.shape[1], self.device)
-                      for slot, s in enumerate([self.param, *self.states])]
+        self.classes: list[_WidthClass] = []
+        self.param_arenas: list[_ParamArena] = []
+        self.bundles: list[_Bundle] = []
+        for width, members in sorted(by_class.items()):
+            # Row order: reference key (first appearance), then dtype, then battery order.
+            key_rank: dict[tuple, int] = {}
+            for index in members:
+                key_rank.setdefault(reference_key(cases[index]), len(key_rank))
+            order = sorted(members, key=lambda i: (key_rank[reference_key(cases[i])],
+                                                   dtype_order.index(TORCH_DTYPES[cases[i].param_dtype]), i))
+            arenas = {}
+            for dtype in dtype_order:
+                rows = [i for i in order if TORCH_DTYPES[cases[i].param_dtype] == dtype]
+                if rows:
+                    arenas[dtype] = _ParamArena(dtype, width, [cases[i] for i in rows], rows, device, initial)
+                    self.param_arenas.append(arenas[dtype])
+            width_class = _WidthClass(width, order, cases, arenas, device, closed_cache)
+            self.classes.append(width_class)
+            self._make_bundles(width_class, batch_low_precision_refs)
+        self._bind_kernels()
+        self._allocate_observation()
+
+    def _make_bundles(self, width_class: _WidthClass, batch_low_precision_refs: bool) -> None:
+        order, start = width_class.order, 0
+        while start < len(order):
+            key = reference_key(self.cases[order[start]])
+            stop = start
+            while stop < len(order) and reference_key(self.cases[order[stop]]) == key:
+                stop += 1
+            first = self.cases[order[start]]
+            bundle = _Bundle(width_class, slice(start, stop), make_reference(first, width_class.r64[start:stop].clone()))
+            members = set(order[start:stop])
+            for arena in width_class.arenas.values():
+                rows = [row for row, index in enumerate(arena.wave_index) if index in members]
+                if not rows:
+                    continue
+                rows_slice = slice(rows[0], rows[-1] + 1)
+                if arena.dtype in (torch.float32, torch.float64) or batch_low_precision_refs:
+                    batched = make_reference(first, arena.same[rows_slice].clone())
+                    bundle.same.append((arena, rows_slice, batched, []))
+                else:
+                    per_case = [(row, make_reference(arena.cases[row], arena.view(arena.same, row).clone()))
+                                for row in rows]
+                    bundle.same.append((arena, rows_slice, None, per_case))
+            self.bundles.append(bundle)
+            start = stop
+
+    def _bind_kernels(self) -> None:
+        """Each case's states from its adapter, moved into state arenas by (slot, dtype, width);
+        then the kernel call bound to the case's parameter, gradient and state views."""
+        self.bound: list[Callable[[int], None] | None] = [None] * len(self.cases)
+        params: dict[int, torch.Tensor] = {}
+        grads: dict[int, torch.Tensor] = {}
+        states_of: dict[int, list[tuple[str, torch.Tensor]]] = {}
+        by_slot: dict[tuple, list[tuple[int, str, torch.Tensor]]] = defaultdict(list)
+        for arena in self.param_arenas:
+            for row, case in enumerate(arena.cases):
+                index = arena.wave_index[row]
+                params[index], grads[index] = arena.view(arena.param, row), arena.view(arena.grad, row)
+                try:
+                    states = self.families[case.family].init_states(case, params[index])
+                except Exception:  # noqa: BLE001 - the run_case re-run reports it
+                    self.broken.add(index)
+                    continue
+                states_of[index] = list(states.items())
+                for slot, (name, tensor) in enumerate(states.items(), start=1):
+                    by_slot[(slot, str(tensor.dtype), _round_up(tensor.numel()))].append((index, name, tensor))
+        views: dict[int, dict[str, torch.Tensor]] = defaultdict(dict)
+        self.state_arenas: list[_StateArena] = []
+        for (slot, _dtype, width), entries in sorted(by_slot.items()):
+            buffer = torch.zeros((len(entries), width), dtype=entries[0][2].dtype, device=self.device)
+            for row, (index, name, tensor) in enumerate(entries):
+                view = buffer[row, :tensor.numel()]
+                view.copy_(tensor.reshape(-1))
+                views[index][name] = view.view(tensor.shape)
+            self.state_arenas.append(_StateArena(slot, buffer, [e[2].numel() for e in entries], [e[0] for e in entries]))
+        for index, named in states_of.items():
+            case = self.cases[index]
+            adapter = self.families[case.family]
+            states = {name: views[index][name] for name, _ in named}  # the adapter's order
+            try:
+                bind = getattr(adapter, "bind", None)
+                self.bound[index] = (bind(case, params[index], grads[index], states) if bind is not None
+                                     else _unbound_step(adapter, case, params[index], grads[index], states))
+            except Exception:  # noqa: BLE001 - the run_case re-run reports it
+                self.broken.add(index)
+
+    # -- one step: gradients, kernels, references, observation
+    def _indices(self, width_class: _WidthClass, step: int, inputs: StepInputs) -> dict:
+        value_offsets, mask_offsets, n_values, n_masks = inputs.layout(step)
+        finished = tuple(i for i in width_class.order if self.cases[i].steps < step)
+        key = (id(value_offsets), id(mask_offsets), finished)
+        if key not in width_class.index_cache:
+            entry = {}
+            for dtype, arena in width_class.arenas.items():
+                entry[("values", dtype)] = _gather_index(arena.cases, arena.width, value_offsets, n_values,
+                                                         _stream_key, step).to(self.device)
+                if arena.has_zeros:
+                    entry[("masks", dtype)] = _gather_index(arena.cases, arena.width, mask_offsets, n_masks,
+                                                            _mask_key, step).to(self.device)
+            if width_class.has_zeros and width_class.has_closed:
+                entry["masks64"] = _gather_index(width_class.cases, width_class.width, mask_offsets, n_masks,
+                                                 _mask_key, step).to(self.device)
+            width_class.index_cache[key] = entry
+        return width_class.index_cache[key]
+
+    def gradients(self, step: int, inputs: StepInputs) -> None:
+        """Every arena's kernel, same-precision and float64 gradients of `step`, as run_case's
+        GradientStream makes them: open-loop values cast to the dtype, closed-loop h*(p - c) in
+        float32 then cast, zeros applied last; references get the kernel's open-loop values
+        upcast and their own h*(r - c)."""
+        values, masks = inputs.get(step)
+        for width_class in self.classes:
+            index = self._indices(width_class, step, inputs)
+            for dtype, arena in width_class.arenas.items():
+                grad = values.take(index[("values", dtype)]).to(dtype)
+                if arena.has_closed:
+                    closed = (arena.h32 * (arena.param.to(torch.float32) - arena.c32)).to(dtype)
+                    grad = torch.where(arena.closed_rows, closed, grad)
+                mask = masks.take(index[("masks", dtype)]) if arena.has_zeros else None
+                if mask is not None:
+                    grad = grad.masked_fill(mask, 0.0)
+                arena.grad.copy_(grad)
+                if arena.has_closed:
+                    same = torch.where(arena.closed_rows, arena.h_same * (arena.same - arena.c_same), arena.grad)
+                    if mask is not None:
+                        same = same.masked_fill(mask, 0.0)
+                    arena.same_grad.copy_(same)
+                width_class.g64.index_copy_(0, arena.r64_rows, arena.grad.to(torch.float64))
+            if width_class.has_closed:
+                closed64 = width_class.h64 * (width_class.r64 - width_class.c64)
+                if width_class.has_zeros:
+                    closed64 = closed64.masked_fill(masks.take(index["masks64"]), 0.0)
+                width_class.g64.copy_(torch.where(width_class.closed_rows, closed64, width_class.g64))
+
+    def kernels(self, step: int) -> None:
+        for index, bound in enumerate(self.bound):
+            if bound is None or index in self.broken or self.cases[index].steps < step:
+                continue
+            try:
+                bound(step)
+            except Exception as error:  # noqa: BLE001
+                if self.device.type == "cuda" and ("CUDA" in str(error) or type(error).__name__ == "AcceleratorError"):
+                    raise  # the context is gone: the kernel host reports and restarts
+                self.broken.add(index)
+
+    def references(self, step: int) -> None:
+        for bundle in self.bundles:
+            width_class = bundle.width_class
+            bundle.ref64.step(step, width_class.g64[bundle.rows64])
+            width_class.r64[bundle.rows64].copy_(bundle.ref64.param.detach())
+            for arena, rows, batched, per_case in bundle.same:
+                if batched is not None:
+                    batched.step(step, arena.same_grad[rows])
+                    arena.same[rows].copy_(batched.param.detach())
+                    continue
+                for row, reference in per_case:
+                    reference.step(step, arena.view(arena.same_grad, row))
+                    arena.view(arena.same, row).copy_(reference.param.detach())
+
+    def _allocate_observation(self) -> None:
+        n, device = len(self.cases), self.device
+        self.hist_f64 = torch.zeros((3, self.steps, n), dtype=torch.float64, device=device)
+        self.hist_i64 = torch.zeros((3, self.steps, n), dtype=torch.int64, device=device)
+        self.current_f64 = torch.zeros((3, n), dtype=torch.float64, device=device)
+        self.current_i64 = torch.zeros((3, n), dtype=torch.int64, device=device)
+        self.step_index = torch.zeros((1,), dtype=torch.int64, device=device)
+        self.observed = []   # (tensor [rows, W], valid [rows, W], salts, case index [rows])
+        for arena in self.param_arenas:
+            arena.case_index = torch.tensor(arena.wave_index, dtype=torch.int64, device=device)
+            self.observed.append((arena.param, _valid(arena.param, [c.size for c in arena.cases]),
+                                  od2.salts(0, arena.width, device), arena.case_index))
+        for state in self.state_arenas:
+            self.observed.append((state.buffer, _valid(state.buffer, state.lengths),
+                                  od2.salts(state.slot, state.buffer.shape[1], device),
+                                  torch.tensor(state.wave_index, dtype=torch.int64, device=device)))
 
     def observe(self) -> None:
-        p64 = self.param.buffer.to(torch.float64)
-        delta = (p64 - self.r64).abs()
-        abs64 = delta.amax(dim=1)
-        rel64 = (delta / self.r64.abs().clamp_min(RELATIVE_ERROR_FLOOR)).amax(dim=1)
-        same = (p64 - self.r_same.to(torch.float64)).abs().amax(dim=1)
-        nonfinite = None
-        lane_a = lane_b = None
-        for slot, (tensors, (salt, odd)) in enumerate(zip([self.param, *self.states], self.salts)):
-            count = (~torch.isfinite(tensors.buffer)).sum(dim=1)
-            nonfinite = count if nonfinite is None else nonfinite + count
-            a, b = od2.lanes(od2.element_bits(tensors.buffer), salt, odd, tensors.valid)
-            lane_a = a if lane_a is None else lane_a + a
-            lane_b = b if lane_b is None else lane_b + b
-        self.hist_f64.index_copy_(1, self.step_index, torch.stack([abs64, rel64, same]).unsqueeze(1))
-        self.hist_i64.index_copy_(1, self.step_index, torch.stack([nonfinite, lane_a, lane_b]).unsqueeze(1))
+        """This step's metrics and od2 lanes of every case into the histories (device only)."""
+        current_f64, current_i64 = self.current_f64, self.current_i64
+        current_i64.zero_()
+        for width_class in self.classes:
+            for arena in width_class.arenas.values():
+                p64 = arena.param.to(torch.float64)
+                r64 = width_class.r64.index_select(0, arena.r64_rows)
+                delta = (p64 - r64).abs()
+                current_f64[0].index_copy_(0, arena.case_index, delta.amax(dim=1))
+                current_f64[1].index_copy_(0, arena.case_index,
+                                           (delta / r64.abs().clamp_min(RELATIVE_ERROR_FLOOR)).amax(dim=1))
+                current_f64[2].index_copy_(0, arena.case_index,
+                                           (p64 - arena.same.to(torch.float64)).abs().amax(dim=1))
+        for tensor, valid, (salt, odd), case_index in self.observed:
+            current_i64[0].index_add_(0, case_index, (~torch.isfinite(tensor)).sum(dim=1))
+            lane_a, lane_b = od2.lanes(od2.element_bits(tensor), salt, odd, valid)
+            current_i64[1].index_add_(0, case_index, lane_a)
+            current_i64[2].index_add_(0, case_index, lane_b)
+        self.hist_f64.index_copy_(1, self.step_index, current_f64.unsqueeze(1))
+        self.hist_i64.index_copy_(1, self.step_index, current_i64.unsqueeze(1))
         self.step_index.add_(1)
 
-    # -- the run
-    def run(self, use_graph: bool) -> list[CaseResult]:
-        started = time.perf_counter()
-        self.allocate_histories()
-        grads_all = None if self.closed else self.open_gradients()
-        graph = None
-        rows = range(len(self.cases))
-        kernel_params = [self.param.view(r) for r in rows]
-        kernel_states = [{n: s.view(r) for n, s in zip(self.state_names, self.states)} for r in rows]
-        for step in range(1, self.steps + 1):
-            if self.closed:
-                grad = (self.h32 * (self.param.buffer.to(torch.float32) - self.c32)).to(self.dtype)
-                masks = self._step_masks(step)
-                if masks is not None:
-                    grad = grad.masked_fill(masks.to(self.device), 0.0)
-            else:
-                grad = grads_all[step - 1]
-            for row, case in enumerate(self.cases):
-                self.adapter.step(case, kernel_params[row], grad[row, :case.size].view(kernel_params[row].shape),
-                                  kernel_states[row], step)
-            if self.closed:
-                g64 = self.h64 * (self.ref64.param - self.c64)
-                device_masks = masks.to(self.device) if masks is not None else None
-                if device_masks is not None:
-                    g64 = g64.masked_fill(device_masks, 0.0)
-            else:
-                g64 = grad.to(torch.float64)
-            self.ref64.step(step, g64)
-            self.r64.copy_(self.ref64.param.detach())
-            if not self.same_per_case:
-                if self.closed:
-                    g_same = self.h_same * (self.ref_same.param - self.c_same)
-                    if device_masks is not None:
-                        g_same = g_same.masked_fill(device_masks, 0.0)
-                else:
-                    g_same = grad
-                self.ref_same.step(step, g_same)
-                self.r_same.copy_(self.ref_same.param.detach())
-            else:
-                for row, (case, reference) in enumerate(zip(self.cases, self.ref_same_cases)):
-                    n = case.size
-                    if self.closed:
-                        g_same = self.h_same[row, :n] * (reference.param - self.c_same[row, :n])
-                        if device_masks is not None:
-                            g_same = g_same.masked_fill(device_masks[row, :n], 0.0)
-                    else:
-                        g_same = grad[row, :n]
-                    reference.step(step, g_same)
-                    self.r_same[row, :n] = reference.param.detach()
-            if not use_graph:
-                self.observe()
-            elif graph is None:
-                graph = self._capture()
-            else:
-                graph.replay()
-        return self._results(time.perf_counter() - started)
-
     def _capture(self) -> torch.cuda.CUDAGraph:
-        # Warm up on a side stream (as torch's capture rules ask), undo its effects, capture, then
-        # replay once for this step: the capture itself does not execute the kernels.
+        # Warm up on a side stream (as torch's capture rules ask), undo its effect on the step
+        # counter, capture, then replay once for this step: capturing does not run the kernels.
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -310,51 +552,107 @@ class _Group:
         graph.replay()
         return graph
 
-    def _results(self, seconds: float) -> list[CaseResult]:
-        f64 = self.hist_f64.cpu()
-        i64 = self.hist_i64.cpu()
-        results = []
-        for row, case in enumerate(self.cases):
+    def run(self, use_graph: bool, profile: dict[str, float] | None = None) -> dict[int, CaseResult]:
+        """Results of the cases that ran through; broken ones are left to the caller.
+        `profile` accumulates the host seconds spent per phase (launches are asynchronous on
+        CUDA, so this is where the Python time goes, not GPU time)."""
+        started = time.perf_counter()
+        inputs = StepInputs(self.cases, self.device)
+        graph = None
+        phases = defaultdict(float)
+        try:
+            for step in range(1, self.steps + 1):
+                t0 = time.perf_counter()
+                self.gradients(step, inputs)
+                t1 = time.perf_counter()
+                self.kernels(step)
+                t2 = time.perf_counter()
+                self.references(step)
+                t3 = time.perf_counter()
+                if not use_graph:
+                    self.observe()
+                elif graph is None:
+                    graph = self._capture()
+                else:
+                    graph.replay()
+                t4 = time.perf_counter()
+                phases["gradients"] += t1 - t0
+                phases["kernels"] += t2 - t1
+                phases["references"] += t3 - t2
+                phases["observe"] += t4 - t3
+        finally:
+            inputs.close()
+        t5 = time.perf_counter()
+        f64, i64 = self.hist_f64.cpu(), self.hist_i64.cpu()
+        seconds = (time.perf_counter() - started) / len(self.cases)
+        results = {}
+        for index, case in enumerate(self.cases):
+            if index in self.broken:
+                continue
+            steps = case.steps
             trajectory = Trajectory(
-                ref64_max_abs=f64[0, :, row].tolist(),
-                ref64_max_rel=f64[1, :, row].tolist(),
-                same_precision_max_abs=f64[2, :, row].tolist(),
-                nonfinite_count=[int(n) for n in i64[0, :, row].tolist()],
-                digests=[od2.format_digest(a, b) for a, b in zip(i64[1, :, row].tolist(), i64[2, :, row].tolist())],
+                ref64_max_abs=f64[0, :steps, index].tolist(),
+                ref64_max_rel=f64[1, :steps, index].tolist(),
+                same_precision_max_abs=f64[2, :steps, index].tolist(),
+                nonfinite_count=i64[0, :steps, index].tolist(),
+                digests=[od2.format_digest(a, b) for a, b in zip(i64[1, :steps, index].tolist(),
+                                                                  i64[2, :steps, index].tolist())],
             )
-            results.append(CaseResult(case=case, status="ok", trajectory=trajectory,
-                                      duration_s=seconds / len(self.cases)))
+            results[index] = CaseResult(case=case, status="ok", trajectory=trajectory, duration_s=seconds)
+        phases["results (incl. waiting for the GPU)"] += time.perf_counter() - t5
+        if profile is not None:
+            for name, value in phases.items():
+                profile[name] = profile.get(name, 0.0) + value
         return results
+
+
+def _valid(buffer: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """[rows, width] bool: True on each row's first `length` elements (the od2 lanes' mask)."""
+    columns = torch.arange(buffer.shape[1], device=buffer.device)
+    return columns.unsqueeze(0) < torch.tensor(lengths, device=buffer.device).unsqueeze(1)
 
 
 # ----------------------------------------------------------------------------- the battery
 def run_cases_fast(cases: list[CaseSpec], device: torch.device, *, use_graphs: bool | None = None,
-                   inputs: InputCache | None = None, on_result=None,  # noqa: ANN001
-                   max_group_elements: int = DEFAULT_MAX_GROUP_ELEMENTS,
-                   families: Mapping[str, FamilyAdapter] | None = None) -> list[CaseResult]:
-    """Every case's result, in the order of `cases`. `use_graphs` defaults to True on CUDA.
-    `on_result(index, result)` is called as each group finishes (groups finish out of order).
-    `families`: the project adapter's family table, as run_case takes it (bundled by default)."""
+                   on_result=None, max_wave_elements: int | None = None,  # noqa: ANN001
+                   families: Mapping[str, FamilyAdapter] | None = None,
+                   batch_low_precision_refs: bool | None = None,
+                   profile: dict[str, float] | None = None) -> list[CaseResult]:
+    """Every case's result, in the order of `cases`, equal to run_case's bit for bit.
+
+    `use_graphs` defaults to True on CUDA. `on_result(index, result)` is called for each case as
+    its wave finishes (waves finish in plan order, not battery order). `families`: the project
+    adapter's family table, as run_case takes it (bundled by default). 16-bit same-precision
+    references are batched on CUDA and run per case on the CPU (see the module docstring).
+    `profile`, when given, receives host seconds per phase (setup, gradients, kernels, ...)."""
     device = torch.device(device)
     use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
-    inputs = inputs or InputCache()
+    if batch_low_precision_refs is None:
+        batch_low_precision_refs = device.type == "cuda"
+    if max_wave_elements is None:
+        max_wave_elements = DEFAULT_MAX_WAVE_ELEMENTS.get(device.type, DEFAULT_MAX_WAVE_ELEMENTS["cpu"])
     families = FAMILY_ADAPTERS if families is None else families
     unknown = sorted({c.family for c in cases} - set(families))
     if unknown:
         raise ValueError(f"kernel families {unknown} have no adapter (known: {sorted(families)})")
     results: list[CaseResult | None] = [None] * len(cases)
-    for indices in plan_groups(cases, max_group_elements):
-        group_cases = [cases[i] for i in indices]
-        try:
-            group_results = _Group(group_cases, device, inputs, families).run(use_graphs)
-        except Exception as error:  # noqa: BLE001
-            if device.type == "cuda" and ("CUDA" in str(error) or type(error).__name__ == "AcceleratorError"):
-                raise  # the context is gone: the kernel host reports and restarts
-            group_results = [_run_alone(case, device, families) for case in group_cases]
-        for index, result in zip(indices, group_results):
+    initial: dict = {}
+    closed_cache: dict = {}
+    for indices in plan_waves(cases, max_wave_elements):
+        wave_cases = [cases[i] for i in indices]
+        setup_started = time.perf_counter()
+        wave = _Wave(wave_cases, device, families, batch_low_precision_refs, initial, closed_cache)
+        if profile is not None:
+            profile["setup"] = profile.get("setup", 0.0) + time.perf_counter() - setup_started
+        finished = wave.run(use_graphs, profile)
+        for position, index in enumerate(indices):
+            result = finished.get(position)
+            if result is None:
+                result = _run_alone(wave_cases[position], device, families)
             results[index] = result
             if on_result:
                 on_result(index, result)
+        del wave
     return results
 
 
@@ -363,3 +661,9 @@ def _run_alone(case: CaseSpec, device: torch.device, families) -> CaseResult:  #
         return run_case(case, device, families=families)
     except Exception as error:  # noqa: BLE001 - the kernel host's rule: a kernel error breaks its case
         return CaseResult(case=case, status="broken", message=f"{type(error).__name__}: {error}")
+
+
+def bundle_count(cases: list[CaseSpec], device_type: str = "cuda") -> int:
+    """How many bundles (float64 reference objects) the cases make in one wave."""
+    classes = width_classes([c.size for c in cases], MERGE_PADDING_FRACTION.get(device_type, MERGE_PADDING_FRACTION["cpu"]))
+    return len({(classes[_round_up(c.size)], reference_key(c)) for c in cases})

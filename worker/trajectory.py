@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import BinaryIO, Protocol
 
 import torch
@@ -39,6 +39,10 @@ class FamilyAdapter(Protocol):
     def step(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
              states: dict[str, torch.Tensor], step: int) -> None: ...
 
+    # Optional: `bind(case, param, grad, states) -> Callable[[int], None]`, the same update as
+    # `step` on fixed tensors with the per-call checks done once (worker.fast_engine uses it when
+    # an adapter has it; otherwise it calls `step`).
+
 
 class ThirtyTwoBitAdapter:
     """fp32 states, one op call per step (worker.kernel_ops over torch.ops.optdrift.*)."""
@@ -54,6 +58,13 @@ class ThirtyTwoBitAdapter:
         from worker import kernel_ops
 
         kernel_ops.step(case.optimizer, param, grad, states, step=step, hyper=dict(case.hyper))
+
+    def bind(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
+             states: dict[str, torch.Tensor]) -> Callable[[int], None]:
+        """`step` on these exact tensors, checked once; the fast runner calls it every step."""
+        from worker import kernel_ops
+
+        return kernel_ops.bind_step(case.optimizer, param, grad, states, hyper=dict(case.hyper))
 
 
 from worker.trajectory_8bit import EightBitBlockwiseAdapter  # noqa: E402  (issue 6)

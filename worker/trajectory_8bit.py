@@ -12,6 +12,8 @@ is the closed-form check: step 1 of torch.optim.AdamW from zero is p(1 - lr wd) 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from service.results import CaseSpec
@@ -48,3 +50,14 @@ class EightBitBlockwiseAdapter:
                  for name in kernel_ops.OPTIMIZER_STATES[case.optimizer]}
         kernel_ops.step_8bit(case.optimizer, param, grad, pairs, step=step, hyper=dict(case.hyper),
                              signed_map=signed_map, unsigned_map=unsigned_map)
+
+    def bind(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
+             states: dict[str, torch.Tensor]) -> Callable[[int], None]:
+        """`step` on these exact tensors, checked once (worker.fast_engine)."""
+        from worker import kernel_ops
+
+        signed_map, unsigned_map = self.maps(param.device)
+        pairs = {name: (states[f"{name}_codes"], states[f"{name}_absmax"])
+                 for name in kernel_ops.OPTIMIZER_STATES[case.optimizer]}
+        return kernel_ops.bind_step_8bit(case.optimizer, param, grad, pairs, hyper=dict(case.hyper),
+                                         signed_map=signed_map, unsigned_map=unsigned_map)

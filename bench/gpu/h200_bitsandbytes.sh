@@ -1,73 +1,65 @@
 #!/usr/bin/env bash
-# Issue 9 on the H200: bitsandbytes 0.50.2's CUDA kernels through worker.adapters.bitsandbytes, on
-# the standard battery's typical (lr=1e-3, wd=1e-2) and discriminating (lr=0.1, wd=0.1) cases;
-# prints the distance to the float64 reference (torch.optim / the papers) per optimizer as a table.
-# The wheel is carried in .whl/ (see docs/BITSANDBYTES.md for the pip download command).
-# Through the device tool: run(command="bash bench/gpu/h200_bitsandbytes.sh", carry=[".whl"], timeout_s=300).
-# Subset, and why: the whole standard battery (1083 cases x 100 steps) does not fit in 4 minutes
-# with the straightforward engine, so this runs the typical and discriminating points only
-# (float32 first, then float16, then bfloat16; all sizes, both gradient kinds, 1-step and 100-step
-# cases) until BUDGET_S seconds have passed, and says how many it ran. Same script on a CPU:
-#   INSTALL_WHEELS=0 PYTHON=.venv/bin/python DEVICE=cpu BUDGET_S=120 bash bench/gpu/h200_bitsandbytes.sh
+# Issue 9 on the H200: bitsandbytes 0.50.2's CUDA kernels through worker.adapters.bitsandbytes.
+#   1. bench/bnb_8bit_one_state.py: one 8-bit blockwise RMSprop/Adagrad/Adam step element by
+#      element, adapter vs bnb's own optimizer class vs float64 vs two models of the update (is the
+#      adapter or bnb's kernel responsible for the 8-bit RMSprop/Adagrad distance?);
+#   2. bench/bnb_battery.py: EVERY standard-battery case at the typical (lr 1e-3, wd 1e-2) and
+#      discriminating (lr 0.1, wd 0.1) points (fp32, fp16 and bf16; 674 cases on CUDA), sharded over
+#      SHARDS processes on the one GPU, each with its own kernel host, merged into one table.
+# Through the device tool:
+#   run(command="bash bench/gpu/h200_bitsandbytes.sh", carry=[".whl"], timeout_s=420)
+# .whl holds bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl and the pure-Python packages the
+# image lacks (pydantic, pydantic_core cp312, annotated_types, typing_inspection, typing_extensions,
+# pydantic_settings, python_dotenv; docs/BITSANDBYTES.md lists the download commands).
+# $OUT gets: bnb_diagnostic.txt, bnb_battery_log.txt, bnb_battery_table.md, bnb_battery_results.json.
+# The same script on a CPU (slow: the 1M-element case alone takes a minute there):
+#   INSTALL_WHEELS=0 PYTHON=.venv/bin/python DEVICE=cpu SHARDS=2 BUDGET_S=60 bash bench/gpu/h200_bitsandbytes.sh
 set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if [ -d .whl ] && [ "${INSTALL_WHEELS:-1}" = 1 ]; then  # pure-Python packages and the bitsandbytes wheel, carried
+if [ -d .whl ] && [ "${INSTALL_WHEELS:-1}" = 1 ]; then  # the carried wheels
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 PYTHON=${PYTHON:-python3}
-DEVICE=${DEVICE:-cuda} BUDGET_S=${BUDGET_S:-200} OUT="$OUT" timeout 280 "$PYTHON" - <<'PY' 2>&1 | tee "$OUT/bitsandbytes_${DEVICE:-cuda}.txt"
-import json, os, time
-from collections import defaultdict
+DEVICE=${DEVICE:-cuda}
+SHARDS=${SHARDS:-8}        # processes on the one GPU (16 cores: each shard + its kernel host)
+BUDGET_S=${BUDGET_S:-200}  # a shard sends no new request after this many seconds
+MODE=${MODE:-one}          # one: a case per request (the plain engine path); many: run_many per dtype
+SHARD_LIMIT_S=${SHARD_LIMIT_S:-240}  # hard limit per shard process; what it finished is kept
+LOG="$OUT/bnb_battery_log.txt"
+started=$(date +%s)
 
-from worker.adapters.bitsandbytes import supported_cases
-from worker.battery import load_battery
-from worker.kernel_host import KernelHost
+{
+  echo "== $(date -u +%FT%TZ) device $DEVICE, $SHARDS shards, mode $MODE, budget ${BUDGET_S} s, limit ${SHARD_LIMIT_S} s"
+  [ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader
+  "$PYTHON" -c 'import torch, bitsandbytes, pydantic; print("torch", torch.__version__, "cuda", torch.version.cuda, "| bitsandbytes", bitsandbytes.__version__, bitsandbytes.__file__, "| pydantic", pydantic.VERSION)'
+} 2>&1 | tee "$LOG"
 
-device, budget, out = os.environ["DEVICE"], float(os.environ["BUDGET_S"]), os.environ["OUT"]
-POINTS = {(1e-3, 1e-2): "typical", (0.1, 0.1): "discriminating"}
-cases = [c for c in load_battery("standard").expand()
-         if (c.hyper["lr"], c.hyper["weight_decay"]) in POINTS
-         and c.hyper["gnorm_scale"] == 1.0 and not c.hyper.get("skip_zeros", False)]
-order = {"float32": 0, "float16": 1, "bfloat16": 2}
-cases.sort(key=lambda c: (order[c.param_dtype], c.steps != 1, c.size, c.case_id))
-cases, dropped = supported_cases(cases, device)
-print(f"{len(cases)} cases selected from the standard battery ({len(dropped)} not in bnb's {device} library: "
-      f"{sorted({d[0].optimizer + ' ' + d[0].param_dtype for d in dropped})})")
+# 1. the element-by-element diagnostic (about ten seconds)
+timeout 120 "$PYTHON" bench/bnb_8bit_one_state.py --device "$DEVICE" --sizes 256 4097 --show 4 \
+  2>&1 | tee "$OUT/bnb_diagnostic.txt"
+echo "diagnostic exit: ${PIPESTATUS[0]} after $(( $(date +%s) - started )) s" | tee -a "$LOG"
 
-results, started = [], time.monotonic()
-with KernelHost("installed", device=device, adapter="bitsandbytes", case_timeout_s=120) as host:
-    for case in cases:
-        if time.monotonic() - started > budget:
-            break
-        results.append(host.run(case))
-    env = host.environment
-print(f"ran {len(results)} of {len(cases)} cases in {time.monotonic() - started:.0f} s on "
-      f"{env.device_name if env else '?'} (torch {env.torch_version if env else '?'}, cuda {env.cuda_version if env else '-'})")
-broken = [r for r in results if r.status != "ok"]
-for r in broken[:10]:
-    print("broken:", r.case.case_id, (r.message or "").splitlines()[0])
-
-# Per optimizer x family x dtype x point x length: the largest final distance to float64 over the
-# cases (sizes, gradient kinds, seeds), absolute and relative.
-table = defaultdict(lambda: [0, 0.0, 0.0])
-for r in results:
-    if r.status != "ok":
-        continue
-    c = r.case
-    key = (c.optimizer, c.family, c.param_dtype, POINTS[(c.hyper["lr"], c.hyper["weight_decay"])], c.steps)
-    row = table[key]
-    row[0] += 1
-    row[1] = max(row[1], r.trajectory.ref64_max_abs[-1])
-    row[2] = max(row[2], r.trajectory.ref64_max_rel[-1])
-header = f"{'optimizer':9} {'family':15} {'dtype':9} {'point':15} {'steps':>5} {'cases':>5} {'max|p-ref64|':>13} {'max rel':>11}"
-print(header)
-print("-" * len(header))
-for key in sorted(table, key=lambda k: (k[1], k[0], order[k[2]], k[3], k[4])):
-    n, dist, rel = table[key]
-    print(f"{key[0]:9} {key[1]:15} {key[2]:9} {key[3]:15} {key[4]:>5} {n:>5} {dist:13.3e} {rel:11.3e}")
-with open(os.path.join(out, f"bitsandbytes_{device}.json"), "w") as handle:
-    json.dump([r.model_dump(mode="json") for r in results], handle)
-PY
-echo "exit: ${PIPESTATUS[0]}"
+# 2. the whole selection, sharded
+"$PYTHON" bench/bnb_battery.py plan --device "$DEVICE" --shards "$SHARDS" 2>&1 | tee -a "$LOG"
+SHARD_DIR=$(mktemp -d /tmp/bnb-shards.XXXXXX)
+pids=()
+for ((shard = 0; shard < SHARDS; shard++)); do
+  timeout -k 20 "$SHARD_LIMIT_S" "$PYTHON" bench/bnb_battery.py run --device "$DEVICE" --shard "$shard" \
+    --shards "$SHARDS" --mode "$MODE" --budget-s "$BUDGET_S" --out "$SHARD_DIR/shard$shard.jsonl" \
+    >"$SHARD_DIR/shard$shard.log" 2>&1 &
+  pids+=($!)
+done
+for ((shard = 0; shard < SHARDS; shard++)); do
+  wait "${pids[$shard]}"
+  echo "shard $shard exit: $? after $(( $(date +%s) - started )) s" | tee -a "$LOG"
+done
+for ((shard = 0; shard < SHARDS; shard++)); do
+  grep -v "kernels-community" "$SHARD_DIR/shard$shard.log" | tail -n 40 >>"$LOG"
+done
+"$PYTHON" bench/bnb_battery.py merge --device "$DEVICE" --table "$OUT/bnb_battery_table.md" \
+  --json "$OUT/bnb_battery_results.json" "$SHARD_DIR"/shard*.jsonl 2>&1 | tee -a "$LOG"
+echo "merge exit: ${PIPESTATUS[0]}; total $(( $(date +%s) - started )) s" | tee -a "$LOG"

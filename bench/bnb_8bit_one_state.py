@@ -18,7 +18,8 @@ d = g + wd p the coupled-decay gradient in both):
 
 * `model_d`: p - lr d / (sqrt(s1) + eps)   (torch.optim; bnb's CPU backend),
 * `model_g`: p - lr g / (sqrt(s1) + eps)   (the raw gradient in the numerator, as the parameter
-             update of bnb's CUDA kOptimizerStatic8bit1StateBlockwise reads it; docs/BITSANDBYTES.md).
+             update of bnb's CUDA kOptimizerStatic8bit1StateBlockwise reads it; docs/BITSANDBYTES.md),
+(with gnorm_scale s: d = s g + wd p, and model_g's numerator is the unscaled g).
 
 Per row, the first elements and the worst ones (largest |adapter - ref64|) with p0, g, the state
 after the step (dequantized: qmap[code] * absmax of its block), and the four p1. The summary line
@@ -42,9 +43,13 @@ from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case  # noqa: E402
 from worker.gradients import GradientStream, initial_parameters  # noqa: E402
 from worker.references import make_reference  # noqa: E402
 
-# (lr, weight_decay): the standard battery's typical and discriminating points, and a decay-free
-# control at the discriminating lr, where the two models coincide.
-POINTS = {"typical": (1e-3, 1e-2), "discriminating": (0.1, 0.1), "no-decay": (0.1, 0.0)}
+# (lr, weight_decay, gnorm_scale): the standard battery's typical and discriminating points; a
+# decay-free control at the discriminating lr, where the two models coincide; and gnorm_scale 0.5
+# without decay, where they differ again if the kernel's numerator is the unscaled gradient
+# (model_g then moves twice as far as torch.optim). bnb's classes always pass gnorm_scale 1, so
+# that row has no `class` column.
+POINTS = {"typical": (1e-3, 1e-2, 1.0), "discriminating": (0.1, 0.1, 1.0), "no-decay": (0.1, 0.0, 1.0),
+          "gnorm-0.5": (0.1, 0.0, 0.5)}
 OPTIMIZERS = ("rmsprop", "adagrad", "adam")
 BLOCK = 256
 
@@ -81,15 +86,15 @@ def _models(case, p0: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torc
     """(model_d, model_g) in float64 for one 1-state step from zero (see the module docstring)."""
     h = case.hyper
     p, g = p0.to(torch.float64), g.to(torch.float64)
-    d = g + h["weight_decay"] * p
+    d = h["gnorm_scale"] * g + h["weight_decay"] * p
     s1 = (1 - h["alpha"]) * d * d if case.optimizer == "rmsprop" else d * d
     denominator = s1.sqrt() + h["eps"]
     return p - h["lr"] * d / denominator, p - h["lr"] * g / denominator
 
 
 def run_row(bnb, adapter, device: torch.device, optimizer: str, point: str, size: int, show: int) -> dict:
-    lr, wd = POINTS[point]
-    hyper = {**OPTIMIZER_HYPER_DEFAULTS[optimizer], "lr": lr, "weight_decay": wd}
+    lr, wd, gnorm_scale = POINTS[point]
+    hyper = {**OPTIMIZER_HYPER_DEFAULTS[optimizer], "lr": lr, "weight_decay": wd, "gnorm_scale": gnorm_scale}
     case = make_case(optimizer=optimizer, family="8bit_blockwise", param_dtype="float32", hyper=hyper,
                      gradient=GradientStreamSpec(kind="open"), seed=0, size=size, steps=1)
     p0 = initial_parameters(case.seed, size).to(torch.float32).to(device)
@@ -100,7 +105,9 @@ def run_row(bnb, adapter, device: torch.device, optimizer: str, point: str, size
     p_adapter = p0.clone()
     states = family.init_states(case, p_adapter)
     family.step(case, p_adapter, g.clone(), states, 1)
-    p_class, class_state = _class_step(bnb, case, p0, g)
+    with_class = gnorm_scale == 1.0  # bnb's classes pass gnorm_scale 1 only
+    if with_class:
+        p_class, class_state = _class_step(bnb, case, p0, g)
 
     reference = make_reference(case, p0.to(torch.float64).cpu())
     reference.step(1, stream.reference_gradient(1, reference.param).cpu())
@@ -108,17 +115,19 @@ def run_row(bnb, adapter, device: torch.device, optimizer: str, point: str, size
 
     signed_map = family.maps(p0.device)[0].cpu()
     s1_adapter = _dequantize(states["state1"].cpu(), states["absmax1"].cpu(), signed_map)
-    s1_class = _dequantize(class_state["state1"].cpu(), class_state["absmax1"].cpu(), class_state["qmap1"].cpu())
-
     cpu = lambda t: t.detach().to(torch.float64).cpu()  # noqa: E731
-    p0c, gc, pa, pc = cpu(p0), cpu(g), cpu(p_adapter), cpu(p_class)
-    columns = {"p0": p0c, "g": gc, "s1 (adapter)": s1_adapter, "p1 adapter": pa, "p1 class": pc,
-               "p1 ref64": ref64}
-    summary = {"optimizer": optimizer, "point": point, "size": size, "lr": lr, "wd": wd,
-               "adapter-class": (pa - pc).abs().max().item(),
-               "state adapter-class": (s1_adapter - s1_class).abs().max().item(),
-               "adapter-ref64": (pa - ref64).abs().max().item(),
-               "class-ref64": (pc - ref64).abs().max().item()}
+    p0c, gc, pa = cpu(p0), cpu(g), cpu(p_adapter)
+    columns = {"p0": p0c, "g": gc, "s1 (adapter)": s1_adapter, "p1 adapter": pa}
+    summary = {"optimizer": optimizer, "point": point, "size": size, "lr": lr, "wd": wd, "gnorm": gnorm_scale}
+    if with_class:
+        pc = cpu(p_class)
+        s1_class = _dequantize(class_state["state1"].cpu(), class_state["absmax1"].cpu(), class_state["qmap1"].cpu())
+        columns["p1 class"] = pc
+        summary.update({"adapter-class": (pa - pc).abs().max().item(),
+                        "state adapter-class": (s1_adapter - s1_class).abs().max().item(),
+                        "class-ref64": (pc - ref64).abs().max().item()})
+    columns["p1 ref64"] = ref64
+    summary["adapter-ref64"] = (pa - ref64).abs().max().item()
     if optimizer in ("rmsprop", "adagrad"):
         model_d, model_g = _models(case, p0c, gc)
         columns["model_d"], columns["model_g"] = model_d, model_g
@@ -128,7 +137,8 @@ def run_row(bnb, adapter, device: torch.device, optimizer: str, point: str, size
 
     worst = torch.argsort((pa - ref64).abs(), descending=True)[:show].tolist()
     first = list(range(min(show, size)))
-    print(f"\n== {optimizer} 8-bit blockwise, {point} (lr={lr:g}, wd={wd:g}), n={size}, device {device}")
+    print(f"\n== {optimizer} 8-bit blockwise, {point} (lr={lr:g}, wd={wd:g}, gnorm_scale={gnorm_scale:g}), "
+          f"n={size}, device {device}")
     print(f"{'elem':>6} " + " ".join(f"{name:>14}" for name in columns))
     for label, indices in (("first", first), ("worst", worst)):
         print(f"  {label}")
@@ -140,14 +150,14 @@ def run_row(bnb, adapter, device: torch.device, optimizer: str, point: str, size
 
 def verdict(rows: list[dict]) -> list[str]:
     lines = []
-    same = all(r["adapter-class"] == 0 and r["state adapter-class"] == 0 for r in rows)
+    same = all(r["adapter-class"] == 0 and r["state adapter-class"] == 0 for r in rows if "adapter-class" in r)
     lines.append("adapter == bnb's own class, p1 and state, to the bit, in every row: "
                  + ("YES (the adapter drives bnb as its optimizer classes do)" if same
                     else "NO (look at the rows whose adapter-class is not 0)"))
     for optimizer in ("rmsprop", "adagrad"):
         for r in rows:
-            if r["optimizer"] != optimizer or r["wd"] == 0:
-                continue
+            if r["optimizer"] != optimizer or (r["wd"] == 0 and r["gnorm"] == 1):
+                continue  # the models coincide there
             closer = "model_g (raw g in the numerator)" if r["adapter-model_g"] < r["adapter-model_d"] \
                 else "model_d (decayed gradient in the numerator, torch.optim)"
             lines.append(f"{optimizer:8} {r['point']:14} n={r['size']:<5}: adapter is closer to {closer}: "

@@ -2,6 +2,7 @@
 element: is the adapter or bitsandbytes' kernel responsible for a distance to float64?
 
     python bench/bnb_8bit_one_state.py [--device cuda] [--sizes 256 4097] [--show 4]
+    python bench/bnb_8bit_one_state.py --battery-models   # no bitsandbytes needed
 
 For each optimizer, hyperparameter point and size, one step from a zero state on the battery's
 own inputs (initial_parameters and the open-loop gradient of seed 0, as the standard battery's
@@ -25,6 +26,11 @@ Per row, the first elements and the worst ones (largest |adapter - ref64|) with 
 after the step (dequantized: qmap[code] * absmax of its block), and the four p1. The summary line
 of each row says which of them the adapter matches. `adapter == class` to the bit means the
 adapter drives bitsandbytes exactly as its own optimizer does, so any distance is bitsandbytes'.
+
+`--battery-models` evaluates both models, in float32 as the kernels compute, on the standard
+battery's own float32 1-step 8-bit RMSprop/Adagrad cases at the typical and discriminating points
+and prints max |model - ref64| per optimizer and point: the figures an H200 table shows for those
+cases if the kernel computes that model.
 """
 
 from __future__ import annotations
@@ -166,12 +172,43 @@ def verdict(rows: list[dict]) -> list[str]:
     return lines
 
 
+def battery_models() -> list[str]:
+    from worker.battery import load_battery
+
+    points = {(lr, wd): name for name, (lr, wd, gnorm) in POINTS.items() if gnorm == 1.0 and wd > 0}
+    worst: dict[tuple[str, str, str], float] = {}
+    for case in load_battery("standard").expand():
+        h = case.hyper
+        if (case.family != "8bit_blockwise" or case.optimizer not in ("rmsprop", "adagrad") or case.steps != 1
+                or case.param_dtype != "float32" or (h["lr"], h["weight_decay"]) not in points
+                or h["gnorm_scale"] != 1.0):
+            continue
+        p = initial_parameters(case.seed, case.size).to(torch.float32)
+        stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device="cpu", grad_dtype=torch.float32)
+        g = stream.kernel_gradient(1, p)
+        reference = make_reference(case, p.to(torch.float64))
+        reference.step(1, stream.reference_gradient(1, reference.param))
+        d = h["gnorm_scale"] * g + h["weight_decay"] * p  # float32, as the kernels
+        s1 = (1 - h["alpha"]) * d * d if case.optimizer == "rmsprop" else d * d
+        for model, numerator in (("model_d", d), ("model_g", g)):
+            p1 = p - h["lr"] * (numerator / (s1.sqrt() + h["eps"]))
+            key = (case.optimizer, points[(h["lr"], h["weight_decay"])], model)
+            distance = (p1.to(torch.float64) - reference.param.detach()).abs().max().item()
+            worst[key] = max(worst.get(key, 0.0), distance)
+    return [f"{o:8} {point:14} {model}: max |model - ref64| {v:.4e}" for (o, point, model), v in sorted(worst.items())]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 4097])
     parser.add_argument("--show", type=int, default=4, help="first and worst elements printed per row")
+    parser.add_argument("--battery-models", action="store_true",
+                        help="only the two models on the standard battery's 1-step cases (CPU, no bnb)")
     args = parser.parse_args(argv)
+    if args.battery_models:
+        print("\n".join(battery_models()))
+        return 0
     import bitsandbytes as bnb
 
     device = torch.device(args.device)

@@ -197,15 +197,17 @@ def cmd_merge(args: argparse.Namespace) -> int:
     status = Counter(r["status"] for r in rows)
     by_dtype = Counter((r["dtype"], r["status"]) for r in rows)
     broken_reasons = Counter((r["message"] or [""])[0][:160] for r in rows if r["status"] != "ok")
+    unsupported = sorted({f"{c.optimizer} {c.family} {c.param_dtype}" for c, _ in dropped})
+    per_dtype = []
+    for dtype in DTYPE_ORDER:
+        run_here = sum(count for (d, _), count in by_dtype.items() if d == dtype)
+        selected = sum(1 for c in cases if c.param_dtype == dtype)
+        per_dtype.append(f"{dtype} {by_dtype[(dtype, 'ok')]} ok / {run_here} run / {selected} to run")
     lines = [f"bitsandbytes on {args.device}: {len(cases) + len(dropped)} cases selected from the standard battery "
              f"(typical and discriminating points, gnorm_scale 1, no skip_zeros); {len(dropped)} unsupported on "
-             f"this device and not run ({', '.join(sorted({f'{c.optimizer} {c.family} {c.param_dtype}' for c, _ in dropped})) or '-'}); "
-             f"{len(rows)} of {len(cases)} run: {status.get('ok', 0)} ok, {len(rows) - status.get('ok', 0)} broken; "
-             f"{len(missing)} not reached.",
-             "",
-             "Per dtype: " + "; ".join(f"{d} {by_dtype[(d, 'ok')]} ok / {sum(v for (dd, _), v in by_dtype.items() if dd == d)} run "
-                                      f"/ {sum(1 for c in cases if c.param_dtype == d)} selected" for d in DTYPE_ORDER),
-             ""]
+             f"this device and not run ({', '.join(unsupported) or '-'}); {len(rows)} of {len(cases)} run: "
+             f"{status.get('ok', 0)} ok, {len(rows) - status.get('ok', 0)} broken; {len(missing)} not reached.",
+             "", "Per dtype: " + "; ".join(per_dtype), ""]
     for reason, count in broken_reasons.most_common(10):
         lines.append(f"* broken x{count}: {reason}")
     if broken_reasons:

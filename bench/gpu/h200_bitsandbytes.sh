@@ -42,6 +42,8 @@ started=$(date +%s)
 timeout 120 "$PYTHON" bench/bnb_8bit_one_state.py --device "$DEVICE" --sizes 256 4097 --show 4 \
   2>&1 | tee "$OUT/bnb_diagnostic.txt"
 echo "diagnostic exit: ${PIPESTATUS[0]} after $(( $(date +%s) - started )) s" | tee -a "$LOG"
+# the two models' distances on the battery's own fp32 1-step cases (CPU), to set beside the table
+"$PYTHON" bench/bnb_8bit_one_state.py --battery-models 2>&1 | grep -v kernels-community | tee -a "$OUT/bnb_diagnostic.txt"
 
 # 2. the whole selection, sharded
 "$PYTHON" bench/bnb_battery.py plan --device "$DEVICE" --shards "$SHARDS" 2>&1 | tee -a "$LOG"

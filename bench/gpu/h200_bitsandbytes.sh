@@ -17,8 +17,10 @@
 set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if [ -d .whl ] && [ "${INSTALL_WHEELS:-1}" = 1 ]; then  # the carried wheels
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+if [ -d .whl ] && [ "${INSTALL_WHEELS:-1}" = 1 ]; then  # the carried wheels this script needs, and only those
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/bitsandbytes-0.50.2-*.whl .whl/pydantic-2*.whl .whl/pydantic_core-*cp312*.whl .whl/pydantic_settings-*.whl \
+    .whl/annotated_types-*.whl .whl/typing_inspection-*.whl .whl/typing_extensions-*.whl .whl/python_dotenv-*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
 else
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}

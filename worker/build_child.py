@@ -34,10 +34,8 @@ def route_through_ccache(ccache: str, *, cuda_home: str | None, wrapper_dir: Pat
     nvcc: torch writes PYTORCH_NVCC into the ninja file as it is (a command line). The host
     compiler: torch takes CXX as one executable (newer versions shell-quote it, older ones check
     its name), so CXX becomes a two-line script named c++ that execs `ccache <real c++>`.
-    TORCH_NO_COMPILER_WRAPPER stops newer torch from adding a ccache of its own from PATH
-    (a second ccache, with the default cache folder in the sandbox's throwaway HOME).
+    (main() sets TORCH_NO_COMPILER_WRAPPER, so newer torch adds no second ccache of its own.)
     """
-    os.environ["TORCH_NO_COMPILER_WRAPPER"] = "1"
     host = shlex.split(os.environ.get("CXX", "c++"))
     if len(host) > 1 and Path(host[0]).name in ("ccache", "sccache"):
         host = host[1:]  # CXX="ccache c++" from an older setup: one compiler cache is enough
@@ -63,6 +61,9 @@ def main(spec_json: str) -> int:
     spec = BuildSpec.model_validate_json(spec_json)
     from torch.utils import cpp_extension
 
+    # worker.build decides about the compiler cache, not torch: newer torch otherwise puts a ccache
+    # found on PATH in front of the compilers by itself, also when OPTDRIFT_CCACHE=0 turned it off.
+    os.environ["TORCH_NO_COMPILER_WRAPPER"] = "1"
     if spec.ccache:
         scratch = Path(os.environ.get("TMPDIR") or spec.build_directory)
         for line in route_through_ccache(spec.ccache, cuda_home=cpp_extension.CUDA_HOME,

@@ -7,7 +7,10 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <cstdint>
+#include <deque>
 #include <initializer_list>
+#include <mutex>
 #include <tuple>
 
 #include "checks_impl.h"
@@ -53,10 +56,52 @@ inline void check_quantized_states(const char* op, const at::Tensor& param,
   }
 }
 
+// Maps whose values have been checked. Reading a CUDA map's values back is a synchronising copy,
+// and the engine passes the same two map tensors to every call (10^4..10^5 a battery), so a map
+// whose values passed is remembered with the version counter it had then: an in-place change
+// (which bumps the counter, through any view) is checked again. The entry holds a reference to
+// the TensorImpl, so it cannot be freed and its address reused by another tensor. Inference
+// tensors have no version counter and are always checked.
+struct CheckedMap {
+  c10::intrusive_ptr<c10::TensorImpl> impl;
+  uint32_t version;
+  bool is_signed;
+};
+constexpr size_t kCheckedMapsKept = 16;
+
+inline std::mutex& checked_maps_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+inline std::deque<CheckedMap>& checked_maps() {
+  static std::deque<CheckedMap> maps;
+  return maps;
+}
+
+inline bool map_values_checked(const at::Tensor& map, bool is_signed) {
+  if (map.is_inference()) return false;
+  const uint32_t version = map.unsafeGetTensorImpl()->version_counter().current_version();
+  std::lock_guard<std::mutex> lock(checked_maps_mutex());
+  for (const CheckedMap& entry : checked_maps()) {
+    if (entry.impl.get() == map.unsafeGetTensorImpl() && entry.version == version &&
+        entry.is_signed == is_signed)
+      return true;
+  }
+  return false;
+}
+
+inline void remember_map_values_checked(const at::Tensor& map, bool is_signed) {
+  if (map.is_inference()) return;
+  const uint32_t version = map.unsafeGetTensorImpl()->version_counter().current_version();
+  std::lock_guard<std::mutex> lock(checked_maps_mutex());
+  checked_maps().push_back(CheckedMap{map.getIntrusivePtr(), version, is_signed});
+  if (checked_maps().size() > kCheckedMapsKept) checked_maps().pop_front();
+}
+
 // A map is 256 strictly increasing, finite float32 values in [-1, 1] (in [0, 1] when unsigned)
 // containing an exact 0, on the parameter's device. Checking the values reads the 1 KB map back to
-// the host: one small synchronising copy per call on CUDA, the price of refusing a bad map rather
-// than producing nonsense codes.
+// the host (a synchronising copy on CUDA), once per map tensor and version (see CheckedMap).
 inline void check_quant_map(const char* op, const char* name, const at::Tensor& map,
                             const at::Tensor& param, bool is_signed) {
   TORCH_CHECK(map.scalar_type() == at::kFloat, op, ": argument '", name, "' has dtype ",
@@ -67,6 +112,7 @@ inline void check_quant_map(const char* op, const char* name, const at::Tensor& 
   TORCH_CHECK(map.device() == param.device(), op, ": argument '", name, "' is on ", map.device(),
               " but 'param' is on ", param.device(), "; put the map on the parameter's device");
   check_contiguous(op, name, map);
+  if (map_values_checked(map, is_signed)) return;
   const at::Tensor host = map.cpu();
   const float* values = host.data_ptr<float>();
   bool has_zero = false;
@@ -84,6 +130,7 @@ inline void check_quant_map(const char* op, const char* name, const at::Tensor& 
   TORCH_CHECK(has_zero, op, ": argument '", name,
               "' has no exact 0, so a fresh (zero) state cannot be represented; use "
               "worker.quant_map.dynamic_map");
+  remember_map_values_checked(map, is_signed);
 }
 
 // ---- one function per 8-bit op: tensors, maps and hyperparameters ----

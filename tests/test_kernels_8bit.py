@@ -160,6 +160,29 @@ def test_one_state_op_rejects_a_map_without_zero(kernels):
                                                        torch.zeros(1), shifted, 0.1, 1e-10, 0.0, 1.0)
 
 
+def test_a_checked_map_changed_in_place_is_checked_again(kernels):
+    # The op remembers maps whose values passed (reading a CUDA map back synchronises), keyed by
+    # the tensor and its version counter: an in-place change must bring the check back.
+    param = torch.zeros(10)
+    unsigned_map = dynamic_map(signed=False)
+
+    def call():
+        torch.ops.optdrift.adagrad_8bit_blockwise_step(param, param.clone(), torch.zeros(10, dtype=torch.uint8),
+                                                       torch.zeros(1), unsigned_map, 0.1, 1e-10, 0.0, 1.0)
+
+    call()
+    call()  # remembered: passes again without reading the values
+    unsigned_map[0] = 1e-9  # in place, through the same tensor: the version counter moves
+    with pytest.raises(RuntimeError, match="'unsigned_map' has no exact 0"):
+        call()
+    unsigned_map[0] = 0.0
+    call()
+    view = unsigned_map[:1]
+    view.fill_(-0.5)  # through a view: views share the version counter
+    with pytest.raises(RuntimeError, match="'unsigned_map' has value -0.5"):
+        call()
+
+
 def test_opcheck_adam_and_lion(kernels):
     signed_map, unsigned_map = dynamic_map(signed=True), dynamic_map(signed=False)
     param = torch.randn(300)

@@ -507,8 +507,9 @@ class _Wave:
         self.observed = []   # (tensor [rows, W], valid [rows, W], salts, case index [rows])
         for arena in self.param_arenas:
             arena.case_index = torch.tensor(arena.wave_index, dtype=torch.int64, device=device)
-            self.observed.append((arena.param, _valid(arena.param, [c.size for c in arena.cases]),
-                                  od2.salts(0, arena.width, device), arena.case_index))
+            valid = _valid(arena.param, [c.size for c in arena.cases])
+            arena.padding = ~valid
+            self.observed.append((arena.param, valid, od2.salts(0, arena.width, device), arena.case_index))
         for state in self.state_arenas:
             self.observed.append((state.buffer, _valid(state.buffer, state.lengths),
                                   od2.salts(state.slot, state.buffer.shape[1], device),
@@ -520,14 +521,17 @@ class _Wave:
         current_i64.zero_()
         for width_class in self.classes:
             for arena in width_class.arenas.values():
+                # Padding is masked out of the maxima: it is not always 0 in the references (a
+                # float16 Adam's eps = 1e-8 rounds to 0, so 0/(0 + eps) makes padding NaN).
+                padding = arena.padding
                 p64 = arena.param.to(torch.float64)
                 r64 = width_class.r64.index_select(0, arena.r64_rows)
                 delta = (p64 - r64).abs()
-                current_f64[0].index_copy_(0, arena.case_index, delta.amax(dim=1))
-                current_f64[1].index_copy_(0, arena.case_index,
-                                           (delta / r64.abs().clamp_min(RELATIVE_ERROR_FLOOR)).amax(dim=1))
-                current_f64[2].index_copy_(0, arena.case_index,
-                                           (p64 - arena.same.to(torch.float64)).abs().amax(dim=1))
+                relative = (delta / r64.abs().clamp_min(RELATIVE_ERROR_FLOOR)).masked_fill(padding, 0.0)
+                same = (p64 - arena.same.to(torch.float64)).abs().masked_fill(padding, 0.0)
+                current_f64[0].index_copy_(0, arena.case_index, delta.masked_fill(padding, 0.0).amax(dim=1))
+                current_f64[1].index_copy_(0, arena.case_index, relative.amax(dim=1))
+                current_f64[2].index_copy_(0, arena.case_index, same.amax(dim=1))
         for tensor, valid, (salt, odd), case_index in self.observed:
             current_i64[0].index_add_(0, case_index, (~torch.isfinite(tensor)).sum(dim=1))
             lane_a, lane_b = od2.lanes(od2.element_bits(tensor), salt, odd, valid)

@@ -123,12 +123,15 @@ def test_verdict_never_compares_two_digest_schemes():
 # ----------------------------------------------------------------------------- grouping
 def test_width_classes_merge_narrow_rows_only_while_padding_stays_small():
     sizes = [c.size for c in load_battery("standard").expand()]
-    classes = width_classes(sizes)
-    # size 1 (512-wide rows) joins the 4097 rows (4608): little padding; neither joins 65536,
+    # at half padding: size 1 (512-wide rows) joins the 4097 rows (4608); neither joins 65536,
     # whose class would then be mostly padding; 2**20 stays alone.
-    assert classes == {512: 4608, 4608: 4608, 65536: 65536, 1 << 20: 1 << 20}
-    assert width_classes([1, 1, 1, 65536]) == {512: 512, 65536: 65536}
-    assert width_classes([1, 65536, 65536, 65536]) == {512: 65536, 65536: 65536}
+    assert width_classes(sizes, 0.5) == {512: 4608, 4608: 4608, 65536: 65536, 1 << 20: 1 << 20}
+    # at three quarters (the CUDA setting: launches cost more than padding there) all but 2**20 merge
+    assert width_classes(sizes, 0.75) == {512: 65536, 4608: 65536, 65536: 65536, 1 << 20: 1 << 20}
+    assert width_classes(sizes, 0.0) == {w: w for w in (512, 4608, 65536, 1 << 20)}
+    classes = width_classes(sizes)
+    assert width_classes([1, 1, 1, 65536], 0.5) == {512: 512, 65536: 65536}
+    assert width_classes([1, 65536, 65536, 65536], 0.5) == {512: 65536, 65536: 65536}
     assert all(w % ALIGN == 0 for w in classes.values())
 
 
@@ -156,6 +159,18 @@ def test_fast_equals_run_case_on_the_quick_battery(kernels):
 def test_fast_equals_run_case_on_grouped_cases(kernels):
     cases = GROUPED.expand()
     assert bundle_count(cases) < len(cases) / 20  # the batching is really exercised
+    slow = [run_case(case, torch.device("cpu")) for case in cases]
+    _assert_identical(slow, run_cases_fast(cases, torch.device("cpu")))
+
+
+def test_fast_equals_run_case_with_every_width_merged_into_one_class(kernels, monkeypatch):
+    # The CUDA setting merges narrow rows into wide classes (padding of 1-element rows to 4608);
+    # on the CPU nothing is merged by default, so force it here to check the merged layout too.
+    from worker import fast_engine
+
+    monkeypatch.setitem(fast_engine.MERGE_PADDING_FRACTION, "cpu", 1.0)
+    cases = [c for c in GROUPED.expand() if c.seed == 0]
+    assert len(set(fast_engine.width_classes([c.size for c in cases], 1.0).values())) == 1
     slow = [run_case(case, torch.device("cpu")) for case in cases]
     _assert_identical(slow, run_cases_fast(cases, torch.device("cpu")))
 

@@ -68,7 +68,7 @@ DEFAULT_MAX_WAVE_ELEMENTS = {"cuda": 1 << 26, "cpu": 1 << 23}
 # under this fraction of the merged class's elements: fewer bundles, so fewer reference launches.
 # That pays on a GPU, where launches cost more than arithmetic on padding; on the CPU the padding's
 # arithmetic is the cost, so nothing is merged there.
-MERGE_PADDING_FRACTION = {"cuda": 0.5, "cpu": 0.0}
+MERGE_PADDING_FRACTION = {"cuda": 0.75, "cpu": 0.0}
 PREFETCH_STEPS = 16
 
 

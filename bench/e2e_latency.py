@@ -111,6 +111,7 @@ class Measured:
     total_s: float = float("nan")
     upload_s: float = float("nan")
     seen_running_wall: float | None = None
+    first_case_wall: float | None = None
     verdict_wall: float | None = None
     after_verdict_s: float | None = None
     after_verdict_note: str | None = None
@@ -142,7 +143,7 @@ def start(argv: list[str], *, env: dict[str, str], log_path: Path) -> subprocess
     return process
 
 
-def stop(process: subprocess.Popen | None, timeout_s: float = 60.0) -> None:
+def stop(process: subprocess.Popen | None, timeout_s: float) -> None:
     """SIGTERM to the process we started (Celery's warm shutdown, which stops its pool children and
     the GPU supervisor's workers; uvicorn's graceful one), then SIGKILL to whatever is left of its
     process group."""
@@ -162,6 +163,30 @@ def stop(process: subprocess.Popen | None, timeout_s: float = 60.0) -> None:
         process.wait()
     finally:
         process.log_file.close()  # type: ignore[attr-defined]
+
+
+def kill_leftovers(home: Path) -> None:
+    """A build cut short leaves ninja and its compilers running: the sandbox gives the build its own
+    session, outside the worker's process group. They are ours, and each runs in this run's fresh
+    home or names it on its command line; nothing else does. Two passes: ninja may start one more
+    compile while the first pass runs."""
+    marker, own = str(home), os.getpid()
+    for _ in range(2):
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == own:
+                continue
+            try:
+                cwd = os.readlink(entry / "cwd")
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if cwd.startswith(marker) or marker.encode() in cmdline:
+                try:
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    print(f"killed leftover process {entry.name}: {cmdline[:80]!r}")
+                except ProcessLookupError:
+                    pass
+        time.sleep(0.2)
 
 
 def tail(path: Path, lines: int = 30) -> str:
@@ -278,6 +303,8 @@ def measure(client: OptdriftClient, commit: Commit, *, battery: str, poll_s: flo
         run = client.run(run_id)
         if run["status"] == "running" and result.seen_running_wall is None:
             result.seen_running_wall = time.time()
+        if run["progress"]["cases_done"] and result.first_case_wall is None:
+            result.first_case_wall = time.time()
         if run["status"] in FINAL and (run["verdict"] is not None or run["status"] == "cancelled"):
             break
         if time.monotonic() - started > timeout_s:
@@ -321,6 +348,7 @@ def phases(measured: Measured) -> dict[str, float | None]:
 
     return {"upload_s": measured.upload_s, "queued_s": span(created, started),
             "fetch_build_s": span(started, running), "battery_store_s": span(running, finished),
+            "to_first_case_s": span(running, measured.first_case_wall),
             "verdict_s": span(finished, verdict_at), "total_s": measured.total_s,
             "after_verdict_s": measured.after_verdict_s}
 
@@ -348,11 +376,12 @@ def fmt(value: float | None) -> str:
 
 def report(rows: list[Measured], *, device: str, cold_reference: Measured | None) -> str:
     head = ("commit", "battery", "verdict", "changed cases", "first step", "build", "total s",
-            "upload", "queued", "fetch+build", "battery+store", "verdict", "after verdict", "check")
+            "upload", "queued", "fetch+build", "battery+store", "(1st case)", "verdict", "after verdict",
+            "check")
     table = [head]
     for row in rows:
         if row.skipped:
-            table.append((row.commit.sha, "-", "skipped", *["-"] * 10, row.skipped))
+            table.append((row.commit.sha, "-", "skipped", *["-"] * 11, row.skipped))
             continue
         run, verdict = row.run, row.run.get("verdict") or {}
         build = ("no build" if run.get("build_cached") is None else
@@ -362,7 +391,7 @@ def report(rows: list[Measured], *, device: str, cold_reference: Measured | None
         table.append((row.commit.sha, row.battery, verdict.get("outcome", run.get("status", "-")),
                       str(verdict.get("changed_cases", "-")), str(verdict.get("first_divergent_step") or "-"),
                       build, fmt(p["total_s"]), fmt(p["upload_s"]), fmt(p["queued_s"]), fmt(p["fetch_build_s"]),
-                      fmt(p["battery_store_s"]), fmt(p["verdict_s"]),
+                      fmt(p["battery_store_s"]), fmt(p["to_first_case_s"]), fmt(p["verdict_s"]),
                       row.after_verdict_note or fmt(p["after_verdict_s"]),
                       "ok" if not row.problems else "FAIL: " + "; ".join(row.problems)))
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
@@ -378,7 +407,8 @@ def report(rows: list[Measured], *, device: str, cold_reference: Measured | None
         "upload: pack + POST (run created and sent to the broker). queued: run created -> claimed by "
         "the worker (the filesystem broker polls about once a second). fetch+build: claimed -> "
         "status `running` as polled (source fetch, build or cache hit, battery expansion). "
-        "battery+store: -> run finished (kernel host start, every case, each trajectory stored). "
+        "battery+store: -> run finished (kernel host start, every case, each trajectory stored); "
+        "(1st case): the part of it until the first case was stored (kernel host start + first group). "
         "verdict: finished -> verdict stored. after verdict: the worker's co-run of the baseline "
         "for the changed cases (per-step |commit - baseline|), finished before it takes the next "
         "run; not in total s. B-build only warms the build cache for B (quick battery, own project).",
@@ -509,8 +539,12 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915
         # SetupError and the client's ApiError are RuntimeErrors
         setup_error = f"{type(exc).__name__}: {exc}"
     finally:
-        stop(worker)
-        stop(server)
+        # Every verdict is stored by now; a worker still co-running a baseline (or a run cut short by
+        # an interruption) gets a short warm shutdown, then its process group is killed.
+        interrupted = setup_error is not None and setup_error.startswith(("Interrupted", "KeyboardInterrupt"))
+        stop(worker, timeout_s=5.0 if interrupted else 20.0)
+        stop(server, timeout_s=5.0 if interrupted else 20.0)
+        kill_leftovers(home)
     if setup_error is not None:
         print(f"\ncould not run the service to the end: {setup_error}\nlogs: {service_log}, {worker_log}",
               file=sys.stderr)

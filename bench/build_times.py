@@ -99,8 +99,11 @@ def main() -> None:
         root = args.cache or Path(tmp) / "cache"
         if root.exists() and any(root.iterdir()):
             raise SystemExit(f"--cache {root} is not empty: a cold build needs an empty cache folder")
+        # A snapshot: an edit to the checkout during the run must not turn the digest hit into a build.
+        source = Path(tmp) / "source" / args.source.resolve().name
+        shutil.copytree(args.source.resolve(), source)
         for mode, setting in modes:
-            rows += run_mode(mode, setting, args.source.resolve(), root / mode.replace(" ", "-"), archs, Path(tmp))
+            rows += run_mode(mode, setting, source, root / mode.replace(" ", "-"), archs, Path(tmp))
 
     table = Table(title=f"csrc build times, CUDA archs: {archs or 'none (CPU-only)'}, "
                         f"ccache: {ccache or 'none'}, {os.cpu_count()} cores")

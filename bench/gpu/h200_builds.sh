@@ -42,6 +42,8 @@ fi
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 LOG="$OUT/builds.txt"
 exec > >(tee -a "$LOG") 2>&1
+TEE_PID=$!
+trap 'exec 1>&- 2>&-; wait "$TEE_PID"' EXIT  # the log is complete when the script returns
 # BUILD_ARCHS="" runs the same steps as a CPU-only build (a dry run of this script without a GPU).
 ARCHS=${BUILD_ARCHS-9.0}
 export PYTHONUNBUFFERED=1 OPTDRIFT_CUDA_ARCHS=$ARCHS

@@ -2,7 +2,7 @@
 
 Exactness, not tolerance: every per-step series is compared through repr (so NaN matches NaN and
 -0.0 does not match 0.0) and every digest as a string. Tests named *cuda* run the same checks on a
-GPU and skip without one (bench/gpu/h200_issue7.sh runs them on the H200).
+GPU and skip without one (bench/gpu/h200_fast.sh runs them on the H200).
 """
 
 from __future__ import annotations

@@ -237,13 +237,13 @@ class _ParamArena:
     def __init__(self, dtype: torch.dtype, width: int, cases: list[CaseSpec], wave_index: list[int],
                  device: torch.device, initial: dict) -> None:
         self.dtype, self.width, self.cases, self.wave_index = dtype, width, cases, wave_index
-        host = torch.zeros((len(cases), width), dtype=dtype)
+        self.param = torch.zeros((len(cases), width), dtype=dtype, device=device)
         for row, case in enumerate(cases):
-            key = (case.seed, case.size)
+            key = (case.seed, case.size, dtype)
             if key not in initial:
-                initial[key] = initial_parameters(case.seed, case.size)
-            host[row, :case.size] = initial[key].to(dtype)  # run_case's start: float32 init cast on the CPU
-        self.param = host.to(device)
+                # run_case's start: the float32 init cast on the CPU, then moved (once per key).
+                initial[key] = initial_parameters(case.seed, case.size).to(dtype).to(device)
+            self.param[row, :case.size].copy_(initial[key])
         self.grad = torch.zeros_like(self.param)
         self.same = self.param.clone()
         self.has_closed = any(c.gradient.kind == "closed" for c in cases)
@@ -262,9 +262,11 @@ def _row_flags(cases: list[CaseSpec], device: torch.device) -> torch.Tensor:
     return torch.tensor([[c.gradient.kind == "closed"] for c in cases], dtype=torch.bool, device=device)
 
 
-def _closed_constants(cases: list[CaseSpec], width: int, cache: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """[rows, width] float32 curvature and centre (0 on padding and open-loop rows), on the CPU."""
-    h = torch.zeros((len(cases), width), dtype=torch.float32)
+def _closed_constants(cases: list[CaseSpec], width: int, cache: dict,
+                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[rows, width] float32 curvature and centre on the device (0 on padding and open-loop rows),
+    each stream's constants made once on the CPU (as run_case makes them) and moved once."""
+    h = torch.zeros((len(cases), width), dtype=torch.float32, device=device)
     c = torch.zeros_like(h)
     for row, case in enumerate(cases):
         if case.gradient.kind != "closed":
@@ -273,8 +275,9 @@ def _closed_constants(cases: list[CaseSpec], width: int, cache: dict) -> tuple[t
         if key not in cache:
             stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device="cpu",
                                     grad_dtype=torch.float32)
-            cache[key] = (stream.curvature32, stream.centre32)
-        h[row, :case.size], c[row, :case.size] = cache[key]
+            cache[key] = (stream.curvature32.to(device), stream.centre32.to(device))
+        h[row, :case.size].copy_(cache[key][0])
+        c[row, :case.size].copy_(cache[key][1])
     return h, c
 
 
@@ -294,13 +297,13 @@ class _WidthClass:
         self.has_closed = any(c.gradient.kind == "closed" for c in self.cases)
         self.has_zeros = any(c.gradient.zero_fraction > 0 for c in self.cases)
         if self.has_closed:
-            h32, c32 = _closed_constants(self.cases, width, closed_cache)
+            h32, c32 = _closed_constants(self.cases, width, closed_cache, device)
             self.closed_rows = _row_flags(self.cases, device)
             self.h64 = h32.to(device=device, dtype=torch.float64)
             self.c64 = c32.to(device=device, dtype=torch.float64)
             for arena in arenas.values():
-                rows = arena.r64_rows.cpu()
-                arena.h32, arena.c32 = h32[rows].to(device), c32[rows].to(device)
+                arena.h32 = h32.index_select(0, arena.r64_rows)
+                arena.c32 = c32.index_select(0, arena.r64_rows)
                 arena.h_same, arena.c_same = arena.h32.to(arena.dtype), arena.c32.to(arena.dtype)
         self.index_cache: dict[tuple, dict] = {}
 

@@ -160,15 +160,18 @@ def test_one_state_op_rejects_a_map_without_zero(kernels):
                                                        torch.zeros(1), shifted, 0.1, 1e-10, 0.0, 1.0)
 
 
-def test_a_checked_map_changed_in_place_is_checked_again(kernels):
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_checked_map_changed_in_place_is_checked_again(kernels, device):
     # The op remembers maps whose values passed (reading a CUDA map back synchronises), keyed by
     # the tensor and its version counter: an in-place change must bring the check back.
-    param = torch.zeros(10)
-    unsigned_map = dynamic_map(signed=False)
+    param = torch.zeros(10, device=device)
+    unsigned_map = dynamic_map(signed=False).to(device)
 
     def call():
-        torch.ops.optdrift.adagrad_8bit_blockwise_step(param, param.clone(), torch.zeros(10, dtype=torch.uint8),
-                                                       torch.zeros(1), unsigned_map, 0.1, 1e-10, 0.0, 1.0)
+        torch.ops.optdrift.adagrad_8bit_blockwise_step(param, param.clone(),
+                                                       torch.zeros(10, dtype=torch.uint8, device=device),
+                                                       torch.zeros(1, device=device), unsigned_map, 0.1, 1e-10,
+                                                       0.0, 1.0)
 
     call()
     call()  # remembered: passes again without reading the values

@@ -202,6 +202,32 @@ def test_fast_equals_run_case_on_grouped_cases_cuda(kernels):
     _assert_identical(slow, run_cases_fast(cases, device, use_graphs=False))
 
 
+@needs_cuda
+def test_observation_capture_survives_other_threads_pinning_memory(kernels):
+    # The gradient threads pin host memory while the main thread captures the observation graph;
+    # in CUDA's default (global) capture mode that invalidates the capture. Pin in a loop on
+    # another thread for the whole run to make the overlap certain.
+    import threading
+
+    device = torch.device("cuda")
+    stop = threading.Event()
+
+    def pin() -> None:
+        while not stop.is_set():
+            torch.empty(1 << 16).pin_memory()
+
+    cases = [c for c in GROUPED.expand() if c.family == "32bit"][:24]
+    slow = [run_case(case, device) for case in cases]
+    thread = threading.Thread(target=pin, daemon=True)
+    thread.start()
+    try:
+        fast = run_cases_fast(cases, device)
+    finally:
+        stop.set()
+        thread.join()
+    _assert_identical(slow, fast)
+
+
 # ----------------------------------------------------------------------------- through the kernel host
 def test_kernel_host_fast_mode_equals_one_case_at_a_time(kernels_build):
     from worker.engine import run_battery

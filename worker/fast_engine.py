@@ -566,7 +566,10 @@ class _Wave:
         torch.cuda.current_stream(self.device).wait_stream(side)
         self.step_index.sub_(1)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: the gradient threads (StepInputs) may be pinning host memory for later
+        # steps right now; in the default global mode any such call from another thread
+        # invalidates the capture (seen on the H200 once setup got fast enough to overlap it).
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self.observe()
         graph.replay()
         return graph

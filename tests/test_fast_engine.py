@@ -203,7 +203,7 @@ def test_fast_equals_run_case_on_grouped_cases_cuda(kernels):
 
 
 @needs_cuda
-def test_observation_capture_survives_other_threads_pinning_memory(kernels):
+def test_observation_capture_survives_other_threads_pinning_memory_cuda(kernels):
     # The gradient threads pin host memory while the main thread captures the observation graph;
     # in CUDA's default (global) capture mode that invalidates the capture. Pin in a loop on
     # another thread for the whole run to make the overlap certain.
@@ -213,8 +213,11 @@ def test_observation_capture_survives_other_threads_pinning_memory(kernels):
     stop = threading.Event()
 
     def pin() -> None:
+        held = []  # held blocks cannot come from the allocator's cache: each one is a new cudaHostAlloc
         while not stop.is_set():
-            torch.empty(1 << 16).pin_memory()
+            held.append(torch.empty(1 << 18).pin_memory())
+            if len(held) > 64:
+                held.clear()
 
     cases = [c for c in GROUPED.expand() if c.family == "32bit"][:24]
     slow = [run_case(case, device) for case in cases]

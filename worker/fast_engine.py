@@ -69,6 +69,8 @@ DEFAULT_MAX_WAVE_ELEMENTS = {"cuda": 1 << 26, "cpu": 1 << 23}
 # That pays on a GPU, where launches cost more than arithmetic on padding; on the CPU the padding's
 # arithmetic is the cost, so nothing is merged there.
 MERGE_PADDING_FRACTION = {"cuda": 0.75, "cpu": 0.0}
+# thread_local, not CUDA's default global mode: see _Wave._capture.
+CAPTURE_ERROR_MODE = "thread_local"
 PREFETCH_STEPS = 32  # steps of gradients made ahead (~6 MB a step for the standard battery)
 
 
@@ -569,7 +571,7 @@ class _Wave:
         # thread_local: the gradient threads (StepInputs) may be pinning host memory for later
         # steps right now; in the default global mode any such call from another thread
         # invalidates the capture (seen on the H200 once setup got fast enough to overlap it).
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, capture_error_mode=CAPTURE_ERROR_MODE):
             self.observe()
         graph.replay()
         return graph

@@ -5,7 +5,8 @@ import math
 import struct
 
 from service.results import CaseResult, RunComparison, RunResult, Trajectory
-from service.verdicts import DIRECTION_RELATIVE_MARGIN, compare_runs, direction, first_divergent_step
+from service.verdicts import (DIRECTION_RELATIVE_MARGIN, DIRECTION_RELATIVE_MARGIN_16BIT, compare_runs, direction,
+                              first_divergent_step)
 from service.results import GradientStreamSpec
 from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case
 
@@ -65,6 +66,40 @@ def test_direction_margin():
     assert direction(1.0, 25.0) == "closer"
     assert direction(25.0, 1.0) == "farther"
     assert direction(1.0 + DIRECTION_RELATIVE_MARGIN / 2, 1.0) == "same"
+    # a move no larger than what rounding at the parameter's precision explains is "same"
+    assert direction(2.13e-2, 2.31e-2, rounding_floor=1.5e-2) == "same"
+    assert direction(2.13e-2, 2.31e-2, rounding_floor=1e-3) == "closer"
+    # 16-bit parameters: within a factor of 2 is rounding
+    assert direction(2.13e-2, 2.31e-2, relative_margin=DIRECTION_RELATIVE_MARGIN_16BIT) == "same"
+    assert direction(1.0e-2, 2.31e-2, relative_margin=DIRECTION_RELATIVE_MARGIN_16BIT) == "closer"
+    assert direction(4.7e-2, 2.31e-2, relative_margin=DIRECTION_RELATIVE_MARGIN_16BIT) == "farther"
+
+
+def test_direction_band_comes_from_the_smaller_finite_same_precision_distance():
+    case = _case()
+
+    def result(distance, same, digest="x"):
+        return CaseResult(case=case, status="ok", trajectory=Trajectory(
+            ref64_max_abs=[distance], ref64_max_rel=[distance], same_precision_max_abs=[same],
+            nonfinite_count=[0], digests=[digest]))
+
+    def verdict(commit, baseline):
+        baseline = baseline.model_copy(update={"trajectory": baseline.trajectory.model_copy(update={"digests": ["y"]})})
+        return compare_runs(_run([commit]), _run([baseline])).cases[0].direction
+
+    # float16-like: both distances are float16 rounding (same-precision distances ~1.6e-2)
+    assert verdict(result(2.13e-2, 1.6e-2), result(2.31e-2, 0.5)) == "same"
+    # the decay reorder at float32: the defective side is far from torch too, the fixed side is not
+    assert verdict(result(1.6e-5, 1e-6), result(6.6e-2, 0.5)) == "closer"
+    assert verdict(result(6.6e-2, 0.5), result(1.6e-5, 1e-6)) == "farther"
+    # a non-finite same-precision reference (float16 torch.optim Adam) is no band at all
+    assert verdict(result(2.13e-2, float("inf")), result(2.31e-2, float("nan"))) == "closer"
+    # ...but a float16 parameter's distance is its own rounding: within a factor of 2 is "same"
+    case = make_case(optimizer="adam", family="32bit", param_dtype="float16",
+                     hyper={**OPTIMIZER_HYPER_DEFAULTS["adam"], "lr": 0.1, "weight_decay": 0.1},
+                     gradient=GradientStreamSpec(), seed=0, size=4, steps=1)
+    assert verdict(result(2.13e-2, float("inf")), result(2.31e-2, float("nan"))) == "same"
+    assert verdict(result(1.6e-5, float("inf")), result(6.6e-2, float("nan"))) == "closer"
 
 
 def test_unchanged_changed_broken_new_and_the_run_verdicts():

@@ -67,3 +67,53 @@ def test_file_size_and_cpu_limits_stop_the_child(tmp_path) -> None:
     assert (tmp_path / "big").stat().st_size <= 1024 * 1024
     spin = _run(tight, "while True: pass", tmp_path)
     assert spin.returncode in (-9, -24), spin  # SIGXCPU (24) at the soft limit, SIGKILL at hard
+
+
+PARENT = textwrap.dedent("""
+    import subprocess, sys, time
+    from pathlib import Path
+    from worker import sandbox
+    scratch = Path(sys.argv[2])
+    # A build-like tree: the command starts grandchildren (as ninja starts compilers).
+    child = sandbox.popen(["sh", "-c", "sleep " + sys.argv[1] + " & sleep " + sys.argv[1] + "; wait"],
+                          limits=sandbox.BUILD_LIMITS, env=sandbox.sandbox_env(scratch=scratch),
+                          guard_group=sys.argv[3] == "guard")
+    print(child.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+def _sleepers(marker: str) -> list[str]:
+    found = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
+    return found.stdout.split()
+
+
+@pytest.mark.parametrize("guard", ["guard", "no-guard"])
+def test_a_guarded_group_dies_with_the_process_that_started_it(tmp_path, guard) -> None:
+    # The worker is SIGKILLed mid-build: PR_SET_PDEATHSIG reaches only its direct child, so without
+    # the guard the grandchildren (ninja, compilers; here two sleeps) live on.
+    import signal
+    import time
+
+    marker = f"{317 + (guard == 'guard')}.{os.getpid() % 1000}"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, marker, str(tmp_path), guard],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        parent.stdout.readline()
+        deadline = time.monotonic() + 30
+        while len(_sleepers(marker)) < 2:
+            assert time.monotonic() < deadline, "the sandboxed command never started"
+            time.sleep(0.05)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while _sleepers(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = _sleepers(marker)
+        if guard == "guard":
+            assert left == [], f"processes outlived the worker: {left}"
+        else:  # what the guard is for: shown here so the test above cannot pass vacuously
+            assert len(left) == 2
+    finally:
+        for pid in _sleepers(marker):
+            os.kill(int(pid), signal.SIGKILL)

@@ -473,7 +473,7 @@ def _compile(
         child = sandbox.popen(
             [sys.executable, "-m", "worker.build_child", spec.model_dump_json()],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            cwd=Path(__file__).resolve().parents[1], limits=sandbox.BUILD_LIMITS,
+            cwd=Path(__file__).resolve().parents[1], limits=sandbox.BUILD_LIMITS, guard_group=True,
         )
         try:
             returncode = child.wait(timeout=timeout_s)

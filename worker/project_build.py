@@ -98,7 +98,7 @@ def _run_commands(workdir: Path, config: ProjectConfig, archs: list[str], log_pa
             try:
                 # Submitted build commands run like csrc builds: own process group, limits, no network.
                 child = sandbox.popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                      stderr=subprocess.STDOUT, limits=sandbox.BUILD_LIMITS)
+                                      stderr=subprocess.STDOUT, limits=sandbox.BUILD_LIMITS, guard_group=True)
             except OSError as error:
                 return f"build command {command!r} could not start: {error}"
             try:

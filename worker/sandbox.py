@@ -10,7 +10,9 @@ What a child gets (Linux; each measure degrades with a logged reason where the p
 - an environment built from an allowlist: no database URL, broker URL, API token or cloud
   credential reaches it (`sandbox_env`);
 - a scratch folder as HOME and TMPDIR, deleted afterwards (`Scratch`);
-- SIGKILL when the process that started it dies (PR_SET_PDEATHSIG), so no orphan keeps the cores.
+- SIGKILL when the process that started it dies (PR_SET_PDEATHSIG); for builds, whose compilers are
+  grandchildren that signal never reaches, worker.group_guard kills the whole group then, so no
+  orphan keeps the cores.
 
 It is not a security boundary against a determined kernel-level attacker (see docs/SECURITY.md):
 the child shares the filesystem view and the GPU with the worker user.
@@ -145,8 +147,16 @@ def network_isolation() -> tuple[bool, str]:
     return True, "network namespace"
 
 
-def popen(args: list[str], *, limits: SandboxLimits, env: dict[str, str], **kwargs) -> subprocess.Popen:  # noqa: ANN003
-    """subprocess.Popen in the sandbox (own session/process group, limits, no network)."""
+def popen(args: list[str], *, limits: SandboxLimits, env: dict[str, str], guard_group: bool = False,
+          **kwargs) -> subprocess.Popen:  # noqa: ANN003
+    """subprocess.Popen in the sandbox (own session/process group, limits, no network).
+
+    `guard_group`: run `args` under worker.group_guard, so that when this process dies the whole
+    group goes (PR_SET_PDEATHSIG alone reaches only the direct child: a build's ninja and
+    compilers outlived a SIGKILLed worker). `-P`: the guard module comes from the worker's own
+    path, never from a submitted tree in the child's working directory."""
+    if guard_group:
+        args = [sys.executable, "-P", "-m", "worker.group_guard", "--", *args]
     isolate = False
     if limits.isolate_network:
         isolate, reason = network_isolation()

@@ -18,6 +18,7 @@ can run `submit` and `verify`.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -113,6 +114,11 @@ def serve(
                  "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))})
     if demo:
         threading.Thread(target=_demo_when_ready, args=(settings.public_url,), daemon=True).start()
+    # uvicorn shuts down gracefully on SIGTERM and then re-raises it with the handler that was there
+    # before; with the default one the process would die on the spot, skipping the `finally` below
+    # and orphaning the worker (seen: `kill <serve>` left the worker running). As an exception the
+    # signal unwinds through it instead.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         uvicorn.run("service.api.main:create_app", factory=True, host=host, port=port,
                     log_level="warning")
@@ -120,6 +126,10 @@ def serve(
         if worker_process is not None:
             worker_process.terminate()
             worker_process.wait(timeout=30)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:  # noqa: ARG001
+    raise SystemExit(128 + signum)
 
 
 def _bootstrap_tokens(settings) -> None:  # noqa: ANN001

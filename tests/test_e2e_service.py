@@ -9,6 +9,9 @@ Once on PostgreSQL + Redis (db 13), once on the embedded default (SQLite + files
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -130,10 +133,22 @@ def test_end_to_end_embedded_default(tmp_path: Path) -> None:
     for key in ("OPTDRIFT_DATABASE_URL", "OPTDRIFT_BROKER_URL", "OPTDRIFT_PUBLIC_URL"):
         env[key] = ""
     server = start_process(["serve", "--port", str(port)], env, tmp_path / "serve.log")
+    worker_pids: list[int] = []
     try:
         wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=90)
+        worker_pids = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True,
+                                                          text=True).stdout.split()]
+        assert worker_pids, "serve started no worker process"
         three_commit_scenario(f"http://127.0.0.1:{port}", tmp_path / "home")
         assert (tmp_path / "home" / "optdrift.db").exists()
     finally:
-        stop_process(server)
+        stop_process(server)  # SIGTERM, as `kill` or a service manager sends it
         print((tmp_path / "serve.log").read_text()[-5000:])
+    # ...and the worker `serve` started goes with it (it was orphaned before serve caught SIGTERM)
+    deadline = time.monotonic() + 40
+    while any(Path(f"/proc/{pid}").exists() for pid in worker_pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [pid for pid in worker_pids if Path(f"/proc/{pid}").exists()]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"serve's worker outlived it: {left}"

@@ -55,7 +55,7 @@ def main() -> None:
 
             def submit(i: int, client: httpx.Client) -> tuple[float, int]:
                 started = time.perf_counter()
-                response = client.post(f"/api/v1/projects/bench/commits",
+                response = client.post("/api/v1/projects/bench/commits",
                                        data={"sha": f"{i:040x}", "parents": f"{i - 1:040x}" if i else ""},
                                        files={"archive": ("s.tar.gz", archives[i], "application/gzip")})
                 return time.perf_counter() - started, response.status_code
@@ -72,8 +72,8 @@ def main() -> None:
             stop_process(server)
             drop_database(name)
     latencies.sort()
-    print(f"| requests | concurrency | errors | wall s | submissions/s | p50 ms | p95 ms |")
-    print(f"|---:|---:|---:|---:|---:|---:|---:|")
+    print("| requests | concurrency | errors | wall s | submissions/s | p50 ms | p95 ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     print(f"| {args.requests} | {args.concurrency} | {errors} | {wall:.2f} | {args.requests / wall:.1f} "
           f"| {1000 * statistics.median(latencies):.1f} | {1000 * latencies[int(0.95 * len(latencies)) - 1]:.1f} |")
 

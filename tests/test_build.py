@@ -7,7 +7,6 @@ mechanics are the same for csrc.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess

@@ -28,7 +28,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.service_fixtures import REPO_ROOT, free_port, shared_build_cache, start_process, stop_process
+from tests.service_fixtures import REPO_ROOT, free_port, shared_build_cache, start_process
 
 pytestmark = pytest.mark.slow
 SEGV_CASE = "adam.32bit.fp32.lr=0.1.wd=0.1.open.n4097"

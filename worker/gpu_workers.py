@@ -26,7 +26,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 
 from celery.signals import worker_ready, worker_shutdown

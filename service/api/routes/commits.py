@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Header, Response, UploadFile, status
 from sqlalchemy import func, select
-from sqlalchemy.orm import joinedload, selectinload
+from sqlalchemy.orm import selectinload
 
 from service.api.auth import AdminDep, SubmitDep
 from service.api.deps import SessionDep, SettingsDep

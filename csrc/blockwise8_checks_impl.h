@@ -149,13 +149,7 @@ inline void check_adam_8bit_blockwise_step(
                            &exp_avg_sq_absmax}});
   check_quant_map(op, "signed_map", signed_map, param, /*is_signed=*/true);
   check_quant_map(op, "unsigned_map", unsigned_map, param, /*is_signed=*/false);
-  check_step(op, step);
-  check_non_negative(op, "lr", lr);
-  check_coefficient(op, "beta1", beta1);
-  check_coefficient(op, "beta2", beta2);
-  check_positive(op, "eps", eps);
-  check_non_negative(op, "weight_decay", weight_decay);
-  check_non_negative(op, "gnorm_scale", gnorm_scale);
+  check_adam_hyperparameters(op, step, lr, beta1, beta2, eps, weight_decay, gnorm_scale);
 }
 
 inline void check_ademamix_8bit_blockwise_step(
@@ -174,15 +168,8 @@ inline void check_ademamix_8bit_blockwise_step(
        {"exp_avg_sq_codes", &exp_avg_sq_codes, "exp_avg_sq_absmax", &exp_avg_sq_absmax}});
   check_quant_map(op, "signed_map", signed_map, param, /*is_signed=*/true);
   check_quant_map(op, "unsigned_map", unsigned_map, param, /*is_signed=*/false);
-  check_step(op, step);
-  check_non_negative(op, "lr", lr);
-  check_coefficient(op, "beta1", beta1);
-  check_coefficient(op, "beta2", beta2);
-  check_coefficient(op, "beta3", beta3);
-  check_non_negative(op, "alpha", alpha);
-  check_positive(op, "eps", eps);
-  check_non_negative(op, "weight_decay", weight_decay);
-  check_non_negative(op, "gnorm_scale", gnorm_scale);
+  check_ademamix_hyperparameters(op, step, lr, beta1, beta2, beta3, alpha, eps, weight_decay,
+                                 gnorm_scale);
 }
 
 inline void check_lion_8bit_blockwise_step(const at::Tensor& param, const at::Tensor& grad,
@@ -196,11 +183,7 @@ inline void check_lion_8bit_blockwise_step(const at::Tensor& param, const at::Te
   check_quantized_states(op, param,
                          {{"exp_avg_codes", &exp_avg_codes, "exp_avg_absmax", &exp_avg_absmax}});
   check_quant_map(op, "signed_map", signed_map, param, /*is_signed=*/true);
-  check_non_negative(op, "lr", lr);
-  check_coefficient(op, "beta1", beta1);
-  check_coefficient(op, "beta2", beta2);
-  check_non_negative(op, "weight_decay", weight_decay);
-  check_non_negative(op, "gnorm_scale", gnorm_scale);
+  check_lion_hyperparameters(op, lr, beta1, beta2, weight_decay, gnorm_scale);
 }
 
 inline void check_momentum_8bit_blockwise_step(const at::Tensor& param, const at::Tensor& grad,
@@ -215,11 +198,7 @@ inline void check_momentum_8bit_blockwise_step(const at::Tensor& param, const at
                          {{"momentum_buffer_codes", &momentum_buffer_codes,
                            "momentum_buffer_absmax", &momentum_buffer_absmax}});
   check_quant_map(op, "signed_map", signed_map, param, /*is_signed=*/true);
-  check_step(op, step);
-  check_non_negative(op, "lr", lr);
-  check_coefficient(op, "momentum", momentum);
-  check_non_negative(op, "weight_decay", weight_decay);
-  check_non_negative(op, "gnorm_scale", gnorm_scale);
+  check_momentum_hyperparameters(op, step, lr, momentum, weight_decay, gnorm_scale);
 }
 
 inline void check_rmsprop_8bit_blockwise_step(const at::Tensor& param, const at::Tensor& grad,
@@ -234,11 +213,7 @@ inline void check_rmsprop_8bit_blockwise_step(const at::Tensor& param, const at:
       op, param,
       {{"square_avg_codes", &square_avg_codes, "square_avg_absmax", &square_avg_absmax}});
   check_quant_map(op, "unsigned_map", unsigned_map, param, /*is_signed=*/false);
-  check_non_negative(op, "lr", lr);
-  check_coefficient(op, "alpha", alpha);
-  check_positive(op, "eps", eps);
-  check_non_negative(op, "weight_decay", weight_decay);
-  check_non_negative(op, "gnorm_scale", gnorm_scale);
+  check_rmsprop_hyperparameters(op, lr, alpha, eps, weight_decay, gnorm_scale);
 }
 
 inline void check_adagrad_8bit_blockwise_step(const at::Tensor& param, const at::Tensor& grad,
@@ -253,10 +228,7 @@ inline void check_adagrad_8bit_blockwise_step(const at::Tensor& param, const at:
       op, param,
       {{"state_sum_codes", &state_sum_codes, "state_sum_absmax", &state_sum_absmax}});
   check_quant_map(op, "unsigned_map", unsigned_map, param, /*is_signed=*/false);
-  check_non_negative(op, "lr", lr);
-  check_positive(op, "eps", eps);
-  check_non_negative(op, "weight_decay", weight_decay);
-  check_non_negative(op, "gnorm_scale", gnorm_scale);
+  check_adagrad_hyperparameters(op, lr, eps, weight_decay, gnorm_scale);
 }
 
 }  // namespace optdrift::checks::detail

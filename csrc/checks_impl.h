@@ -78,14 +78,11 @@ inline void check_coefficient(const char* op, const char* name, double value) {
               "; it must be in [0, 1)");
 }
 
-// ---- one function per op: everything the schema's arguments must satisfy ----
+// ---- one function per optimizer: the hyperparameters, shared by its 32-bit and 8-bit ops ----
 
-inline void check_adam_step(const at::Tensor& param, const at::Tensor& grad,
-                            const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t step,
-                            double lr, double beta1, double beta2, double eps,
-                            double weight_decay, double gnorm_scale) {
-  const char* op = "optdrift::adam_step";
-  check_tensors(op, param, grad, {{"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}});
+inline void check_adam_hyperparameters(const char* op, int64_t step, double lr, double beta1,
+                                       double beta2, double eps, double weight_decay,
+                                       double gnorm_scale) {
   check_step(op, step);
   check_non_negative(op, "lr", lr);
   check_coefficient(op, "beta1", beta1);
@@ -95,16 +92,9 @@ inline void check_adam_step(const at::Tensor& param, const at::Tensor& grad,
   check_non_negative(op, "gnorm_scale", gnorm_scale);
 }
 
-inline void check_ademamix_step(const at::Tensor& param, const at::Tensor& grad,
-                                const at::Tensor& exp_avg_fast, const at::Tensor& exp_avg_slow,
-                                const at::Tensor& exp_avg_sq, int64_t step, double lr,
-                                double beta1, double beta2, double beta3, double alpha,
-                                double eps, double weight_decay, double gnorm_scale) {
-  const char* op = "optdrift::ademamix_step";
-  check_tensors(op, param, grad,
-                {{"exp_avg_fast", &exp_avg_fast},
-                 {"exp_avg_slow", &exp_avg_slow},
-                 {"exp_avg_sq", &exp_avg_sq}});
+inline void check_ademamix_hyperparameters(const char* op, int64_t step, double lr, double beta1,
+                                           double beta2, double beta3, double alpha, double eps,
+                                           double weight_decay, double gnorm_scale) {
   check_step(op, step);
   check_non_negative(op, "lr", lr);
   check_coefficient(op, "beta1", beta1);
@@ -118,11 +108,8 @@ inline void check_ademamix_step(const at::Tensor& param, const at::Tensor& grad,
   check_non_negative(op, "gnorm_scale", gnorm_scale);
 }
 
-inline void check_lion_step(const at::Tensor& param, const at::Tensor& grad,
-                            const at::Tensor& exp_avg, double lr, double beta1, double beta2,
-                            double weight_decay, double gnorm_scale) {
-  const char* op = "optdrift::lion_step";
-  check_tensors(op, param, grad, {{"exp_avg", &exp_avg}});
+inline void check_lion_hyperparameters(const char* op, double lr, double beta1, double beta2,
+                                       double weight_decay, double gnorm_scale) {
   check_non_negative(op, "lr", lr);
   check_coefficient(op, "beta1", beta1);
   check_coefficient(op, "beta2", beta2);
@@ -130,11 +117,9 @@ inline void check_lion_step(const at::Tensor& param, const at::Tensor& grad,
   check_non_negative(op, "gnorm_scale", gnorm_scale);
 }
 
-inline void check_momentum_step(const at::Tensor& param, const at::Tensor& grad,
-                                const at::Tensor& momentum_buffer, int64_t step, double lr,
-                                double momentum, double weight_decay, double gnorm_scale) {
-  const char* op = "optdrift::momentum_step";
-  check_tensors(op, param, grad, {{"momentum_buffer", &momentum_buffer}});
+inline void check_momentum_hyperparameters(const char* op, int64_t step, double lr,
+                                           double momentum, double weight_decay,
+                                           double gnorm_scale) {
   check_step(op, step);
   check_non_negative(op, "lr", lr);
   check_coefficient(op, "momentum", momentum);
@@ -142,11 +127,8 @@ inline void check_momentum_step(const at::Tensor& param, const at::Tensor& grad,
   check_non_negative(op, "gnorm_scale", gnorm_scale);
 }
 
-inline void check_rmsprop_step(const at::Tensor& param, const at::Tensor& grad,
-                               const at::Tensor& square_avg, double lr, double alpha, double eps,
-                               double weight_decay, double gnorm_scale) {
-  const char* op = "optdrift::rmsprop_step";
-  check_tensors(op, param, grad, {{"square_avg", &square_avg}});
+inline void check_rmsprop_hyperparameters(const char* op, double lr, double alpha, double eps,
+                                          double weight_decay, double gnorm_scale) {
   check_non_negative(op, "lr", lr);
   check_coefficient(op, "alpha", alpha);
   check_positive(op, "eps", eps);
@@ -154,15 +136,69 @@ inline void check_rmsprop_step(const at::Tensor& param, const at::Tensor& grad,
   check_non_negative(op, "gnorm_scale", gnorm_scale);
 }
 
+inline void check_adagrad_hyperparameters(const char* op, double lr, double eps,
+                                          double weight_decay, double gnorm_scale) {
+  check_non_negative(op, "lr", lr);
+  check_positive(op, "eps", eps);
+  check_non_negative(op, "weight_decay", weight_decay);
+  check_non_negative(op, "gnorm_scale", gnorm_scale);
+}
+
+// ---- one function per op: everything the schema's arguments must satisfy ----
+
+inline void check_adam_step(const at::Tensor& param, const at::Tensor& grad,
+                            const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, int64_t step,
+                            double lr, double beta1, double beta2, double eps,
+                            double weight_decay, double gnorm_scale) {
+  const char* op = "optdrift::adam_step";
+  check_tensors(op, param, grad, {{"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}});
+  check_adam_hyperparameters(op, step, lr, beta1, beta2, eps, weight_decay, gnorm_scale);
+}
+
+inline void check_ademamix_step(const at::Tensor& param, const at::Tensor& grad,
+                                const at::Tensor& exp_avg_fast, const at::Tensor& exp_avg_slow,
+                                const at::Tensor& exp_avg_sq, int64_t step, double lr,
+                                double beta1, double beta2, double beta3, double alpha,
+                                double eps, double weight_decay, double gnorm_scale) {
+  const char* op = "optdrift::ademamix_step";
+  check_tensors(op, param, grad,
+                {{"exp_avg_fast", &exp_avg_fast},
+                 {"exp_avg_slow", &exp_avg_slow},
+                 {"exp_avg_sq", &exp_avg_sq}});
+  check_ademamix_hyperparameters(op, step, lr, beta1, beta2, beta3, alpha, eps, weight_decay,
+                                 gnorm_scale);
+}
+
+inline void check_lion_step(const at::Tensor& param, const at::Tensor& grad,
+                            const at::Tensor& exp_avg, double lr, double beta1, double beta2,
+                            double weight_decay, double gnorm_scale) {
+  const char* op = "optdrift::lion_step";
+  check_tensors(op, param, grad, {{"exp_avg", &exp_avg}});
+  check_lion_hyperparameters(op, lr, beta1, beta2, weight_decay, gnorm_scale);
+}
+
+inline void check_momentum_step(const at::Tensor& param, const at::Tensor& grad,
+                                const at::Tensor& momentum_buffer, int64_t step, double lr,
+                                double momentum, double weight_decay, double gnorm_scale) {
+  const char* op = "optdrift::momentum_step";
+  check_tensors(op, param, grad, {{"momentum_buffer", &momentum_buffer}});
+  check_momentum_hyperparameters(op, step, lr, momentum, weight_decay, gnorm_scale);
+}
+
+inline void check_rmsprop_step(const at::Tensor& param, const at::Tensor& grad,
+                               const at::Tensor& square_avg, double lr, double alpha, double eps,
+                               double weight_decay, double gnorm_scale) {
+  const char* op = "optdrift::rmsprop_step";
+  check_tensors(op, param, grad, {{"square_avg", &square_avg}});
+  check_rmsprop_hyperparameters(op, lr, alpha, eps, weight_decay, gnorm_scale);
+}
+
 inline void check_adagrad_step(const at::Tensor& param, const at::Tensor& grad,
                                const at::Tensor& state_sum, double lr, double eps,
                                double weight_decay, double gnorm_scale) {
   const char* op = "optdrift::adagrad_step";
   check_tensors(op, param, grad, {{"state_sum", &state_sum}});
-  check_non_negative(op, "lr", lr);
-  check_positive(op, "eps", eps);
-  check_non_negative(op, "weight_decay", weight_decay);
-  check_non_negative(op, "gnorm_scale", gnorm_scale);
+  check_adagrad_hyperparameters(op, lr, eps, weight_decay, gnorm_scale);
 }
 
 }  // namespace optdrift::checks::detail

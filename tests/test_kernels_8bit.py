@@ -120,6 +120,29 @@ def _states_and_maps(device="cpu", size=300):
     return param, signed_map, unsigned_map
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_every_bad_hyperparameter_is_named_by_the_8bit_op(kernels, optimizer, device):
+    # The 8-bit ops share each optimizer's hyperparameter checks with its 32-bit op
+    # (csrc/checks_impl.h): -1 is out of range for every one of them, and step 0 for the step.
+    signed_map, unsigned_map = dynamic_map(signed=True, device=device), dynamic_map(signed=False, device=device)
+    param = torch.zeros(300, device=device)
+    op = f"optdrift::{optimizer}_8bit_blockwise_step"
+    bad = {name: -1.0 for name, value in OPTIMIZER_HYPER_DEFAULTS[optimizer].items() if not isinstance(value, bool)}
+    for name, value in bad.items():
+        states = kernels.new_states_8bit(optimizer, param, signed_map, unsigned_map)
+        with pytest.raises(RuntimeError, match=f"{op}.*'{name}'"):
+            kernels.step_8bit(optimizer, param, torch.ones_like(param), states, step=1,
+                              hyper=hyper(optimizer, **{name: value}), signed_map=signed_map,
+                              unsigned_map=unsigned_map)
+    if optimizer in kernels.STEP_DEPENDENT:
+        states = kernels.new_states_8bit(optimizer, param, signed_map, unsigned_map)
+        with pytest.raises(RuntimeError, match=f"{op}.*'step'"):
+            kernels.step_8bit(optimizer, param, torch.ones_like(param), states, step=0, hyper=hyper(optimizer),
+                              signed_map=signed_map, unsigned_map=unsigned_map)
+    assert torch.equal(param, torch.zeros_like(param))  # a refused call changes nothing
+
+
 def test_bad_inputs_name_the_argument(kernels):
     op = torch.ops.optdrift.adam_8bit_blockwise_step
     param, signed_map, unsigned_map = _states_and_maps()

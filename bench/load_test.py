@@ -13,9 +13,7 @@ import locust  # noqa: F401  (first: it monkey-patches the standard library for 
 
 import argparse  # noqa: E402
 import itertools  # noqa: E402
-import os  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import gevent  # noqa: E402
@@ -23,10 +21,8 @@ from locust import FastHttpUser, constant, task  # noqa: E402
 from locust.env import Environment  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.service_fixtures import (  # noqa: E402
-    create_database, drop_database, flush_redis, free_port, make_archive, start_process, stop_process,
-    wait_http,
-)
+from bench_api import bench_api  # noqa: E402  (bench/, this script's folder)
+from tests.service_fixtures import make_archive  # noqa: E402
 
 REDIS = "redis://127.0.0.1:6379/11"
 SHAS = itertools.count()
@@ -83,33 +79,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30)
     args = parser.parse_args()
 
-    name = f"optdrift_load_{os.getpid()}"
-    database_url = create_database(name)
-    flush_redis(REDIS)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {"OPTDRIFT_HOME": tmp, "OPTDRIFT_DATABASE_URL": database_url, "OPTDRIFT_BROKER_URL": REDIS,
-               "OPTDRIFT_MAINTENANCE_INTERVAL_S": "0", "OPTDRIFT_PUBLIC_URL": url}
-        server = start_process(["serve", "--port", str(port), "--no-worker"], env, Path(tmp) / "api.log")
-        try:
-            wait_http(f"{url}/readyz", 90)
-            import httpx
-
-            admin = (Path(tmp) / "admin-token").read_text().strip()
-            httpx.post(f"{url}/api/v1/projects", json={"name": "bench"},
-                       headers={"Authorization": f"Bearer {admin}"}).raise_for_status()
-            CiSubmitter.token = admin
-            environment = Environment(user_classes=[CiSubmitter, DashboardReader], host=url)
-            runner = environment.create_local_runner()
-            runner.start(args.users, spawn_rate=args.users)
-            gevent.sleep(args.seconds)
-            runner.quit()
-            stats = environment.stats
-            stored = _stored_shas(database_url)
-        finally:
-            stop_process(server)
-            drop_database(name)
+    with bench_api(REDIS, "optdrift_load") as api:
+        CiSubmitter.token = api.admin_token
+        environment = Environment(user_classes=[CiSubmitter, DashboardReader], host=api.url)
+        runner = environment.create_local_runner()
+        runner.start(args.users, spawn_rate=args.users)
+        gevent.sleep(args.seconds)
+        runner.quit()
+        stats = environment.stats
+        stored = _stored_shas(api.database_url)
 
     print(f"\n{args.users} users, {args.seconds:g} s, loopback, PostgreSQL + Redis\n")
     print("| request | requests | failures | req/s | p50 ms | p95 ms |")

@@ -11,10 +11,8 @@ No worker runs, so this measures the API path (upload, validate, store, rows, co
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,9 +20,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.service_fixtures import (  # noqa: E402
-    create_database, drop_database, flush_redis, free_port, start_process, stop_process, wait_http,
-)
+from bench_api import bench_api  # noqa: E402  (bench/, this script's folder)
 from tests.service_fixtures import make_archive  # noqa: E402
 
 REDIS = "redis://127.0.0.1:6379/12"
@@ -36,41 +32,28 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     args = parser.parse_args()
 
-    name = f"optdrift_bench_{os.getpid()}"
-    database_url = create_database(name)
-    flush_redis(REDIS)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {"OPTDRIFT_HOME": tmp, "OPTDRIFT_DATABASE_URL": database_url,
-               "OPTDRIFT_BROKER_URL": REDIS, "OPTDRIFT_MAINTENANCE_INTERVAL_S": "0"}
-        server = start_process(["serve", "--port", str(port), "--no-worker"], env, Path(tmp) / "api.log")
-        try:
-            wait_http(f"{url}/readyz", 90)
-            httpx.post(f"{url}/api/v1/projects", json={"name": "bench"}).raise_for_status()
-            archives = [make_archive({"ops.cpp": f"// commit {i}\n", "cpu/a.cpp": "int a;\n" * 200})
-                        for i in range(args.requests)]
-            latencies: list[float] = []
-            errors = 0
+    with bench_api(REDIS, "optdrift_bench") as api:
+        archives = [make_archive({"ops.cpp": f"// commit {i}\n", "cpu/a.cpp": "int a;\n" * 200})
+                    for i in range(args.requests)]
+        latencies: list[float] = []
+        errors = 0
 
-            def submit(i: int, client: httpx.Client) -> tuple[float, int]:
-                started = time.perf_counter()
-                response = client.post("/api/v1/projects/bench/commits",
-                                       data={"sha": f"{i:040x}", "parents": f"{i - 1:040x}" if i else ""},
-                                       files={"archive": ("s.tar.gz", archives[i], "application/gzip")})
-                return time.perf_counter() - started, response.status_code
-
-            clients = [httpx.Client(base_url=url, timeout=60) for _ in range(args.concurrency)]
+        def submit(i: int, client: httpx.Client) -> tuple[float, int]:
             started = time.perf_counter()
-            with ThreadPoolExecutor(args.concurrency) as pool:
-                for latency, status in pool.map(lambda i: submit(i, clients[i % args.concurrency]),
-                                                range(args.requests)):
-                    latencies.append(latency)
-                    errors += status != 201
-            wall = time.perf_counter() - started
-        finally:
-            stop_process(server)
-            drop_database(name)
+            response = client.post("/api/v1/projects/bench/commits",
+                                   data={"sha": f"{i:040x}", "parents": f"{i - 1:040x}" if i else ""},
+                                   files={"archive": ("s.tar.gz", archives[i], "application/gzip")})
+            return time.perf_counter() - started, response.status_code
+
+        clients = [httpx.Client(base_url=api.url, timeout=60, headers=api.headers)
+                   for _ in range(args.concurrency)]
+        started = time.perf_counter()
+        with ThreadPoolExecutor(args.concurrency) as pool:
+            for latency, status in pool.map(lambda i: submit(i, clients[i % args.concurrency]),
+                                            range(args.requests)):
+                latencies.append(latency)
+                errors += status != 201
+        wall = time.perf_counter() - started
     latencies.sort()
     print("| requests | concurrency | errors | wall s | submissions/s | p50 ms | p95 ms |")
     print("|---:|---:|---:|---:|---:|---:|---:|")

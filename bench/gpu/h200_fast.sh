@@ -7,12 +7,10 @@
 set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPTDRIFT_CUDA_ARCHS=9.0
-if [ -d .whl ]; then  # the pure-Python packages the image lacks (pydantic and its needs)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/pydantic*.whl .whl/annotated_types*.whl .whl/typing_inspection*.whl .whl/typing_extensions*.whl \
-    .whl/python_dotenv*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-fi
+source "$(dirname "$0")/carried_wheels.sh"
+# only what it needs: pydantic and its needs (not the service's or bitsandbytes' wheels)
+install_carried_wheels .whl/pydantic*.whl .whl/annotated_types*.whl .whl/typing_inspection*.whl \
+  .whl/typing_extensions*.whl .whl/python_dotenv*.whl || exit 1
 T0=$(date +%s)
 stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
 { nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader

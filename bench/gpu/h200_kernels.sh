@@ -6,10 +6,8 @@
 set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPTDRIFT_BUILD_CACHE=${OPTDRIFT_BUILD_CACHE:-/tmp/optdrift-builds}
-if [ -d .whl ]; then  # pure-Python packages the GPU image lacks (pydantic...), carried as wheels
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-fi
+source "$(dirname "$0")/carried_wheels.sh"
+install_carried_wheels || exit 1  # pydantic and the rest the image lacks
 nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
 python3 bench/build_times.py --archs 9.0 --cache "$OPTDRIFT_BUILD_CACHE" 2>&1 | tee "$OUT/build_times.txt"

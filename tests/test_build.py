@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import processes
 from worker.build import build_digest, build_extension, compiler_message
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -82,11 +83,6 @@ def test_concurrent_requests_for_one_key_build_once(tiny_source: Path, tmp_path:
     assert len({r["library_path"] for r in results}) == 1
 
 
-def _processes_mentioning(path: Path) -> list[str]:
-    found = subprocess.run(["pgrep", "-f", str(path)], capture_output=True, text=True)
-    return found.stdout.split()
-
-
 def test_a_killed_build_leaves_no_lock_that_hangs_the_next(tiny_source: Path, tmp_path: Path):
     cache = tmp_path / "cache"
     victim = _build_in_subprocess(tiny_source, cache)
@@ -95,16 +91,12 @@ def test_a_killed_build_leaves_no_lock_that_hangs_the_next(tiny_source: Path, tm
         assert time.monotonic() < deadline, "the build never started"
         time.sleep(0.1)
     # Kill it once a compiler runs (the victim and its build child mention the cache folder too).
-    while len(_processes_mentioning(cache)) < 3 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    processes.wait_for(str(cache), 3, timeout_s=max(0.0, deadline - time.monotonic()))
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     # ninja and the compilers (grandchildren of the killed process) go with it (worker.group_guard);
     # a compile of the tiny source takes seconds, so 2 s tells killed from finished.
-    gone_by = time.monotonic() + 2
-    while _processes_mentioning(cache) and time.monotonic() < gone_by:
-        time.sleep(0.05)
-    assert _processes_mentioning(cache) == [], "compilers outlived the killed build"
+    assert processes.wait_gone(str(cache), timeout_s=2) == [], "compilers outlived the killed build"
 
     started = time.monotonic()
     result = build_extension(tiny_source, cache_dir=cache, cuda_archs=[], timeout_s=300)

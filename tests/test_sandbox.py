@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+from tests import processes
 from worker import sandbox
 
 PROBE = textwrap.dedent("""
@@ -83,37 +84,27 @@ PARENT = textwrap.dedent("""
 """)
 
 
-def _sleepers(marker: str) -> list[str]:
-    found = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
-    return found.stdout.split()
-
-
 @pytest.mark.parametrize("guard", ["guard", "no-guard"])
 def test_a_guarded_group_dies_with_the_process_that_started_it(tmp_path, guard) -> None:
     # The worker is SIGKILLed mid-build: PR_SET_PDEATHSIG reaches only its direct child, so without
     # the guard the grandchildren (ninja, compilers; here two sleeps) live on.
     import signal
-    import time
 
     marker = f"{317 + (guard == 'guard')}.{os.getpid() % 1000}"
+    sleepers = f"sleep {marker}"
     parent = subprocess.Popen([sys.executable, "-c", PARENT, marker, str(tmp_path), guard],
                               stdout=subprocess.PIPE, text=True)
     try:
         parent.stdout.readline()
-        deadline = time.monotonic() + 30
-        while len(_sleepers(marker)) < 2:
-            assert time.monotonic() < deadline, "the sandboxed command never started"
-            time.sleep(0.05)
+        # (the shell's and the guard's command lines name the sleeps too)
+        assert len(processes.wait_for(sleepers, 2, timeout_s=30)) >= 2, "the sandboxed command never started"
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-        deadline = time.monotonic() + 5
-        while _sleepers(marker) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        left = _sleepers(marker)
+        left = processes.wait_gone(sleepers, timeout_s=5)
         if guard == "guard":
             assert left == [], f"processes outlived the worker: {left}"
         else:  # what the guard is for: shown here so the test above cannot pass vacuously
             assert len(left) == 2
     finally:
-        for pid in _sleepers(marker):
-            os.kill(int(pid), signal.SIGKILL)
+        for pid in processes.matching(sleepers):
+            os.kill(pid, signal.SIGKILL)

@@ -41,12 +41,7 @@ def main(argv: list[str]) -> int:
     except OSError as error:  # as a shell says it: the caller's log gets the reason
         print(f"could not start {argv[1]!r}: {error}", file=sys.stderr)
         return 127
-    while True:
-        try:
-            code = child.wait()
-            break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for clarity
-            continue
+    code = child.wait()  # a SIGTERM arriving here runs _kill_group (PEP 475 resumes the wait otherwise)
     if code < 0:  # killed by a signal: die of the same one, so the caller's returncode says so
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)

@@ -66,6 +66,21 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = 6 * 3600
     case_timeout_s: float = 600.0
 
+    # Server-side budgets (docs/SECURITY.md): a submitted tree's optdrift.toml may ask for less,
+    # never more. A run past its total budget ends broken with the reason and the worker moves on.
+    # verify runs (contributors' on-demand code, the lowest trust) get the smaller verify_* caps.
+    max_build_s: float = 1800.0
+    max_run_s: float = 3 * 3600.0
+    verify_max_build_s: float = 900.0
+    verify_case_timeout_s: float = 180.0
+    verify_max_run_s: float = 1800.0
+
+    # The sandbox every build and kernel host runs in (worker/sandbox.py, bubblewrap). Where it
+    # cannot be made, the worker says so at start and refuses verify runs unless this is set.
+    allow_unsandboxed: bool = False
+    # Extra read-only paths the sandbox shows (a toolchain outside /usr and /opt), os.pathsep-separated.
+    sandbox_ro_paths: str = ""
+
     # Authentication (service/domain/auth.py). Writes always need a token; reads only with this.
     protect_reads: bool = False
     # Verify runs per UTC day for a verify-scope token created without its own quota.

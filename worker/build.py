@@ -372,8 +372,13 @@ def build_extension(
     extra_cflags: tuple[str, ...] = DEFAULT_CFLAGS,
     extra_cuda_cflags: tuple[str, ...] = DEFAULT_CUDA_CFLAGS,
     timeout_s: float = 900.0,
+    trusted: bool = True,
 ) -> BuildResult:
-    """Compile `source_dir` (every .cpp, plus every .cu when building for CUDA) into the cache."""
+    """Compile `source_dir` (every .cpp, plus every .cu when building for CUDA) into the cache.
+
+    `trusted`: whether this build may write to the shared compiler cache. An untrusted build (a
+    verify run: a contributor's code) reads it and adds nothing, so it cannot plant an object that
+    a later trusted build of other sources would take as a hit."""
     started = time.monotonic()
     source_dir = Path(source_dir).resolve()
     if not source_dir.is_dir():
@@ -395,7 +400,8 @@ def build_extension(
             shutil.rmtree(stale, ignore_errors=True)
         staging = cache_dir / f"{digest}.staging-{uuid.uuid4().hex[:8]}"
         staging.mkdir(parents=True)
-        result = _compile(source_dir, staging, digest, archs, extra_cflags, extra_cuda_cflags, timeout_s)
+        result = _compile(source_dir, staging, digest, archs, extra_cflags, extra_cuda_cflags, timeout_s,
+                          trusted=trusted)
         if not result.ok:
             # Keep the failed attempt's log where the result points; drop its objects.
             failed_dir = cache_dir / "failed" / f"{digest}-{uuid.uuid4().hex[:8]}"
@@ -425,6 +431,8 @@ def _compile(
     extra_cflags: tuple[str, ...],
     extra_cuda_cflags: tuple[str, ...],
     timeout_s: float,
+    *,
+    trusted: bool,
 ) -> BuildResult:
     # Compile a private copy of exactly the digested files, at a path that is the same relative
     # to the staging folder in every build (see the module docstring: ccache hits across trees).
@@ -460,6 +468,8 @@ def _compile(
         names_extension = any(EXTENSION_NAME_MACRO.encode() in p.read_bytes() for p in copied)
         extra_env.update(ccache_env(cache_dir=staging.parent, stats_log=stats_log,
                                     sources_name_extension=names_extension))
+        if not trusted:
+            extra_env.update({"CCACHE_READONLY": "1", "CCACHE_TEMPDIR": str(scratch.path / "ccache-tmp")})
     # Submitted code is compiled here: allowlisted environment (no secrets), limits, no network.
     env = sandbox.sandbox_env(scratch=scratch.path, extra=extra_env)
     env.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
@@ -470,10 +480,17 @@ def _compile(
                 "no ccache on PATH or beside this Python; set OPTDRIFT_CCACHE to one"
             log.write(f"compiler cache: none ({reason}); every file compiles\n".encode())
             log.flush()
+        # In the sandbox the child sees its staging folder (the copied sources, the output) and,
+        # read-only unless this build is trusted, the compiler cache; nothing else of the cache.
+        ccache_dir = staging.parent / "ccache"
+        if ccache:
+            ccache_dir.mkdir(exist_ok=True)
         child = sandbox.popen(
-            [sys.executable, "-m", "worker.build_child", spec.model_dump_json()],
+            [sys.executable, "-P", "-m", "worker.build_child", spec.model_dump_json()],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            cwd=Path(__file__).resolve().parents[1], limits=sandbox.BUILD_LIMITS, guard_group=True,
+            cwd=staging if sandbox.available() else Path(__file__).resolve().parents[1],
+            limits=sandbox.BUILD_LIMITS, guard_group=True, writable=[staging] + ([ccache_dir] if ccache and trusted else []),
+            readable=[ccache_dir] if ccache and not trusted else [],
         )
         try:
             returncode = child.wait(timeout=timeout_s)

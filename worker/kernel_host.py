@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,6 +50,7 @@ from worker import sandbox
 from service.results import CaseResult, CaseSpec, EnvironmentFingerprint
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
+log = logging.getLogger(__name__)
 FAULT_ENV = "OPTDRIFT_TEST_HOST_FAULT"
 
 
@@ -169,6 +172,37 @@ class KernelHostError(RuntimeError):
     pass
 
 
+class HostProtocolError(KernelHostError):
+    """The host answered something that is not a valid answer to what was asked: it runs submitted
+    code, so its answers are checked like any untrusted input."""
+
+
+# One answer carries one case's per-step arrays: a few MB for the longest battery cases.
+MAX_ANSWER_BYTES = 64 * 1024**2
+
+
+def parse_answer(line: bytes) -> dict:
+    try:
+        answer = json.loads(line)
+    except ValueError:
+        raise HostProtocolError("the kernel host answered a line that is not JSON") from None
+    if not isinstance(answer, dict):
+        raise HostProtocolError("the kernel host answered JSON that is not an object")
+    return answer
+
+
+def checked_result(answer: dict, case: CaseSpec) -> CaseResult:
+    """The answer's CaseResult, which must be about `case` (the one asked for)."""
+    try:
+        result = CaseResult.model_validate(answer["result"])
+    except (KeyError, ValueError):
+        raise HostProtocolError("the kernel host's answer has no valid result") from None
+    if result.case != case:
+        raise HostProtocolError(f"the kernel host answered for case {result.case.case_id!r}, "
+                                f"not the one asked for ({case.case_id!r})")
+    return result
+
+
 class KernelHost:
     """The parent's handle on one host process; restarts it after a crash, hang or CUDA error."""
 
@@ -197,23 +231,40 @@ class KernelHost:
 
     # -- process management
     def start(self) -> None:
-        # Submitted code runs here: the sandbox's allowlisted environment (no database URL, broker
-        # URL or token), limits, no network, a scratch HOME/TMPDIR removed by close().
+        # Submitted code runs here, in the sandbox (worker/sandbox.py): it sees the build's output
+        # read-only, the GPU's device nodes, a scratch HOME/TMPDIR removed by close(), and talks
+        # to this process only over its pipes. Its own process group: a kill takes its children too.
         env = sandbox.sandbox_env(scratch=self._scratch.path,
                                   source=os.environ if self.env is None else self.env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
         self._buffer = b""
         self._process = sandbox.popen(
-            [sys.executable, "-m", "worker.kernel_host", "--library", self.library_path, "--device", self.device,
-             "--threads", str(self.threads), "--adapter", self.adapter],
+            [sys.executable, "-P", "-m", "worker.kernel_host", "--library", self.library_path,
+             "--device", self.device, "--threads", str(self.threads), "--adapter", self.adapter],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
-            limits=sandbox.HOST_LIMITS,  # its own process group, so a kill takes its children too
+            limits=sandbox.HOST_LIMITS, readable=self._library_folders(), gpu=self.device != "cpu",
+            cwd=self._scratch.path,
         )
-        line = self._read_line(time.monotonic() + self.startup_timeout_s)
+        try:
+            line = self._read_line(time.monotonic() + self.startup_timeout_s)
+        except HostProtocolError:
+            line = None
         if line is None:
             self._kill()
             raise KernelHostError(f"kernel host for {self.library_path} did not start: {self._death_note()}")
-        self.environment = EnvironmentFingerprint.model_validate(json.loads(line)["environment"])
+        try:
+            self.environment = EnvironmentFingerprint.model_validate(parse_answer(line)["environment"])
+        except (KeyError, ValueError) as error:
+            self._kill()
+            raise HostProtocolError(f"kernel host for {self.library_path} did not start: its first answer "
+                                    f"is not a valid ready line ({type(error).__name__})") from None
+
+    def _library_folders(self) -> list[Path]:
+        """What the host must read of the build: the folder of a built file, or a built tree."""
+        if self.library_path in ("installed", ""):
+            return []
+        library = Path(self.library_path)
+        return [library if library.is_dir() else library.parent]
 
     def _alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
@@ -254,8 +305,9 @@ class KernelHost:
 
     def _death_note(self) -> str:
         code = self._process.poll() if self._process else None
-        if code is not None and code < 0:
-            how = f"killed by {signal.Signals(-code).name}"
+        killed_by = sandbox.signal_of(code)
+        if killed_by is not None:
+            how = f"killed by {killed_by.name}"
         elif code is not None:
             how = f"exited with status {code}"
         else:
@@ -278,6 +330,8 @@ class KernelHost:
                 self._process.wait()
                 return None
             self._buffer += chunk
+            if len(self._buffer) > MAX_ANSWER_BYTES and b"\n" not in self._buffer:
+                raise HostProtocolError(f"the kernel host sent a line over {MAX_ANSWER_BYTES} bytes")
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line
 
@@ -303,8 +357,13 @@ class KernelHost:
         if startup_error is not None:
             self._pending_failure = CaseResult(case=case, status="broken", message=startup_error)
             return
+        # The host can write only inside its scratch: it writes the parameters there, and collect()
+        # moves them to where the caller asked.
+        self._pending_params_out = Path(params_out) if params_out else None
+        inside = self._scratch.path / "params.f32"
+        inside.unlink(missing_ok=True)
         request = {"op": "run", "case": case.model_dump(mode="json"),
-                   "params_out": str(params_out) if params_out else None}
+                   "params_out": str(inside) if params_out else None}
         self._pending_started = time.monotonic()
         try:
             self._process.stdin.write((json.dumps(request) + "\n").encode())
@@ -318,7 +377,15 @@ class KernelHost:
         if self._pending_failure is not None:
             return self._pending_failure
         started = self._pending_started
-        line = self._read_line(started + self.case_timeout_s)
+        try:
+            line = self._read_line(started + self.case_timeout_s)
+            if line is not None:
+                answer = parse_answer(line)
+                result = checked_result(answer, case)
+        except HostProtocolError as error:
+            self._kill()
+            return CaseResult(case=case, status="broken", message=str(error),
+                              duration_s=time.monotonic() - started)
         if line is None:
             timed_out = self._process.poll() is None
             self._kill()
@@ -326,10 +393,12 @@ class KernelHost:
                        else f"kernel host crashed: {self._death_note()}")
             return CaseResult(case=case, status="broken", message=message,
                               duration_s=time.monotonic() - started)
-        answer = json.loads(line)
         if answer.get("restart"):
             self._kill()
-        return CaseResult.model_validate(answer["result"])
+        written = self._scratch.path / "params.f32"
+        if self._pending_params_out is not None and written.is_file():
+            shutil.move(written, self._pending_params_out)
+        return result
 
     def run(self, case: CaseSpec, params_out: str | Path | None = None) -> CaseResult:
         self.submit(case, params_out)
@@ -351,14 +420,26 @@ class KernelHost:
                 pass
             while True:
                 # The timeout applies between answers: one group of cases at most.
-                line = self._read_line(time.monotonic() + self.case_timeout_s)
-                if line is None:
+                try:
+                    line = self._read_line(time.monotonic() + self.case_timeout_s)
+                    answer = parse_answer(line) if line is not None else None
+                    index = answer.get("index") if answer is not None else None
+                    if index is not None:
+                        if not isinstance(index, int) or not 0 <= index < len(cases) or results[index] is not None:
+                            raise HostProtocolError(f"the kernel host answered for case index {index!r}, "
+                                                    "which was not asked for or was answered already")
+                        result = checked_result(answer, cases[index])
+                except HostProtocolError as error:
+                    # What it answered so far stands; the rest runs one case at a time below,
+                    # where a host that misbehaves again costs only that case.
+                    log.warning("kernel host for %s: %s", self.library_path, error)
                     self._kill()
                     break
-                answer = json.loads(line)
-                if "index" in answer:
-                    result = CaseResult.model_validate(answer["result"])
-                    results[answer["index"]] = result
+                if answer is None:
+                    self._kill()
+                    break
+                if index is not None:
+                    results[index] = result
                     if on_result:
                         on_result(answer["index"], result)
                     continue

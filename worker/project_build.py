@@ -49,13 +49,19 @@ INSTALLED = "installed"
 
 
 def build_project(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | None = None,
-                  cuda_archs: list[str] | None = None) -> BuildResult:
-    """Build `source_dir` (an extracted commit) per `config.build`; never raises for a failed build."""
+                  cuda_archs: list[str] | None = None, trusted: bool = True,
+                  max_timeout_s: float | None = None) -> BuildResult:
+    """Build `source_dir` (an extracted commit) per `config.build`; never raises for a failed build.
+
+    `trusted`: whether the build may write to the shared compiler cache (worker.build).
+    `max_timeout_s`: the operator's cap; the tree's build.timeout_s may ask for less, never more."""
     source_dir = Path(source_dir).resolve()
+    if max_timeout_s is not None and config.build.timeout_s > max_timeout_s:
+        config = config.model_copy(update={"build": config.build.model_copy(update={"timeout_s": max_timeout_s})})
     build = config.build
     if build.kind == "torch-extension":
         return build_extension(source_dir / build.source_dir, cache_dir=cache_dir, cuda_archs=cuda_archs,
-                               timeout_s=build.timeout_s)
+                               timeout_s=build.timeout_s, trusted=trusted)
     return build_command(source_dir, config, cache_dir=cache_dir, cuda_archs=cuda_archs)
 
 
@@ -98,7 +104,8 @@ def _run_commands(workdir: Path, config: ProjectConfig, archs: list[str], log_pa
             try:
                 # Submitted build commands run like csrc builds: own process group, limits, no network.
                 child = sandbox.popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                      stderr=subprocess.STDOUT, limits=sandbox.BUILD_LIMITS, guard_group=True)
+                                      stderr=subprocess.STDOUT, limits=sandbox.BUILD_LIMITS, guard_group=True,
+                                      writable=[workdir])
             except OSError as error:
                 return f"build command {command!r} could not start: {error}"
             try:

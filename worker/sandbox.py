@@ -1,21 +1,25 @@
 """The sandbox every build and kernel host runs in: submitted source is compiled and executed here.
 
-What a child gets (Linux; each measure degrades with a logged reason where the platform refuses):
-- its own session and process group (a timeout or cancel kills the whole group: compilers, ninja);
-- resource limits: CPU seconds, size of any file it writes, number of processes, no core dumps;
-- no network: a fresh network namespace (only a loopback that is down). As root that is
-  unshare(CLONE_NEWNET); otherwise a user namespace first (CLONE_NEWUSER | CLONE_NEWNET) mapping
-  the caller's own uid. Where neither is allowed (containers without the capability, seccomp),
-  the child runs with the host network and `network_isolation()` says why;
-- an environment built from an allowlist: no database URL, broker URL, API token or cloud
-  credential reaches it (`sandbox_env`);
-- a scratch folder as HOME and TMPDIR, deleted afterwards (`Scratch`);
-- SIGKILL when the process that started it dies (PR_SET_PDEATHSIG); for builds, whose compilers are
-  grandchildren that signal never reaches, worker.group_guard kills the whole group then, so no
-  orphan keeps the cores.
+With bubblewrap (`bwrap`, Debian's `bubblewrap`, the sandbox Flatpak uses) a child gets
+(worker/sandbox_mounts.py has the mount plan):
+- a fresh mount namespace: only the toolchain, Python/torch, the optdrift packages and the folders
+  the caller names are visible (system folders read-only; the build folder and a scratch HOME
+  writable); no OPTDRIFT_HOME, database file, token file, /run or /var sockets;
+- new PID, network, IPC and UTS namespaces: nothing it starts survives it (`setsid`, double
+  forks), other processes' /proc is invisible, there is no network at all;
+- uid/gid 65534 without capabilities (as root: through setpriv, so it is unprivileged outside too);
+- death with its parent (bwrap --die-with-parent), its own session and process group;
+- resource limits: CPU seconds, size of any file it writes, processes of the sandbox user, address
+  space (builds), no core dumps;
+- an environment built from an allowlist (`sandbox_env`) and a scratch HOME/TMPDIR (`Scratch`).
 
-It is not a security boundary against a determined kernel-level attacker (see docs/SECURITY.md):
-the child shares the filesystem view and the GPU with the worker user.
+Where bubblewrap cannot run here (not installed, user namespaces refused), `status()` says why;
+the worker logs it at start and refuses verify runs unless the operator set
+OPTDRIFT_ALLOW_UNSANDBOXED=true (worker/tasks.py). Children then get the weaker measures this module
+had before bubblewrap: own process group, limits, a network namespace where the kernel allows one,
+the allowlisted environment, and worker.group_guard for builds.
+
+It shares the kernel and the GPU with the worker (see docs/SECURITY.md): not a VM.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from worker import sandbox_mounts as mounts
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +64,18 @@ ALLOWED_ENV = (
 class SandboxLimits:
     cpu_seconds: int | None = 3600
     file_size_bytes: int | None = 4 * 1024**3
-    # RLIMIT_NPROC counts every process and thread of the user, so keep it well above what the
-    # worker user runs besides (root is exempt from it).
+    # RLIMIT_NPROC counts every process and thread of the user. Under bubblewrap that user is the
+    # sandbox's own (uid 65534), so a fork bomb stops here; without it, the worker's user (root is
+    # exempt), so keep it well above what that user runs besides.
     max_processes: int | None = 4096
+    # RLIMIT_AS per process. None for a CUDA kernel host: the driver reserves far more virtual
+    # address space than it uses.
+    address_space_bytes: int | None = None
     isolate_network: bool = True
 
 
-BUILD_LIMITS = SandboxLimits(cpu_seconds=1800, file_size_bytes=4 * 1024**3, max_processes=4096)
+BUILD_LIMITS = SandboxLimits(cpu_seconds=1800, file_size_bytes=4 * 1024**3, max_processes=4096,
+                             address_space_bytes=24 * 1024**3)
 HOST_LIMITS = SandboxLimits(cpu_seconds=6 * 3600, file_size_bytes=2 * 1024**3, max_processes=4096)
 
 
@@ -116,7 +127,8 @@ def _unshare_network() -> None:
 def _set_limits(limits: SandboxLimits) -> None:
     for name, value in ((resource.RLIMIT_CPU, limits.cpu_seconds),
                         (resource.RLIMIT_FSIZE, limits.file_size_bytes),
-                        (resource.RLIMIT_NPROC, limits.max_processes)):
+                        (resource.RLIMIT_NPROC, limits.max_processes),
+                        (resource.RLIMIT_AS, limits.address_space_bytes)):
         if value is not None:
             _soft, hard = resource.getrlimit(name)
             capped = value if hard == resource.RLIM_INFINITY else min(value, hard)
@@ -127,6 +139,9 @@ def _set_limits(limits: SandboxLimits) -> None:
 def _make_preexec(limits: SandboxLimits, isolate: bool):  # noqa: ANN202
     def preexec() -> None:
         _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        # bwrap makes the folders above each bind with the caller's umask: a worker started with
+        # 077 would leave them untraversable by the sandbox user.
+        os.umask(0o022)
         if isolate:
             _unshare_network()
         _set_limits(limits)
@@ -147,14 +162,123 @@ def network_isolation() -> tuple[bool, str]:
     return True, "network namespace"
 
 
-def popen(args: list[str], *, limits: SandboxLimits, env: dict[str, str], guard_group: bool = False,
-          **kwargs) -> subprocess.Popen:  # noqa: ANN003
-    """subprocess.Popen in the sandbox (own session/process group, limits, no network).
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap cannot run here; the message says why and what to do."""
 
-    `guard_group`: run `args` under worker.group_guard, so that when this process dies the whole
-    group goes (PR_SET_PDEATHSIG alone reaches only the direct child: a build's ninja and
-    compilers outlived a SIGKILLed worker). `-P`: the guard module comes from the worker's own
-    path, never from a submitted tree in the child's working directory."""
+
+def bwrap_executable() -> str | None:
+    return os.environ.get("OPTDRIFT_BWRAP") or shutil.which("bwrap")
+
+
+def secret_paths() -> list[Path]:
+    """What no sandbox may show: OPTDRIFT_HOME, the database file, the token files, the source store
+    and the build cache root (a child sees its own staging folder inside it, nothing more)."""
+    from service.settings import get_settings
+
+    settings = get_settings()
+    paths = [settings.home, settings.admin_token_file, settings.worker_token_file,
+             settings.resolved_store_dir, settings.resolved_build_cache_dir]
+    database = settings.resolved_database_url
+    if database.startswith("sqlite"):
+        paths.append(Path(database.split(":///", 1)[-1]))
+    return [Path(os.path.abspath(p)) for p in paths]
+
+
+def _plan(*, env: dict[str, str], readable: list[Path], writable: list[Path], gpu: bool) -> mounts.MountPlan:
+    from service.settings import get_settings
+
+    read_only = mounts.python_paths() + mounts.toolchain_paths(env, get_settings().sandbox_ro_paths)
+    return mounts.MountPlan(read_only=read_only + [Path(p).resolve() for p in readable],
+                            writable=[Path(p).resolve() for p in writable],
+                            devices=mounts.gpu_devices() if gpu else [], secrets=secret_paths())
+
+
+def _give_to_sandbox_user(paths: list[Path]) -> None:
+    """As root the child runs as uid 65534: hand it the folders it may write (whole trees: a build
+    writes next to the sources it was given)."""
+    for top in paths:
+        os.lchown(top, mounts.SANDBOX_UID, mounts.SANDBOX_GID)
+        for folder, dirs, files in os.walk(top):
+            for name in dirs + files:
+                os.lchown(os.path.join(folder, name), mounts.SANDBOX_UID, mounts.SANDBOX_GID)
+
+
+def bwrap_command(args: list[str], *, env: dict[str, str], readable: list[Path] = (),
+                  writable: list[Path] = (), gpu: bool = False, cwd: Path | None = None) -> list[str]:
+    """The full command line that runs `args` in the sandbox (bwrap must exist)."""
+    privileged = os.geteuid() == 0
+    user_args, prefix = mounts.identity_args(privileged=privileged)
+    plan = _plan(env=env, readable=list(readable), writable=list(writable), gpu=gpu)
+    mount_args = plan.args()
+    for reason in plan.skipped:
+        log.warning("sandbox: not showing %s", reason)
+    chdir = str(Path(cwd).resolve()) if cwd else (str(Path(writable[0]).resolve()) if writable else "/tmp")
+    return [bwrap_executable(), *mounts.namespace_args(), *user_args, *mount_args, "--chdir", chdir,
+            "--", *prefix, *args]
+
+
+@lru_cache(maxsize=1)
+def status() -> tuple[bool, str]:
+    """(available, what): whether builds and kernel hosts run under bubblewrap here, probed once by
+    starting a Python in a box as a real child would be started."""
+    if not sys.platform.startswith("linux"):
+        return False, f"bubblewrap is Linux-only (platform {sys.platform})"
+    executable = bwrap_executable()
+    if executable is None or not os.access(executable, os.X_OK):
+        return False, "bubblewrap is not installed (Debian: apt-get install bubblewrap; or set OPTDRIFT_BWRAP)"
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        return False, "running as root, and setpriv (util-linux) is missing to drop to the sandbox user"
+    env = sandbox_env(scratch=Path("/tmp"))
+    env["PYTHONPATH"] = str(mounts.code_root())
+    try:
+        out = subprocess.run(bwrap_command([sys.executable, "-P", "-c", "import worker, os; print(os.getuid())"],
+                                           env=env), env=env, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return False, f"bubblewrap did not start: {exc}"
+    if out.returncode != 0 or out.stdout.strip() != str(mounts.SANDBOX_UID):
+        detail = (out.stderr.strip().splitlines() or ["no message"])[-1]
+        return False, f"bubblewrap could not make a sandbox here ({detail}); user namespaces may be refused"
+    return True, f"bubblewrap {executable}"
+
+
+def available() -> bool:
+    return status()[0]
+
+
+def signal_of(returncode: int | None) -> signal.Signals | None:
+    """The signal that ended a sandboxed child, if one did. bwrap reports a child killed by signal N
+    as exit status 128 + N (subprocess reports an unsandboxed one as -N)."""
+    if returncode is None:
+        return None
+    number = -returncode if returncode < 0 else (returncode - 128 if available() and returncode > 128 else 0)
+    try:
+        return signal.Signals(number) if number else None
+    except ValueError:
+        return None
+
+
+def popen(args: list[str], *, limits: SandboxLimits, env: dict[str, str], readable: list[Path] = (),
+          writable: list[Path] = (), gpu: bool = False, cwd: Path | None = None, guard_group: bool = False,
+          **kwargs) -> subprocess.Popen:  # noqa: ANN003
+    """subprocess.Popen in the sandbox: `args` sees the toolchain, Python and `readable` read-only,
+    `writable` read-write (handed to the sandbox user), the GPU's device nodes if `gpu`, nothing
+    else of the file system; its first folder (or `cwd`) is the working folder.
+
+    Without bubblewrap (`status()`), the weaker measures of the module docstring; then
+    `guard_group` runs `args` under worker.group_guard, so that when this process dies the whole
+    group goes (PR_SET_PDEATHSIG alone reaches only the direct child). `-P`: the guard module comes
+    from the worker's own path, never from a submitted tree in the child's working directory."""
+    if available():
+        env = dict(env)
+        scratch = env.get("TMPDIR")  # sandbox_env's scratch: the child's HOME and TMPDIR
+        if scratch and scratch != "/tmp" and Path(scratch).is_dir():
+            writable = [*writable, Path(scratch)]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(mounts.code_root()), env.get("PYTHONPATH")]))
+        if os.geteuid() == 0:
+            _give_to_sandbox_user([Path(p) for p in writable])
+        command = bwrap_command(args, env=env, readable=readable, writable=writable, gpu=gpu, cwd=cwd)
+        return subprocess.Popen(command, env=env, start_new_session=True,
+                                preexec_fn=_make_preexec(limits, False), **kwargs)
     if guard_group:
         args = [sys.executable, "-P", "-m", "worker.group_guard", "--", *args]
     isolate = False
@@ -162,7 +286,7 @@ def popen(args: list[str], *, limits: SandboxLimits, env: dict[str, str], guard_
         isolate, reason = network_isolation()
         if not isolate:
             log.warning("sandbox: running %s WITH network access: %s", Path(args[0]).name, reason)
-    return subprocess.Popen(args, env=env, start_new_session=True,
+    return subprocess.Popen(args, env=env, start_new_session=True, cwd=cwd,
                             preexec_fn=_make_preexec(limits, isolate), **kwargs)
 
 

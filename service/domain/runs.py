@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from service.db.models import (
     ACTIVE_STATUSES, BUILDING, CANCELLED, DONE, FAILED, FINAL_STATUSES, QUEUED, RUNNING, Run,
 )
+from service.domain import redaction
 from service.domain.errors import ConflictError, NotFoundError
 
 
@@ -38,8 +39,20 @@ def claim(*, session: Session, run_id: int, worker: str) -> bool:
     return result.rowcount == 1
 
 
+def _scrubbed(values: dict) -> dict:
+    """What a worker stores about its run, with known secrets replaced (service.domain.redaction):
+    errors, build logs and run detail are served to anyone who can read the run."""
+    for key in ("error", "build_log"):
+        if isinstance(values.get(key), str):
+            values[key] = redaction.scrub(values[key])
+    if "environment_detail" in values:
+        values["environment_detail"] = redaction.scrub_json(values["environment_detail"])
+    return values
+
+
 def set_status(*, session: Session, run_id: int, worker: str, status: str, **values) -> bool:  # noqa: ANN003
     """Move a run this worker owns to `status`; False if it no longer owns it (reaped)."""
+    values = _scrubbed(values)
     now = _now()
     if status in FINAL_STATUSES:
         values.setdefault("finished_at", now)
@@ -53,6 +66,7 @@ def set_status(*, session: Session, run_id: int, worker: str, status: str, **val
 
 
 def heartbeat(*, session: Session, run_id: int, worker: str, **values) -> bool:  # noqa: ANN003
+    values = _scrubbed(values)
     result = session.execute(
         update(Run)
         .where(Run.id == run_id, Run.worker == worker, Run.status.in_(ACTIVE_STATUSES))

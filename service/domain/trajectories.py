@@ -12,6 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.db.models import Run, Trajectory
+from service.domain import redaction
 from service.results import CaseResult, CaseSpec, EnvironmentFingerprint, RunResult
 from service.results import Trajectory as TrajectoryModel
 
@@ -81,7 +82,7 @@ def store_case_result(*, session: Session, run_id: int, case_index: int, result:
     row.case_index = case_index
     row.case = result.case.model_dump(mode="json")
     row.status = result.status
-    row.error = result.message
+    row.error = redaction.scrub(result.message)  # a kernel's own words: may quote what it read
     row.steps = steps
     row.series_layout = layout
     row.series_data = data

@@ -132,6 +132,20 @@ class Settings(BaseSettings):
         except OSError:
             return None
 
+    # ---- API request and input limits (issue 13: service/api/request_guard.py, ----
+    # ---- service/domain/patches.py, service/domain/submission_rules.py)        ----
+    # A multipart body may be one upload (max_upload_bytes) plus this much for its form fields and
+    # framing; past the sum the request is refused (413) before or while it is read.
+    max_form_overhead_bytes: int = 64 * 1024
+    # JSON and url-encoded bodies (projects, acknowledgements): FastAPI holds them whole in memory.
+    max_json_body_bytes: int = 1024 * 1024
+    # What a verify patch may write: any one file, and all files together (git binary literals
+    # inflate, so a 6 MB patch could otherwise write 1 GiB).
+    max_patch_file_bytes: int = 16 * 1024 * 1024
+    max_patch_expanded_bytes: int = 64 * 1024 * 1024
+    # Environments one commit submission may name (each is a run and a queue).
+    max_environments_per_request: int = 16
+
 
 @lru_cache
 def get_settings() -> Settings:

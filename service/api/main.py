@@ -10,6 +10,7 @@ from sqlalchemy import exc as sqlalchemy_exc
 
 from service.api import maintenance
 from service.api.auth import install_error_handlers, read_access
+from service.api.request_guard import RequestGuard
 from service.api.routes import commits, health, projects, runs, sources, verify
 from service.dashboard.routes import install as install_dashboard
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
@@ -38,6 +39,8 @@ def create_app() -> FastAPI:
         lifespan=lifespan,
         dependencies=[Depends(read_access)],
     )
+    # Token and size checks before any body is read (FastAPI parses bodies before dependencies).
+    app.add_middleware(RequestGuard)
     app.include_router(api_router)
     app.include_router(health.router)
     install_dashboard(app)

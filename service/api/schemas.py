@@ -5,7 +5,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from service.domain.errors import BadInputError
+from service.domain.submission_rules import check_battery
+
+
+# A queue name: `cpu`, `gpu.sm90`, ...
+EnvironmentName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
 
 class ProjectCreate(BaseModel):
@@ -14,7 +23,17 @@ class ProjectCreate(BaseModel):
     build_command: str | None = None
     adapter: str = "bundled"
     default_battery: str = "quick"
-    environments: list[str] = Field(default_factory=lambda: ["cpu"], min_length=1)
+    # Registered environments: submissions may only name these (each is a run and a worker queue).
+    environments: list[EnvironmentName] = Field(default_factory=lambda: ["cpu"], min_length=1,
+                                                max_length=32)
+
+    @field_validator("default_battery")
+    @classmethod
+    def _battery_allowed(cls, value: str) -> str:
+        try:
+            return check_battery(value)
+        except BadInputError as exc:  # pydantic turns a ValueError into the field's 422
+            raise ValueError(str(exc)) from exc
 
 
 class ProjectPublic(BaseModel):

@@ -19,6 +19,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from service.api.deps import SessionDep
+from service.api.params import Page, RunIdPath, RunIdQuery
 from service.dashboard import release_matrix, wording
 from service.domain import dashboard_queries as queries
 from service.domain.errors import NotFoundError
@@ -46,7 +47,7 @@ def projects_page(request: Request, session: SessionDep) -> HTMLResponse:
 
 @router.get("/projects/{project}", response_class=HTMLResponse)
 def overview_page(request: Request, project: str, session: SessionDep, ref: str | None = None,
-                  verdict: str | None = None, page: int = 1) -> HTMLResponse:
+                  verdict: str | None = None, page: Page = 1) -> HTMLResponse:
     data = queries.overview(session=session, project_name=project, ref=ref or None,
                             verdict=verdict or None, page=page)
     return _page(request, "overview.html", data=data, project=data.project,
@@ -55,13 +56,13 @@ def overview_page(request: Request, project: str, session: SessionDep, ref: str 
 
 @router.get("/projects/{project}/commits/{sha}", response_class=HTMLResponse)
 def commit_page(request: Request, project: str, sha: str, session: SessionDep,
-                run: int | None = None) -> HTMLResponse:
+                run: RunIdQuery = None) -> HTMLResponse:
     run_id = queries.commit_run_id(session=session, project_name=project, sha=sha, run_id=run)
     return _run_page(request, session, run_id)
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
-def run_page(request: Request, run_id: int, session: SessionDep) -> HTMLResponse:
+def run_page(request: Request, run_id: RunIdPath, session: SessionDep) -> HTMLResponse:
     return _run_page(request, session, run_id)
 
 
@@ -93,7 +94,7 @@ def _finite_or_none(value: float | None) -> float | None:
 
 
 @router.get("/dashboard/api/runs/{run_id}/series")
-def case_series(run_id: int, case: str, session: SessionDep) -> JSONResponse:
+def case_series(run_id: RunIdPath, case: str, session: SessionDep) -> JSONResponse:
     """Per-step series of one case for the run and its baseline (what the run page plots)."""
     data = queries.case_series(session=session, run_id=run_id, case_id=case)
     for key in ("commit", "baseline"):

@@ -41,12 +41,15 @@ class ApiToken(Base):
 
 
 class TokenRun(Base):
-    """A run a token created: the verify quota counts these per UTC day."""
+    """A verify attempt of a token: the quota counts these per UTC day. Taken before the request
+    is processed (so concurrent requests cannot all pass the count); `run_id` is set when the run
+    is created, `rejection` when the request was refused (a refused attempt still counts)."""
 
     __tablename__ = "token_runs"
     __table_args__ = (Index("ix_token_runs_token_id_created_at", "token_id", "created_at"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"))
-    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), unique=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    rejection: Mapped[str | None] = mapped_column(String(500))

@@ -110,11 +110,45 @@ def _open_stream(data: bytes, limits: ArchiveLimits) -> tarfile.TarFile:
         raise ArchiveError(f"not a readable tar.gz archive ({exc}); upload `tar czf` output") from exc
 
 
-def _check_member(member: tarfile.TarInfo, seen: set[str]) -> None:
-    name = member.name
-    parts = Path(name).parts
+# Paths every filesystem the worker extracts onto can hold (NAME_MAX 255 bytes; PATH_MAX 4096
+# including the extraction folder), and a depth pathlib's recursive mkdir handles: a 6000-character
+# path broke the worker with RecursionError / ENAMETOOLONG after the API had accepted it.
+MAX_MEMBER_PATH_BYTES = 1024
+MAX_MEMBER_COMPONENT_BYTES = 255
+MAX_MEMBER_DEPTH = 64
+
+
+@dataclass
+class _SeenNames:
+    files: set[str]
+    dirs: set[str]  # explicit directories and every parent of a member
+
+
+def _check_name(name: str) -> tuple[str, ...]:
     if not name or "\x00" in name:
         raise ArchiveError(f"member {name!r} has an empty or NUL-containing name")
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError as exc:  # tarfile maps undecodable bytes to lone surrogates
+        raise ArchiveError(f"member {name.encode('utf-8', 'replace')[:200]!r} has a name that is not "
+                           "valid UTF-8; rename it (source paths must be UTF-8)") from exc
+    parts = Path(name).parts
+    if len(encoded) > MAX_MEMBER_PATH_BYTES:
+        raise ArchiveError(f"member {name[:80]!r}... has a {len(encoded)}-byte path; at most "
+                           f"{MAX_MEMBER_PATH_BYTES} bytes are allowed")
+    if len(parts) > MAX_MEMBER_DEPTH:
+        raise ArchiveError(f"member {name[:80]!r}... is {len(parts)} folders deep; at most "
+                           f"{MAX_MEMBER_DEPTH} are allowed")
+    long_part = next((p for p in parts if len(p.encode("utf-8")) > MAX_MEMBER_COMPONENT_BYTES), None)
+    if long_part is not None:
+        raise ArchiveError(f"member {name[:80]!r} has a path component of {len(long_part.encode())} "
+                           f"bytes; at most {MAX_MEMBER_COMPONENT_BYTES} are allowed")
+    return parts
+
+
+def _check_member(member: tarfile.TarInfo, seen: _SeenNames) -> None:
+    name = member.name
+    parts = _check_name(name)
     if name.startswith(("/", "\\")) or (parts and ":" in parts[0]) or ".." in parts:
         raise ArchiveError(f"member {name!r} escapes the archive root")
     if member.issym() or member.islnk():
@@ -123,17 +157,24 @@ def _check_member(member: tarfile.TarInfo, seen: set[str]) -> None:
         raise ArchiveError(f"member {name!r} is not a regular file or directory")
     if member.mode & 0o6000:
         raise ArchiveError(f"member {name!r} has the setuid/setgid bit; source files never need it")
-    normalised = Path(name).as_posix().rstrip("/")
-    if normalised in seen and not member.isdir():
-        raise ArchiveError(f"member {name!r} appears twice; a second copy would silently replace "
-                           "the first")
-    seen.add(normalised)
+    normalised = "/".join(parts)
+    if normalised in seen.files or (normalised in seen.dirs and not member.isdir()):
+        raise ArchiveError(f"member {name!r} appears twice (or as both a file and a folder); a "
+                           "second copy would silently replace the first")
+    # `a` then `a/b`: extraction would need `a` to be a folder and a file at once.
+    for depth in range(1, len(parts)):
+        parent = "/".join(parts[:depth])
+        if parent in seen.files:
+            raise ArchiveError(f"member {name!r} lies under {parent!r}, which the archive has as a "
+                               "file; a path cannot be both")
+        seen.dirs.add(parent)
+    (seen.dirs if member.isdir() else seen.files).add(normalised)
 
 
 def _walk(tar: tarfile.TarFile, limits: ArchiveLimits, on_member=None) -> int:  # noqa: ANN001
     members = 0
     total = 0
-    seen: set[str] = set()
+    seen = _SeenNames(files=set(), dirs=set())
     try:
         for member in tar:
             members += 1

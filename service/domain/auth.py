@@ -1,5 +1,5 @@
-"""API tokens: creation (shown once), lookup by hash, scope checks, expiry, revocation, the verify
-quota.
+"""API tokens: creation (shown once), lookup by hash, scope checks, expiry, revocation (the verify
+quota: service/domain/verify_quota.py).
 
 A token is `odt_` + 43 url-safe characters from `secrets.token_urlsafe(32)`: 256 random bits.
 Only its sha256 is stored. A slow password hash (bcrypt, argon2) exists to make guessing a
@@ -14,13 +14,13 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.db.base import utcnow
-from service.db.token_models import ADMIN, SCOPES, SUBMIT, VERIFY, WORKER, ApiToken, TokenRun
+from service.db.token_models import ADMIN, SCOPES, SUBMIT, VERIFY, WORKER, ApiToken
 
 TOKEN_PREFIX = "odt_"
 
@@ -122,35 +122,9 @@ def list_tokens(*, session: Session) -> list[ApiToken]:
     return list(session.scalars(select(ApiToken).order_by(ApiToken.id)))
 
 
-def _start_of_utc_day(now: datetime) -> datetime:
-    return now.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
-
-
-def check_verify_quota(*, session: Session, principal: Principal, default_quota: int,
-                       now: datetime | None = None) -> None:
-    """Only verify-scope tokens are metered (admin and CI submit tokens are trusted)."""
-    if principal.scope != VERIFY:
-        return
-    quota = principal.daily_quota if principal.daily_quota is not None else default_quota
-    now = now or utcnow()
-    day_start = _start_of_utc_day(now)
-    used = session.scalar(select(func.count()).select_from(TokenRun).where(
-        TokenRun.token_id == principal.token_id, TokenRun.created_at >= day_start)) or 0
-    if used >= quota:
-        reset = day_start + timedelta(days=1)
-        raise QuotaExceeded(
-            f"token {principal.name!r} used its {quota} verify runs for today (UTC); the quota "
-            f"resets at {reset.isoformat()}", retry_after_s=max(1, int((reset - now).total_seconds())))
-
-
-def record_run(*, session: Session, principal: Principal, run_id: int) -> None:
-    session.add(TokenRun(token_id=principal.token_id, run_id=run_id))
-    session.flush()
-
-
 __all__ = ["ADMIN", "SUBMIT", "VERIFY", "WORKER", "SCOPES", "Principal", "TokenRejected",
            "ScopeDenied", "QuotaExceeded", "create_token", "authenticate", "revoke", "list_tokens",
-           "check_verify_quota", "record_run", "hash_token"]
+           "hash_token"]
 
 
 # ----------------------------------------------------------------------------- first start

@@ -7,7 +7,6 @@ is not committed yet).
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,8 @@ from sqlalchemy.orm import Session
 from service.db.models import Commit, Project, Run
 from service.domain.archives import ArchiveError, extract_archive, pack_directory
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
+from service.domain.patches import PatchLimits, apply_patch_bounded
+from service.domain.submission_rules import check_battery, check_environments
 from service.domain.storage import UnknownSourceError, archive_limits, get_archive, store_archive
 from service.settings import Settings
 
@@ -70,7 +71,7 @@ def find_commit(*, session: Session, project: Project, ref: str) -> Commit:
     return commit
 
 
-def _existing_by_key(*, session: Session, project: Project, key: str | None) -> Run | None:
+def existing_run_for_key(*, session: Session, project: Project, key: str | None) -> Run | None:
     if not key:
         return None
     return session.scalar(select(Run).where(Run.project_id == project.id, Run.idempotency_key == key))
@@ -96,9 +97,13 @@ def submit_commit(
     sha = sha.strip()
     if not sha or len(sha) > 64:
         raise BadInputError(f"commit sha {sha!r} must be 1-64 characters")
-    keyed = _existing_by_key(session=session, project=project, key=idempotency_key)
+    keyed = existing_run_for_key(session=session, project=project, key=idempotency_key)
     if keyed is not None:
         return Submission(runs=[keyed], commit=keyed.commit)
+    battery = check_battery(battery)
+    environments = check_environments(
+        project_name=project.name, registered=project.environments, requested=environments,
+        max_per_request=settings.max_environments_per_request)
     digest = _source_digest(session=session, settings=settings, archive=archive,
                             source_digest=source_digest)
     base_commit = find_commit(session=session, project=project, ref=baseline) if baseline else None
@@ -124,7 +129,7 @@ def submit_commit(
     battery = battery or project.default_battery
     runs: list[Run] = []
     new_ids: list[int] = []
-    for environment in environments or project.environments:
+    for environment in environments:
         run = session.scalar(select(Run).where(
             Run.commit_id == commit.id, Run.battery == battery, Run.environment == environment))
         if run is None:
@@ -151,14 +156,9 @@ def apply_patch(*, settings: Settings, base_archive: Path, patch: bytes) -> byte
         extract_archive(base_archive.read_bytes(), tree, archive_limits(settings))
         patch_file = Path(tmp) / "change.patch"
         patch_file.write_bytes(patch)
-        result = subprocess.run(
-            ["git", "apply", "--whitespace=nowarn", "-p1", str(patch_file)],
-            cwd=tree, capture_output=True, text=True, timeout=60,
-        )
-        if result.returncode != 0:
-            raise BadInputError(
-                f"patch does not apply to the base commit: {result.stderr.strip()[:2000]}"
-            )
+        apply_patch_bounded(tree=tree, patch_file=patch_file, limits=PatchLimits(
+            max_file_bytes=settings.max_patch_file_bytes,
+            max_total_bytes=settings.max_patch_expanded_bytes))
         return pack_directory(tree)
 
 
@@ -174,9 +174,10 @@ def submit_verify(
     environment: str | None = None,
     idempotency_key: str | None = None,
 ) -> Submission:
-    keyed = _existing_by_key(session=session, project=project, key=idempotency_key)
+    keyed = existing_run_for_key(session=session, project=project, key=idempotency_key)
     if keyed is not None:
         return Submission(runs=[keyed], commit=None)
+    battery = check_battery(battery)
     base_commit = find_commit(session=session, project=project, ref=base)
     if (archive is None) == (patch is None):
         raise BadInputError("send exactly one of `archive` (a source tar.gz) or `patch` (a diff)")
@@ -188,8 +189,8 @@ def submit_verify(
     environment = environment or project.environments[0]
     if environment not in project.environments:
         raise BadInputError(
-            f"environment {environment!r} is not one of project {project.name!r}'s "
-            f"{project.environments}")
+            f"environment {environment[:60]!r} is not registered for project {project.name!r}; "
+            f"use one of {', '.join(project.environments)}")
     run = Run(project_id=project.id, kind="verify", commit_id=None, base_commit_id=base_commit.id,
               source_digest=digest, battery=battery or project.default_battery,
               environment=environment, idempotency_key=idempotency_key)

@@ -8,6 +8,7 @@ from sqlalchemy.orm import selectinload
 
 from service.api.auth import AdminDep, SubmitDep
 from service.api.deps import SessionDep, SettingsDep
+from service.api.params import Offset, limit_param
 from service.api.presenters import commit_public, run_public, verdict_public
 from service.api.schemas import (
     AcknowledgeRequest, CommitPublic, CommitsPublic, SubmissionPublic, VerdictsPublic,
@@ -61,7 +62,8 @@ def submit_commit(
 
 
 @router.get("/commits", response_model=CommitsPublic)
-def list_commits(project: str, session: SessionDep, limit: int = 50, offset: int = 0) -> CommitsPublic:
+def list_commits(project: str, session: SessionDep, limit: limit_param(50, 500) = 50,
+                 offset: Offset = 0) -> CommitsPublic:
     project_row = projects.get_by_name(session=session, name=project)
     query = select(Commit).where(Commit.project_id == project_row.id)
     count = session.scalar(select(func.count()).select_from(query.subquery()))
@@ -70,7 +72,7 @@ def list_commits(project: str, session: SessionDep, limit: int = 50, offset: int
     rows = session.scalars(
         query.options(selectinload(Commit.runs).selectinload(Run.verdict),
                       selectinload(Commit.runs).joinedload(Run.base_commit))
-        .order_by(Commit.created_at.desc(), Commit.id.desc()).limit(min(limit, 500)).offset(offset)
+        .order_by(Commit.created_at.desc(), Commit.id.desc()).limit(limit).offset(offset)
     ).all()
     waiting_cache: dict = {}
     return CommitsPublic(data=[commit_public(row, waiting_cache) for row in rows], count=count or 0)
@@ -109,14 +111,15 @@ def acknowledge_commit(
 
 @router.get("/verdicts", response_model=VerdictsPublic)
 def project_verdicts(
-    project: str, session: SessionDep, flagged: bool | None = None, limit: int = 100
+    project: str, session: SessionDep, flagged: bool | None = None,
+    limit: limit_param(100, 1000) = 100,
 ) -> VerdictsPublic:
     """The project's verdict history, newest first (`flagged=true`: only those failing CI)."""
     project_row = projects.get_by_name(session=session, name=project)
     query = select(Verdict).join(Run, Verdict.run_id == Run.id).where(Run.project_id == project_row.id)
     if flagged is not None:
         query = query.where(Verdict.flagged.is_(flagged))
-    rows = session.scalars(query.order_by(Verdict.created_at.desc()).limit(min(limit, 1000))).all()
+    rows = session.scalars(query.order_by(Verdict.created_at.desc()).limit(limit)).all()
     return VerdictsPublic(data=[verdict_public(row) for row in rows])
 
 

@@ -8,6 +8,7 @@ from fastapi.responses import PlainTextResponse, Response
 
 from service.api.auth import AdminDep, PrincipalDep
 from service.api.deps import SessionDep
+from service.api.params import RunIdPath
 from service.domain.auth import SUBMIT
 from service.api.presenters import run_public, trajectory_public, verdict_public
 from service.api.schemas import AcknowledgeRequest, RunPublic, TrajectoriesPublic, TrajectoryPublic, VerdictPublic
@@ -18,25 +19,25 @@ router = APIRouter(prefix="/runs", tags=["runs"])
 
 
 @router.get("/{run_id}", response_model=RunPublic)
-def read_run(run_id: int, session: SessionDep) -> RunPublic:
+def read_run(run_id: RunIdPath, session: SessionDep) -> RunPublic:
     return run_public(runs.get(session=session, run_id=run_id))
 
 
 @router.get("/{run_id}/log", response_class=PlainTextResponse)
-def build_log(run_id: int, session: SessionDep) -> str:
+def build_log(run_id: RunIdPath, session: SessionDep) -> str:
     run = runs.get(session=session, run_id=run_id)
     return run.build_log or ""
 
 
 @router.post("/{run_id}/cancel", response_model=RunPublic)
-def cancel_run(run_id: int, session: SessionDep, principal: PrincipalDep) -> RunPublic:
+def cancel_run(run_id: RunIdPath, session: SessionDep, principal: PrincipalDep) -> RunPublic:
     # CI may cancel its own project's runs (a superseded push); everything else is admin's.
     principal.require(SUBMIT, project=runs.get(session=session, run_id=run_id).project.name)
     return run_public(runs.request_cancel(session=session, run_id=run_id))
 
 
 @router.post("/{run_id}/acknowledge", response_model=VerdictPublic)
-def acknowledge_run(run_id: int, body: AcknowledgeRequest, session: SessionDep,
+def acknowledge_run(run_id: RunIdPath, body: AcknowledgeRequest, session: SessionDep,
                     _principal: AdminDep) -> VerdictPublic:
     run = runs.get(session=session, run_id=run_id)
     verdict = verdict_store.acknowledge(session=session, run=run, note=body.note, by=body.by)
@@ -45,7 +46,7 @@ def acknowledge_run(run_id: int, body: AcknowledgeRequest, session: SessionDep,
 
 
 @router.get("/{run_id}/trajectories", response_model=TrajectoriesPublic)
-def list_trajectories(run_id: int, session: SessionDep) -> TrajectoriesPublic:
+def list_trajectories(run_id: RunIdPath, session: SessionDep) -> TrajectoriesPublic:
     runs.get(session=session, run_id=run_id)
     rows = trajectories.list_rows(session=session, run_id=run_id)
     return TrajectoriesPublic(run_id=run_id, data=[trajectory_public(row) for row in rows])
@@ -53,7 +54,7 @@ def list_trajectories(run_id: int, session: SessionDep) -> TrajectoriesPublic:
 
 @router.get("/{run_id}/trajectories.csv", response_class=Response,
             responses={200: {"content": {"text/csv": {}}}})
-def export_trajectories_csv(run_id: int, session: SessionDep) -> Response:
+def export_trajectories_csv(run_id: RunIdPath, session: SessionDep) -> Response:
     """One row per case x step; floats written with repr (shortest exact round trip)."""
     runs.get(session=session, run_id=run_id)
     rows = trajectories.list_rows(session=session, run_id=run_id)
@@ -72,7 +73,7 @@ def export_trajectories_csv(run_id: int, session: SessionDep) -> Response:
 
 
 @router.get("/{run_id}/trajectories/{case_id}", response_model=TrajectoryPublic)
-def read_trajectory(run_id: int, case_id: str, session: SessionDep) -> TrajectoryPublic:
+def read_trajectory(run_id: RunIdPath, case_id: str, session: SessionDep) -> TrajectoryPublic:
     runs.get(session=session, run_id=run_id)
     for row in trajectories.list_rows(session=session, run_id=run_id):
         if row.case_id == case_id:

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 def record_baseline_diffs(*, run_id: int, settings: Settings) -> int:
     """Store per-step |commit − baseline| for the changed cases of `run_id`; returns how many."""
-    from worker.battery import load_battery
+    from worker.battery import battery_from_tree
     from worker.engine import corun_battery
     from worker.project_build import build_project
 
@@ -54,6 +54,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings) -> int:
         baseline_result = trajectories.run_result(session=session, run=baseline)
         project = session.get(Project, run.project_id)
         digests = {"commit": run.source_digest, "baseline": baseline.source_digest}
+        trusted = {"commit": run.kind != "verify", "baseline": baseline.kind != "verify"}
 
     cases = [c.case for c in commit_result.cases if c.case.case_id in changed_ids]
     stored = {c.case.case_id: c for c in commit_result.cases}
@@ -66,15 +67,14 @@ def record_baseline_diffs(*, run_id: int, settings: Settings) -> int:
             config = load_project_config(source, project)
             adapter = config.adapter
             build = build_project(source, config, cache_dir=settings.resolved_build_cache_dir,
-                                  cuda_archs=[] if settings.worker_device == "cpu" else None)
+                                  cuda_archs=[] if settings.worker_device == "cpu" else None,
+                                  trusted=trusted[side], max_timeout_s=settings.max_build_s)
             if not build.ok:
                 log.warning("run %s: the %s no longer builds (%s); no per-step diffs", run_id, side, build.error)
                 return 0
             libraries[side] = build.library_path
         # As the run itself did (worker/tasks.py): a battery named by a path is a file in the tree.
-        in_tree = Path(tmp) / "commit" / run.battery
-        inside = in_tree.resolve().is_relative_to((Path(tmp) / "commit").resolve())
-        battery = load_battery(str(in_tree) if inside and in_tree.is_file() else run.battery)
+        battery = battery_from_tree(Path(tmp) / "commit", run.battery)
         rerun, _, diffs = corun_battery(battery, libraries["commit"], libraries["baseline"],
                                         device=settings.worker_device, cases=cases,
                                         case_timeout_s=settings.case_timeout_s, adapter=adapter)

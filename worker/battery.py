@@ -20,7 +20,9 @@ import json
 import os
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from service.results import CaseSpec, GradientStreamSpec, KernelFamily, OptimizerName, ParamDtype
 
@@ -252,6 +254,55 @@ def _standard() -> BatterySpec:
 
 
 BUILTIN_BATTERIES = {"quick": _quick, "standard": _standard}
+
+
+class BatteryError(ValueError):
+    """A submitted battery name that is not a built-in battery nor a valid battery file in the tree.
+    The message names the input and what to do; it never quotes a file outside the tree."""
+
+
+MAX_BATTERY_FILE_BYTES = 1024 * 1024
+MAX_BATTERY_NAME_CHARS = 255
+
+
+def _tree_path_problem(name: str) -> str | None:
+    """Why `name` cannot be a path inside a tree, or None."""
+    if not name or len(name) > MAX_BATTERY_NAME_CHARS:
+        return f"is empty or longer than {MAX_BATTERY_NAME_CHARS} characters"
+    if "\0" in name or "\\" in name:
+        return "contains a NUL or a backslash"
+    if name.startswith("/"):
+        return "is an absolute path"
+    if ".." in name.split("/"):
+        return "goes up a folder ('..')"
+    return None
+
+
+def battery_from_tree(tree: Path, name: str) -> BatterySpec:
+    """The battery a run names: a built-in one, or a JSON file inside the submitted `tree` (relative,
+    no '..', no link out of the tree; extracted archives hold no links at all). Anything else is a
+    BatteryError, never a read of another file: the name comes from the submitter."""
+    if name in BUILTIN_BATTERIES:
+        return BUILTIN_BATTERIES[name]()
+    what = f"use a built-in battery ({', '.join(sorted(BUILTIN_BATTERIES))}) or the relative path of a JSON file in the tree"
+    problem = _tree_path_problem(name)
+    if problem:
+        raise BatteryError(f"battery {name[:80]!r} {problem}: {what}")
+    root = Path(tree).resolve()
+    path = root / name
+    resolved = path.resolve()
+    if not resolved.is_relative_to(root) or path.is_symlink():
+        raise BatteryError(f"battery {name!r} leads out of the submitted tree: {what}")
+    if not resolved.is_file():
+        raise BatteryError(f"battery {name!r} is not a file in the submitted tree: {what}")
+    if resolved.stat().st_size > MAX_BATTERY_FILE_BYTES:
+        raise BatteryError(f"battery file {name!r} is larger than {MAX_BATTERY_FILE_BYTES} bytes")
+    try:
+        return BatterySpec.model_validate_json(resolved.read_bytes())
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}"
+                             for e in error.errors(include_url=False, include_input=False, include_context=False))
+        raise BatteryError(f"battery file {name!r} is not a valid battery: {problems[:2000]}") from None
 
 
 def load_battery(name_or_path: str) -> BatterySpec:

@@ -208,7 +208,9 @@ class KernelHost:
 
     def __init__(self, library_path: str | Path, *, device: str = "auto", case_timeout_s: float = 300.0,
                  startup_timeout_s: float = 120.0, env: dict[str, str] | None = None, threads: int = 1,
-                 adapter: str = "bundled"):
+                 adapter: str = "bundled", deadline: float | None = None):
+        """`deadline` (time.monotonic()): the run's time budget; no wait goes past it, and cases
+        asked for after it are answered `broken` without being run."""
         self.library_path = str(library_path)
         self.adapter = adapter
         self.device = device
@@ -216,6 +218,7 @@ class KernelHost:
         self.startup_timeout_s = startup_timeout_s
         self.env = env
         self.threads = threads
+        self.deadline = deadline
         self.environment: EnvironmentFingerprint | None = None
         self.restarts = 0
         self._process: subprocess.Popen | None = None
@@ -265,6 +268,9 @@ class KernelHost:
             return []
         library = Path(self.library_path)
         return [library if library.is_dir() else library.parent]
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
 
     def _alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
@@ -317,6 +323,8 @@ class KernelHost:
 
     def _read_line(self, deadline: float) -> bytes | None:
         """One protocol line, or None on EOF (host died) or at the deadline (host hangs)."""
+        if self.deadline is not None:
+            deadline = min(deadline, self.deadline)
         fd = self._process.stdout.fileno()
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
@@ -353,6 +361,10 @@ class KernelHost:
         """Send a case; `collect()` gets its result. Two hosts can work at the same time this way."""
         self._pending_case = case
         self._pending_failure: CaseResult | None = None
+        if self.out_of_time():
+            self._pending_failure = CaseResult(case=case, status="broken",
+                                               message="not run: the run's time budget ran out")
+            return
         startup_error = self._ensure_running()
         if startup_error is not None:
             self._pending_failure = CaseResult(case=case, status="broken", message=startup_error)
@@ -389,8 +401,12 @@ class KernelHost:
         if line is None:
             timed_out = self._process.poll() is None
             self._kill()
-            message = (f"timed out after {self.case_timeout_s:g} s" if timed_out
-                       else f"kernel host crashed: {self._death_note()}")
+            if timed_out and self.out_of_time():
+                message = "stopped: the run's time budget ran out during this case"
+            elif timed_out:
+                message = f"timed out after {self.case_timeout_s:g} s"
+            else:
+                message = f"kernel host crashed: {self._death_note()}"
             return CaseResult(case=case, status="broken", message=message,
                               duration_s=time.monotonic() - started)
         if answer.get("restart"):

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from celery.signals import worker_ready
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from service.db.models import CANCELLED, DONE, FAILED, RUNNING, Run
@@ -24,6 +25,7 @@ from service.domain import runs, trajectories, verdict_store
 from service.domain.queueing import RUN_TASK_NAME
 from service.domain.storage import archive_limits
 from service.settings import Settings, get_settings
+from worker import sandbox
 from worker.celery_app import app
 from worker.source_fetch import fetch_source
 
@@ -52,6 +54,47 @@ def retry_database(action, *, what: str, give_up_after_s: float = 300.0):  # noq
 
 class RunLost(RuntimeError):
     """The run is no longer ours (reaped after a missed heartbeat, or cancelled)."""
+
+
+class RunBudget:
+    """The operator's caps for one run (service.settings): build time, per-case timeout, total time.
+    A verify run (a contributor's code, the lowest trust) gets the smaller verify_* caps. A tree's
+    optdrift.toml may ask for less, never more."""
+
+    def __init__(self, settings: Settings, *, untrusted: bool):
+        self.untrusted = untrusted
+        self.run_s = settings.verify_max_run_s if untrusted else settings.max_run_s
+        self.build_s = min(settings.verify_max_build_s, settings.max_build_s) if untrusted else settings.max_build_s
+        self.case_timeout_s = (min(settings.verify_case_timeout_s, settings.case_timeout_s) if untrusted
+                               else settings.case_timeout_s)
+        self.deadline = time.monotonic() + self.run_s
+
+    def build_timeout_s(self) -> float:
+        return max(1.0, min(self.build_s, self.deadline - time.monotonic()))
+
+    def exceeded(self) -> bool:
+        return time.monotonic() > self.deadline
+
+    def reason(self, done: int, total: int) -> str:
+        name = "OPTDRIFT_VERIFY_MAX_RUN_S" if self.untrusted else "OPTDRIFT_MAX_RUN_S"
+        return (f"the run took longer than its budget of {self.run_s:g} s ({name}) and was stopped "
+                f"after {done} of {total} cases")
+
+
+class RunBudgetExceeded(RuntimeError):
+    pass
+
+
+@worker_ready.connect
+def _say_whether_sandboxed(**_kwargs) -> None:  # noqa: ANN003
+    available, what = sandbox.status()
+    if available:
+        log.info("sandbox: builds and kernel hosts run under %s", what)
+    elif get_settings().allow_unsandboxed:
+        log.warning("sandbox UNAVAILABLE (%s); OPTDRIFT_ALLOW_UNSANDBOXED=true: verify runs run without it", what)
+    else:
+        log.warning("sandbox UNAVAILABLE (%s): verify runs are refused (an operator may set "
+                    "OPTDRIFT_ALLOW_UNSANDBOXED=true); commit runs get the weaker measures", what)
 
 
 def worker_name() -> str:
@@ -155,80 +198,97 @@ def _checkpoint(*, session, run_id: int, worker: str, beat: Heartbeat) -> None: 
         raise RunLost("cancelled on request")
 
 
+def _refusal(run: Run, settings: Settings) -> str | None:
+    """Why this worker will not run `run` at all, or None."""
+    available, what = sandbox.status()
+    if run.kind == "verify" and not available and not settings.allow_unsandboxed:
+        return (f"this worker cannot sandbox builds ({what}), and verify runs execute a contributor's "
+                "code: they need the sandbox. Install bubblewrap on the worker, or an operator may set "
+                "OPTDRIFT_ALLOW_UNSANDBOXED=true")
+    return None
+
+
 def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) -> str:
     from service.db.models import Project
-    from service.domain.project_config import load_project_config
-    from worker.battery import load_battery
+    from service.domain.project_config import ProjectConfigError, load_project_config
+    from worker.battery import BatteryError, battery_from_tree
     from worker.kernel_host import KernelHost
     from worker.project_build import build_project
 
     with get_sessionmaker()() as session, tempfile.TemporaryDirectory(prefix=f"optdrift-run{run_id}-") as tmp:
         run = session.get(Run, run_id)
+
+        def fail(error: str) -> str:
+            runs.set_status(session=session, run_id=run_id, worker=worker, status=FAILED, error=error)
+            return FAILED
+
+        refusal = _refusal(run, settings)
+        if refusal:
+            return fail(refusal)
+        budget = RunBudget(settings, untrusted=run.kind == "verify")
         source_dir = fetch_source(
             base_url=settings.public_url, digest=run.source_digest, dest=Path(tmp) / "src",
             limits=archive_limits(settings), max_bytes=settings.max_upload_bytes,
             token=settings.resolved_worker_token())
         _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
-        # issue 9: the tree's optdrift.toml over the project's registered fields (docs/PROJECTS.md);
-        # a battery named by a path is a file in the tree.
-        config = load_project_config(source_dir, session.get(Project, run.project_id))
-        in_tree = source_dir / run.battery
-        inside = in_tree.resolve().is_relative_to(Path(source_dir).resolve())
-        battery = load_battery(str(in_tree) if inside and in_tree.is_file() else run.battery)
+        # issue 9: the tree's optdrift.toml over the project's registered fields (docs/PROJECTS.md).
+        # A battery named by a path is a file inside the tree, nothing else (worker.battery).
+        try:
+            config = load_project_config(source_dir, session.get(Project, run.project_id))
+            battery = battery_from_tree(source_dir, run.battery)
+        except (ProjectConfigError, BatteryError) as error:
+            return fail(str(error))
         cases = battery.expand()
 
         cpu_only = settings.worker_device == "cpu"
         build = build_project(source_dir, config, cache_dir=settings.resolved_build_cache_dir,
-                              cuda_archs=[] if cpu_only else None)
+                              cuda_archs=[] if cpu_only else None, trusted=not budget.untrusted,
+                              max_timeout_s=budget.build_timeout_s())
         detail = {"battery_version": battery.version, "build_ok": build.ok,
-                  "build_error": build.error, "cuda_archs": build.cuda_archs}
+                  "build_error": build.error, "cuda_archs": build.cuda_archs,
+                  "sandbox": sandbox.status()[1] if sandbox.available() else "none: " + sandbox.status()[1]}
         if not runs.heartbeat(session=session, run_id=run_id, worker=worker,
                               build_log=_read_log(build.log_path), build_digest=build.digest,
                               build_cached=build.cached, battery_hash=battery.digest,
                               environment_detail=detail):
             raise RunLost("the run was taken away during the build")
         if not build.ok:
-            runs.set_status(session=session, run_id=run_id, worker=worker, status=FAILED,
-                            error=f"build failed: {build.error}")
-            return FAILED
+            return fail(f"build failed: {build.error}")
         _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
 
         runs.set_status(session=session, run_id=run_id, worker=worker, status=RUNNING,
                         cases_total=len(cases), cases_done=0)
-        with KernelHost(build.library_path, device=settings.worker_device,
-                        case_timeout_s=settings.case_timeout_s, adapter=config.adapter) as host:
-            if settings.fast_engine:
-                # worker.fast_engine through the host: the same results, stored as groups finish.
-                _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
-                stored: list[int] = []
+        stored: list[int] = []
 
-                def store(index: int, result) -> None:  # noqa: ANN001
-                    nonlocal detail
-                    _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
-                    trajectories.store_case_result(session=session, run_id=run_id, case_index=index,
-                                                   result=result)
-                    stored.append(index)
-                    if host.environment is not None and "fingerprint" not in detail:
-                        detail = {**detail, "fingerprint": host.environment.model_dump(mode="json")}
-                    if not runs.heartbeat(session=session, run_id=run_id, worker=worker,
-                                          cases_done=len(stored), environment_detail=detail):
-                        session.rollback()
-                        raise RunLost("the run was taken away while running cases")
+        def store(index: int, result) -> None:  # noqa: ANN001
+            nonlocal detail
+            _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
+            trajectories.store_case_result(session=session, run_id=run_id, case_index=index, result=result)
+            stored.append(index)
+            if host.environment is not None and "fingerprint" not in detail:
+                detail = {**detail, "fingerprint": host.environment.model_dump(mode="json")}
+            # The trajectory and the progress commit together: progress never runs ahead.
+            if not runs.heartbeat(session=session, run_id=run_id, worker=worker,
+                                  cases_done=len(stored), environment_detail=detail):
+                session.rollback()
+                raise RunLost("the run was taken away while running cases")
+            if budget.exceeded():
+                raise RunBudgetExceeded(budget.reason(len(stored), len(cases)))
 
-                host.run_many(cases, on_result=store)
-                cases = []  # all stored; the one-case loop below has nothing left to do
-            for index, case in enumerate(cases):
+        try:
+            with KernelHost(build.library_path, device=settings.worker_device,
+                            case_timeout_s=budget.case_timeout_s, adapter=config.adapter,
+                            deadline=budget.deadline) as host:
                 _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
-                result = host.run(case)
-                trajectories.store_case_result(session=session, run_id=run_id, case_index=index,
-                                               result=result)
-                if host.environment is not None and "fingerprint" not in detail:
-                    detail = {**detail, "fingerprint": host.environment.model_dump(mode="json")}
-                # The trajectory and the progress commit together: progress never runs ahead.
-                if not runs.heartbeat(session=session, run_id=run_id, worker=worker,
-                                      cases_done=index + 1, environment_detail=detail):
-                    session.rollback()
-                    raise RunLost("the run was taken away while running cases")
+                if settings.fast_engine:
+                    # worker.fast_engine through the host: the same results, stored as groups finish.
+                    host.run_many(cases, on_result=store)
+                else:
+                    for index, case in enumerate(cases):
+                        _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
+                        store(index, host.run(case))
+        except RunBudgetExceeded as exceeded:
+            return fail(str(exceeded))
         runs.set_status(session=session, run_id=run_id, worker=worker, status=DONE)
         return DONE
 

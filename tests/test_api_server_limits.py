@@ -161,12 +161,25 @@ def test_oversized_requests_are_refused_before_the_body_and_memory_stays_low(ser
     assert server["client"].get("/healthz").status_code == 200
 
 
-def _binary_patch(declared: int, compressed: bytes) -> bytes:
+def _binary_patch(declared: int, compressed: bytes, blob_sha: str) -> bytes:
     """A `GIT binary patch` creating bomb.bin: a literal declaring `declared` bytes, `compressed`
-    as its zlib data in git's base85 lines."""
-    return (b"diff --git a/bomb.bin b/bomb.bin\nnew file mode 100644\nindex 0000000..1111111\n"
+    as its zlib data in git's base85 lines, and the full index line git needs to apply it."""
+    return (b"diff --git a/bomb.bin b/bomb.bin\nnew file mode 100644\nindex "
+            + b"0" * 40 + b".." + blob_sha.encode() + b"\n"
             b"GIT binary patch\nliteral " + str(declared).encode() + b"\n" + _lines(compressed)
             + b"\nliteral 0\nHcmV?d00001\n\n")
+
+
+def _zeros_blob_sha(size: int) -> str:
+    """git's blob id of `size` zero bytes (git apply checks the result against it)."""
+    import hashlib
+
+    digest = hashlib.sha1(f"blob {size}\0".encode())
+    block = b"\0" * (1 << 20)
+    for _ in range(size // len(block)):
+        digest.update(block)
+    digest.update(b"\0" * (size % len(block)))
+    return digest.hexdigest()
 
 
 def _zeros_compressed(total: int) -> bytes:
@@ -186,9 +199,9 @@ def test_patch_bombs_are_refused_quickly_and_count_against_the_quota(server) -> 
     one_gib = 1 << 30
     # A patch whose literal declares (and inflates to) 1 GiB: refused from the declared size.
     compressed = _zeros_compressed(one_gib)
-    honest = _binary_patch(one_gib, compressed)
+    honest = _binary_patch(one_gib, compressed, _zeros_blob_sha(one_gib))
     # A patch that lies: declares 4 KiB, inflates to 1 GiB (git stops at the declared size).
-    lying = _binary_patch(4096, compressed)
+    lying = _binary_patch(4096, compressed, _zeros_blob_sha(4096))
     started = time.monotonic()
     for patch, phrase in ((honest, "OPTDRIFT_MAX_PATCH_FILE_BYTES"), (lying, "patch")):
         response = client.post("/api/v1/projects/kern/verify", headers=headers, data={"base": "base1"},

@@ -259,3 +259,21 @@ def test_a_folder_holding_a_secret_is_never_shown(tmp_path: Path) -> None:
     assert (str(home / "builds"), str(home / "builds")) not in binds
     assert (str(staging), str(staging)) in binds  # the staging folder itself is bound
     assert any(str(tmp_path) in reason for reason in plan.skipped)
+
+
+HOST_PROBE_CASES = 4
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU (runs on the H200)")
+def test_cuda_kernel_host_runs_in_the_box(mode: str, kernels_build) -> None:  # noqa: ANN001
+    """The bundled kernels, built in the box (nvcc included), run on the GPU by a host in the box:
+    the GPU's device nodes are bound in and nothing else changes a result."""
+    from worker.battery import load_battery
+    from worker.kernel_host import KernelHost
+
+    assert sandbox.available() == (mode == "bwrap")
+    cases = [c for c in load_battery("quick").expand() if c.optimizer == "adam"][:HOST_PROBE_CASES]
+    with KernelHost(kernels_build.library_path, device="cuda", case_timeout_s=300) as host:
+        results = host.run_many(cases)
+        assert host.environment.device_kind == "cuda", host.environment
+    assert [r.status for r in results] == ["ok"] * len(cases), [r.message for r in results]

@@ -124,8 +124,11 @@ def python_paths() -> list[Path]:
     paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix),
              Path(sys.executable).resolve().parent.parent,
              Path(worker.__file__).resolve().parent, Path(service.__file__).resolve().parent}
+    # Every import folder (wheels unpacked into a --target folder included), but never the folder
+    # around the optdrift packages (a checkout: its .git, test caches), nor the working folder.
+    root = code_root()
     for entry in sys.path:
-        if entry and ("site-packages" in entry or "dist-packages" in entry) and Path(entry).is_dir():
+        if entry and os.path.isabs(entry) and Path(entry).is_dir() and not root.is_relative_to(Path(entry).resolve()):
             paths.add(Path(entry).resolve())
     return sorted(p.resolve() for p in paths)
 

@@ -59,6 +59,9 @@ FINAL = ("done", "failed", "cancelled")
 # submitted code prints (the worker keeps 200 000 characters of a build log).
 MAX_ERROR_CHARS = 64 * 1024
 MAX_LOG_CHARS = 1024 * 1024
+# What a run may leave on the worker's disk in one file (a failed build's log is kept for people to
+# read): a verify token's daily quota of runs must not fill the disk.
+MAX_KEPT_FILE_BYTES = 64 * 1024 * 1024
 REFUSALS = (400, 404, 409, 413, 422)
 # The verify budgets of the test's worker (service/settings.py): small, so a hang costs seconds.
 VERIFY_BUDGETS = {"OPTDRIFT_VERIFY_MAX_BUILD_S": "8", "OPTDRIFT_VERIFY_CASE_TIMEOUT_S": "6",
@@ -307,6 +310,18 @@ class Residue:
         client = redis.Redis.from_url(f"redis://127.0.0.1:6379/{REDIS_DB}")
         return [key.decode() for key in client.keys(f"pwned-{self.n}-*")]
 
+    def big_files(self, since: float) -> list[str]:
+        """Files of the build cache written since `since` that are over the size bound."""
+        found = []
+        for path in self.world.target.build_cache.rglob("*"):
+            try:
+                info = path.lstat()
+            except OSError:
+                continue
+            if path.is_file() and info.st_mtime >= since and info.st_size > MAX_KEPT_FILE_BYTES:
+                found.append(f"{path.relative_to(self.world.target.build_cache)} ({info.st_size >> 20} MiB)")
+        return found
+
     def kill(self) -> None:
         for pid in self.processes():
             try:
@@ -357,7 +372,7 @@ def test_hostile(world: World, name: str) -> None:
     residue.remove()
     problems: list[str] = []
     outcome = ""
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time() - 1
     try:
         answer, sha = _submit(world, attack, n)
         texts = {"submission answer": answer.text}
@@ -411,6 +426,9 @@ def test_hostile(world: World, name: str) -> None:
         keys = residue.redis_keys()
         if keys:
             problems.append(f"keys written to the broker's Redis: {keys}")
+        big = residue.big_files(started_at)
+        if big:
+            problems.append(f"the run left files over {MAX_KEPT_FILE_BYTES >> 20} MiB on the worker's disk: {big}")
     finally:
         residue.remove()
         # -s shows what each attack came to (the report of issue 13 lists them)

@@ -270,6 +270,7 @@ def popen(args: list[str], *, limits: SandboxLimits, env: dict[str, str], readab
     from the worker's own path, never from a submitted tree in the child's working directory."""
     if available():
         env = dict(env)
+        env.update({"USER": mounts.SANDBOX_USER, "LOGNAME": mounts.SANDBOX_USER})
         scratch = env.get("TMPDIR")  # sandbox_env's scratch: the child's HOME and TMPDIR
         if scratch and scratch != "/tmp" and Path(scratch).is_dir():
             writable = [*writable, Path(scratch)]

@@ -30,11 +30,13 @@ from __future__ import annotations
 import glob
 import os
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 SANDBOX_UID = 65534  # "nobody": owns nothing on the host
 SANDBOX_GID = 65534
+SANDBOX_USER = "optdrift-sandbox"
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
 # What a compiler, the dynamic loader and Python read from /etc. Not /etc itself.
 ETC_FILES = ("/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
@@ -97,6 +99,8 @@ class MountPlan:
         for name in ETC_FILES:
             if self._admit(Path(name), seen):
                 out += [*self._parents(Path(name), seen, made), "--ro-bind", name, name]
+        for target, source in identity_files().items():
+            out += [*self._parents(Path(target), seen, made), "--ro-bind", str(source), target]
         out += ["--ro-bind-try", "/sys", "/sys", "--proc", "/proc", "--dev", "/dev",
                 "--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", "/tmp",
                 "--perms", "1777", "--size", str(TMP_BYTES), "--tmpfs", "/dev/shm"]
@@ -113,6 +117,28 @@ class MountPlan:
             if device.exists():
                 out += ["--dev-bind", str(device), str(device)]
         return out
+
+
+_IDENTITY_FILES: dict[str, Path] = {}
+
+
+def identity_files() -> dict[str, Path]:
+    """/etc/passwd and /etc/group for the box, naming only root and the sandbox user: torch and the
+    compilers look the current user up (getpwuid), and the host's files list every account."""
+    if not _IDENTITY_FILES or not all(p.exists() for p in _IDENTITY_FILES.values()):
+        folder = Path(tempfile.mkdtemp(prefix="optdrift-sandbox-etc-"))
+        folder.chmod(0o755)
+        contents = {
+            "/etc/passwd": f"root:x:0:0:root:/root:/bin/sh\n"
+                           f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_GID}:optdrift sandbox:/tmp:/bin/sh\n",
+            "/etc/group": f"root:x:0:\n{SANDBOX_USER}:x:{SANDBOX_GID}:\n",
+        }
+        for target, text in contents.items():
+            path = folder / Path(target).name
+            path.write_text(text)
+            path.chmod(0o644)
+            _IDENTITY_FILES[target] = path
+    return dict(_IDENTITY_FILES)
 
 
 def python_paths() -> list[Path]:

@@ -1,7 +1,9 @@
 # The GPU worker image: CUDA toolkit (nvcc for the ninja builds) + torch. One container per GPU.
 FROM nvidia/cuda:12.8.1-devel-ubuntu22.04
+# bubblewrap: the sandbox every build and kernel host runs in (worker/sandbox.py); util-linux has
+# setpriv. Without them the worker refuses verify runs (docs/SECURITY.md).
 RUN apt-get update && apt-get install -y --no-install-recommends python3.11 python3.11-venv \
-        python3-pip git ninja-build && rm -rf /var/lib/apt/lists/*
+        python3-pip git ninja-build bubblewrap util-linux && rm -rf /var/lib/apt/lists/*
 RUN python3.11 -m venv /venv
 ENV PATH=/venv/bin:$PATH
 RUN pip install --no-cache-dir torch==2.8.0 --index-url https://download.pytorch.org/whl/cu128
@@ -12,5 +14,10 @@ COPY worker ./worker
 COPY migrations ./migrations
 COPY csrc ./csrc
 RUN pip install --no-cache-dir ".[worker]"
+# The worker runs as an unprivileged user: bubblewrap then maps the sandbox's uid 65534 to it
+# through a user namespace, and submitted code never runs as root inside the container.
+RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin optdrift \
+    && mkdir -p /data/builds && chown -R optdrift:optdrift /data
 ENV OPTDRIFT_HOME=/data
+USER optdrift
 CMD ["optdrift", "worker"]

@@ -77,3 +77,15 @@ def test_compose_reserves_a_gpu_and_the_api_migrates_on_start() -> None:
     assert workers and all(
         w["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"] for w in workers)
     assert "optdrift migrate" in " ".join(services["api"]["command"])
+
+
+def test_the_gpu_worker_image_runs_unprivileged_with_bubblewrap() -> None:
+    """Submitted code must not run as root in the worker container (issue 13), and the sandbox
+    must exist there, or the worker refuses verify runs."""
+    text = (REPO_ROOT / "docker" / "worker-gpu.Dockerfile").read_text()
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert users and users[-1] not in ("root", "0"), users
+    assert re.search(r"apt-get install[^\n]*(\\\n[^\n]*)*\bbubblewrap\b", text)
+    worker = COMPOSE["services"]["worker-gpu0"]
+    assert "seccomp=unconfined" in worker.get("security_opt", [])
+    assert not worker.get("privileged") and not worker.get("cap_add")

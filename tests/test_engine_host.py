@@ -82,3 +82,38 @@ def test_a_library_that_cannot_load_is_broken_not_a_crash(tmp_path):
     with _host(missing, startup_timeout_s=60) as host:
         result = host.run(_case("adam", 0))
     assert result.status == "broken" and "did not start" in result.message and "nope.so" in result.message
+
+
+@pytest.mark.parametrize("lie, says", [
+    ("garbage", "not JSON"),
+    ("flood", "a line over"),
+    ("foreign", "answered for case"),
+])
+def test_a_host_that_lies_costs_only_its_case(kernels_build, lie, says):
+    """The host runs submitted code: its answers are checked like any untrusted input. A line that
+    is not JSON, a line without end (memory), a result for a case nobody asked for: that case is
+    broken with the reason, the others stand, in the one-case and the fast path alike."""
+    cases = [_case("adam", 0), _case("adam", 1), _case("adam", 2)]
+    with _host(kernels_build, fault=f"{lie}:{cases[1].case_id}") as host:
+        one_by_one = [host.run(c) for c in cases]
+    with _host(kernels_build, fault=f"{lie}:{cases[1].case_id}") as host:
+        fast = host.run_many(cases)
+    for results in (one_by_one, fast):
+        assert [r.status for r in results] == ["ok", "broken", "ok"], [r.message for r in results]
+        assert says in results[1].message and results[1].case == cases[1]
+
+
+def test_no_wait_goes_past_the_run_deadline(kernels_build):
+    """A run's time budget (worker/tasks.py RunBudget) reaches into the host: a hanging case ends at
+    the deadline, not after the per-case timeout, and what is asked afterwards is not run."""
+    import time
+
+    cases = [_case("adam", 0), _case("adam", 1)]
+    started = time.monotonic()
+    with _host(kernels_build, fault=f"hang:{cases[0].case_id}", case_timeout_s=120,
+               deadline=time.monotonic() + 8) as host:
+        results = [host.run(c) for c in cases]
+    assert time.monotonic() - started < 30
+    assert [r.status for r in results] == ["broken", "broken"]
+    assert "time budget ran out during this case" in results[0].message
+    assert results[1].message == "not run: the run's time budget ran out"

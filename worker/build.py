@@ -45,7 +45,7 @@ from typing import Iterator
 
 from pydantic import BaseModel
 
-from worker import sandbox
+from worker import log_tail, sandbox
 
 # Bump when the way a build is made changes, so old cache entries are not reused.
 BUILD_RECIPE_VERSION = "2"  # 2: libstdc++ linked dynamically, --fmad=false
@@ -59,6 +59,8 @@ DEFAULT_CFLAGS = ("-O3",)
 # memory-bound: FMA buys them no speed.
 DEFAULT_CUDA_CFLAGS = ("-O3", "-lineinfo", "--fmad=false")
 MANIFEST = "manifest.json"
+# What is kept of a build log: its last MiB (submitted code decides how much a build prints).
+MAX_KEPT_LOG_BYTES = 1024 * 1024
 LIBRARY_PREFIX = "optdrift_kernels_"
 EXTENSION_NAME_MACRO = "TORCH_EXTENSION_NAME"  # torch defines it per build: <LIBRARY_PREFIX><digest>
 
@@ -361,7 +363,9 @@ def compiler_message(log: str, *, context_lines: int = 4, max_lines: int = 60) -
     picked = [lines[i] for i in sorted(set(keep)) if not lines[i].startswith(("Traceback", "  File "))]
     if not picked:
         picked = [line for line in lines[-max_lines:] if not line.startswith(("Traceback", "  File "))]
-    return "\n".join(picked[:max_lines]).strip() or "the build failed without a compiler message; see the log"
+    # Lines are the submitted code's: one of them can be 100 MB.
+    message = log_tail.clip_lines("\n".join(picked[:max_lines]).strip())
+    return message or "the build failed without a compiler message; see the log"
 
 
 def build_extension(
@@ -406,6 +410,7 @@ def build_extension(
             # Keep the failed attempt's log where the result points; drop its objects.
             failed_dir = cache_dir / "failed" / f"{digest}-{uuid.uuid4().hex[:8]}"
             failed_dir.mkdir(parents=True)
+            log_tail.keep_tail(staging / "build.log", MAX_KEPT_LOG_BYTES)
             shutil.move(str(staging / "build.log"), failed_dir / "build.log")
             shutil.rmtree(staging, ignore_errors=True)
             return result.model_copy(update={"log_path": str(failed_dir / "build.log"),
@@ -503,6 +508,7 @@ def _compile(
         base = base.model_copy(update={"compiler_cache": stats})
         with open(log_path, "a") as log:
             log.write(f"compiler cache: {stats.summary()}\n")
+    log_tail.keep_tail(log_path, MAX_KEPT_LOG_BYTES)
     log_text = log_path.read_text(errors="replace")
     library = staging / f"{name}.so"
     if returncode != 0 or not library.is_file():

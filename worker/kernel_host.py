@@ -28,7 +28,9 @@ host's last stderr lines.
 
 Test-only fault injection (tests/test_engine_host.py, tests/test_faults.py):
 OPTDRIFT_TEST_HOST_FAULT="abort:TEXT" calls os.abort(), "segv:TEXT" reads address 0 and
-"hang:TEXT" sleeps forever when a case id contains TEXT. Nothing else reads it.
+"hang:TEXT" sleeps forever when a case id contains TEXT. A host runs submitted code, so it may
+also lie: "garbage:TEXT" answers a line that is not JSON, "flood:TEXT" sends bytes without end of
+line, "foreign:TEXT" answers a result for another case. Nothing else reads it.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from worker import sandbox
+from worker import log_tail, sandbox
 from service.results import CaseResult, CaseSpec, EnvironmentFingerprint
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -55,6 +57,25 @@ FAULT_ENV = "OPTDRIFT_TEST_HOST_FAULT"
 
 
 # ----------------------------------------------------------------------------- host side
+def _lie(case: CaseSpec, protocol) -> bool:  # noqa: ANN001
+    """Test-only: answer falsely for `case` as hostile code in the host could; True if it did."""
+    kind, _, text = os.environ.get(FAULT_ENV, "").partition(":")
+    if not text or text not in case.case_id or kind not in ("garbage", "flood", "foreign"):
+        return False
+    if kind == "garbage":
+        protocol.write("this is not a protocol line\n")
+    elif kind == "flood":
+        for _ in range(80):
+            protocol.write("x" * (1 << 20))
+        protocol.write("\n")
+    else:
+        other = case.model_copy(update={"seed": case.seed + 1})
+        protocol.write(json.dumps({"index": 0, "restart": False, "result": CaseResult(
+            case=other, status="broken", message="a result for a case nobody asked for").model_dump(mode="json")}) + "\n")
+    protocol.flush()
+    return True
+
+
 def _inject_fault(case: CaseSpec) -> None:
     fault = os.environ.get(FAULT_ENV, "")
     kind, _, text = fault.partition(":")
@@ -115,6 +136,8 @@ def host_main(argv: list[str] | None = None) -> int:
         case = CaseSpec.model_validate(request["case"])
         restart = False
         _inject_fault(case)
+        if _lie(case, protocol):
+            continue
         unsupported = adapter.unsupported(case, device)
         try:
             if unsupported:
@@ -149,6 +172,8 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
     runnable = []
     for index, case in enumerate(cases):
         _inject_fault(case)  # test-only: a crash here must fall back to one case at a time
+        if _lie(case, protocol):
+            continue
         unsupported = adapter.unsupported(case, device)
         if unsupported:  # as the one-case path answers it
             emit(index, CaseResult(case=case, status="broken", message=f"unsupported: {unsupported}"))
@@ -222,7 +247,7 @@ class KernelHost:
         self.environment: EnvironmentFingerprint | None = None
         self.restarts = 0
         self._process: subprocess.Popen | None = None
-        self._buffer = b""
+        self._buffer = bytearray()
         self._stderr = tempfile.NamedTemporaryFile(prefix="optdrift-host-", suffix=".log", delete=False)
         self._scratch = sandbox.Scratch(prefix="optdrift-host-scratch-")
 
@@ -240,7 +265,7 @@ class KernelHost:
         env = sandbox.sandbox_env(scratch=self._scratch.path,
                                   source=os.environ if self.env is None else self.env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
-        self._buffer = b""
+        self._buffer = bytearray()
         self._process = sandbox.popen(
             [sys.executable, "-P", "-m", "worker.kernel_host", "--library", self.library_path,
              "--device", self.device, "--threads", str(self.threads), "--adapter", self.adapter],
@@ -305,9 +330,10 @@ class KernelHost:
         self._scratch.remove()
 
     def stderr_tail(self, lines: int = 8) -> str:
+        """The host's last stderr lines, bounded whatever the kernel printed (worker.log_tail)."""
         self._stderr.flush()
-        text = Path(self._stderr.name).read_text(errors="replace")
-        return "\n".join(text.strip().splitlines()[-lines:])
+        text = log_tail.tail_text(self._stderr.name, 64 * 1024)
+        return log_tail.clip_lines("\n".join(text.strip().splitlines()[-lines:]))
 
     def _death_note(self) -> str:
         code = self._process.poll() if self._process else None
@@ -326,7 +352,8 @@ class KernelHost:
         if self.deadline is not None:
             deadline = min(deadline, self.deadline)
         fd = self._process.stdout.fileno()
-        while b"\n" not in self._buffer:
+        newline = self._buffer.find(b"\n")
+        while newline < 0:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
@@ -337,10 +364,13 @@ class KernelHost:
             if not chunk:
                 self._process.wait()
                 return None
+            searched = len(self._buffer)
             self._buffer += chunk
-            if len(self._buffer) > MAX_ANSWER_BYTES and b"\n" not in self._buffer:
+            newline = self._buffer.find(b"\n", searched)
+            if newline < 0 and len(self._buffer) > MAX_ANSWER_BYTES:
                 raise HostProtocolError(f"the kernel host sent a line over {MAX_ANSWER_BYTES} bytes")
-        line, _, self._buffer = self._buffer.partition(b"\n")
+        line = bytes(self._buffer[:newline])
+        del self._buffer[:newline + 1]
         return line
 
     # -- requests

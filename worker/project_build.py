@@ -32,10 +32,11 @@ import uuid
 from pathlib import Path
 
 from service.domain.project_config import ProjectConfig
-from worker import sandbox
+from worker import log_tail, sandbox
 from worker.build import (
     LabelledHash,
     MANIFEST,
+    MAX_KEPT_LOG_BYTES,
     BuildResult,
     _exclusive_lock,
     build_extension,
@@ -116,8 +117,10 @@ def _run_commands(workdir: Path, config: ProjectConfig, archs: list[str], log_pa
                 return (f"the build took longer than build.timeout_s = {config.build.timeout_s:g} s and was "
                         f"stopped during {command!r}")
             if code != 0:
+                log_tail.keep_tail(log_path, MAX_KEPT_LOG_BYTES)
                 tail = compiler_message(log_path.read_text(errors="replace"))
                 return f"build command {command!r} exited with status {code}:\n{tail}"
+    log_tail.keep_tail(log_path, MAX_KEPT_LOG_BYTES)
     return None
 
 
@@ -162,6 +165,7 @@ def build_command(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | 
         if error is not None:
             failed_dir = cache_dir / "failed" / f"{digest}-{uuid.uuid4().hex[:8]}"
             failed_dir.mkdir(parents=True)
+            log_tail.keep_tail(log_path, MAX_KEPT_LOG_BYTES)
             shutil.move(str(log_path), failed_dir / "build.log")
             shutil.rmtree(staging, ignore_errors=True)
             return base.model_copy(update={"error": error, "log_path": str(failed_dir / "build.log"),

@@ -25,7 +25,7 @@ from service.domain import runs, trajectories, verdict_store
 from service.domain.queueing import RUN_TASK_NAME
 from service.domain.storage import archive_limits
 from service.settings import Settings, get_settings
-from worker import sandbox
+from worker import log_tail, sandbox
 from worker.celery_app import app
 from worker.source_fetch import fetch_source
 
@@ -127,10 +127,9 @@ class Heartbeat:
 
 
 def _read_log(path: str | None) -> str:
-    if not path or not Path(path).exists():
-        return ""
-    text = Path(path).read_text(errors="replace")
-    return text if len(text) <= MAX_LOG_CHARS else "[... log truncated ...]\n" + text[-MAX_LOG_CHARS:]
+    """What the run stores of its build log: the last MAX_LOG_CHARS bytes, lines clipped."""
+    return log_tail.clip_lines(log_tail.tail_text(path, MAX_LOG_CHARS), max_line_chars=2000,
+                               max_chars=MAX_LOG_CHARS)
 
 
 def execute_run(run_id: int, *, settings: Settings | None = None, worker: str | None = None) -> str:

@@ -94,3 +94,12 @@ def scrub_json(value: Any, secrets: tuple[str, ...] | None = None) -> Any:
     if isinstance(value, list):
         return [scrub_json(item, secrets) for item in value]
     return value
+
+
+def clip(text: str | None, max_chars: int) -> str | None:
+    """`text` cut to its first and last halves of `max_chars` (an error's head says what failed, its
+    tail where), saying how much was left out."""
+    if text is None or len(text) <= max_chars:
+        return text
+    half = max_chars // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters not kept ...]\n{text[-half:]}"

@@ -39,12 +39,18 @@ def claim(*, session: Session, run_id: int, worker: str) -> bool:
     return result.rowcount == 1
 
 
+# Whatever a worker sends (its own bounds live in worker/log_tail.py): a run's error and build log
+# are served to anyone who can read the run.
+MAX_ERROR_CHARS = 32 * 1024
+MAX_BUILD_LOG_CHARS = 256 * 1024
+
+
 def _scrubbed(values: dict) -> dict:
     """What a worker stores about its run, with known secrets replaced (service.domain.redaction):
     errors, build logs and run detail are served to anyone who can read the run."""
-    for key in ("error", "build_log"):
+    for key, limit in (("error", MAX_ERROR_CHARS), ("build_log", MAX_BUILD_LOG_CHARS)):
         if isinstance(values.get(key), str):
-            values[key] = redaction.scrub(values[key])
+            values[key] = redaction.clip(redaction.scrub(values[key]), limit)
     if "environment_detail" in values:
         values["environment_detail"] = redaction.scrub_json(values["environment_detail"])
     return values

@@ -64,6 +64,9 @@ def unpack_series(layout: list[dict[str, Any]], data: bytes) -> dict[str, list]:
     return out
 
 
+MAX_CASE_ERROR_CHARS = 16 * 1024
+
+
 def store_case_result(*, session: Session, run_id: int, case_index: int, result: CaseResult) -> Trajectory:
     """Insert or replace the (run, case) row: a re-run of a case never duplicates it."""
     row = session.scalar(
@@ -82,7 +85,8 @@ def store_case_result(*, session: Session, run_id: int, case_index: int, result:
     row.case_index = case_index
     row.case = result.case.model_dump(mode="json")
     row.status = result.status
-    row.error = redaction.scrub(result.message)  # a kernel's own words: may quote what it read
+    # A kernel's own words: they may quote what it read, and be of any length.
+    row.error = redaction.clip(redaction.scrub(result.message), MAX_CASE_ERROR_CHARS)
     row.steps = steps
     row.series_layout = layout
     row.series_data = data

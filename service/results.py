@@ -72,15 +72,27 @@ class Trajectory(_Model):
     digests: list[str]
 
 
-CaseStatus = Literal["ok", "broken"]
+# not_applicable: the adapter declares it cannot run the case on this device (a kernel the library
+# does not have); set aside with the adapter's reason, never part of a verdict.
+CaseStatus = Literal["ok", "broken", "not_applicable"]
+
+
+class RepeatCheck(_Model):
+    """The same case run again on the same build and worker: a kernel that does not reproduce
+    itself is nondeterministic, a finding of its own and not a change against the baseline."""
+
+    runs: int = Field(description="runs in all, the first included")
+    differing: int = Field(description="repeats whose digests differ from the first run's")
+    first_divergent_step: int | None = Field(None, description="1-based; first step where a repeat differs")
 
 
 class CaseResult(_Model):
     case: CaseSpec
     status: CaseStatus
-    message: str | None = Field(None, description="why the case is broken (crash, timeout, error)")
+    message: str | None = Field(None, description="why the case is broken or not applicable")
     trajectory: Trajectory | None = None
     duration_s: float = 0.0
+    repeat_check: RepeatCheck | None = None
 
 
 class EnvironmentFingerprint(_Model):
@@ -112,9 +124,9 @@ class RunResult(_Model):
 
 
 # ----------------------------------------------------------------------------- comparison
-CaseVerdict = Literal["unchanged", "changed", "broken", "new"]
+CaseVerdict = Literal["unchanged", "changed", "broken", "new", "not_applicable", "nondeterministic"]
 Direction = Literal["closer", "farther", "same"]
-RunVerdictName = Literal["unchanged", "changed", "broken", "no-baseline"]
+RunVerdictName = Literal["unchanged", "changed", "broken", "no-baseline", "nondeterministic"]
 
 
 class CaseComparison(_Model):
@@ -128,6 +140,7 @@ class CaseComparison(_Model):
     commit_final_ref64_distance: float | None = None
     baseline_final_ref64_distance: float | None = None
     direction: Direction | None = None
+    repeat_check: RepeatCheck | None = None
 
 
 class RunComparison(_Model):

@@ -10,8 +10,11 @@ Per case:
              reference -> closer / farther / same (a move within rounding at the parameter's
              precision is "same": the smaller same-precision distance, and for float16/bfloat16
              anything within a factor of 2).
-Run: broken if a case is broken (or the build failed), else changed if a case changed, else
-unchanged; no-baseline when there is nothing to compare with.
+  not_applicable   the adapter cannot run the case on this device: listed, not judged;
+  nondeterministic repeats of the case on the same build differ from its first run.
+Run: broken if a case is broken (or the build failed), else nondeterministic if a case does not
+reproduce itself, else no-baseline when there is nothing to compare with, else changed if a case
+changed, else unchanged.
 """
 
 from __future__ import annotations
@@ -84,8 +87,16 @@ def first_divergent_step(commit_digests: list[str], baseline_digests: list[str])
 def compare_case(commit: CaseResult, baseline: CaseResult | None,
                  max_abs_diff_per_step: list[float] | None = None) -> CaseComparison:
     base = {"case_id": commit.case.case_id, "optimizer": commit.case.optimizer}
+    if commit.status == "not_applicable":
+        return CaseComparison(**base, verdict="not_applicable", message=commit.message)
     if commit.status == "broken":
         return CaseComparison(**base, verdict="broken", message=commit.message)
+    if commit.repeat_check is not None and commit.repeat_check.differing:
+        check = commit.repeat_check
+        return CaseComparison(**base, verdict="nondeterministic", repeat_check=check,
+                              first_divergent_step=check.first_divergent_step,
+                              message=f"{check.differing} of {check.runs - 1} repeats on the same build differ "
+                                      f"from the first run, from step {check.first_divergent_step}")
     nonfinite_step = _first_nonfinite_step(commit)
     if nonfinite_step is not None and (baseline is None or baseline.status != "ok"
                                        or _first_nonfinite_step(baseline) is None):
@@ -132,8 +143,11 @@ def compare_runs(commit: RunResult, baseline: RunResult | None,
     baseline_cases = {c.case.case_id: c for c in baseline.cases} if baseline else {}
     cases = [compare_case(c, baseline_cases.get(c.case.case_id), diffs.get(c.case.case_id)) for c in commit.cases]
     counts = Counter(c.verdict for c in cases)
+    # not_applicable cases are listed and counted, never part of the verdict.
     if counts["broken"]:
         verdict = "broken"
+    elif counts["nondeterministic"]:
+        verdict = "nondeterministic"
     elif baseline is None:
         verdict = "no-baseline"
     elif counts["changed"]:

@@ -25,12 +25,15 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 from service.db.base import Base, utcnow
 from service.db.types import UTCDateTime
 
-# Run statuses. queued -> building -> running -> done | failed | cancelled.
-QUEUED, BUILDING, RUNNING, DONE, FAILED, CANCELLED = (
-    "queued", "building", "running", "done", "failed", "cancelled",
+# Run statuses. queued -> building -> running -> done | failed | cancelled | error.
+# failed: the commit's fault (its build failed, its kernels crashed or hung: verdict broken).
+# error: optdrift's fault (source fetch, lost worker, database, disk, sandbox unavailable): retried
+# with backoff a bounded number of times, then final, never blamed on the commit.
+QUEUED, BUILDING, RUNNING, DONE, FAILED, CANCELLED, ERROR = (
+    "queued", "building", "running", "done", "failed", "cancelled", "error",
 )
 ACTIVE_STATUSES = (BUILDING, RUNNING)
-FINAL_STATUSES = (DONE, FAILED, CANCELLED)
+FINAL_STATUSES = (DONE, FAILED, CANCELLED, ERROR)
 
 
 class Project(Base):

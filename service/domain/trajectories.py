@@ -92,6 +92,8 @@ def store_case_result(*, session: Session, run_id: int, case_index: int, result:
     row.series_data = data
     row.digests = "\n".join(digests)
     row.extra = {"duration_s": result.duration_s}
+    if result.repeat_check is not None:
+        row.extra["repeat_check"] = result.repeat_check.model_dump(mode="json")
     session.flush()
     return row
 
@@ -106,6 +108,7 @@ def row_to_case_result(row: Trajectory) -> CaseResult:
     return CaseResult(
         case=CaseSpec.model_validate(row.case), status=row.status, message=row.error,
         trajectory=trajectory, duration_s=(row.extra or {}).get("duration_s", 0.0),
+        repeat_check=(row.extra or {}).get("repeat_check"),
     )
 
 

@@ -139,7 +139,16 @@ class CaseComparison(_Model):
     max_abs_diff_per_step: list[float] | None = None
     commit_final_ref64_distance: float | None = None
     baseline_final_ref64_distance: float | None = None
-    direction: Direction | None = None
+    # Over the steps where the two trajectories differ (from first_divergent_step on): the largest
+    # and the mean per-step distance to the float64 reference. A change can wander off and come
+    # back, so the final step alone can read "same" for a case that was far off on the way.
+    commit_peak_ref64_distance: float | None = None
+    baseline_peak_ref64_distance: float | None = None
+    commit_mean_ref64_distance: float | None = None
+    baseline_mean_ref64_distance: float | None = None
+    direction: Direction | None = Field(None, description="judged over the trajectory (peak and mean distance)")
+    final_direction: Direction | None = Field(None, description="judged at the final step alone; shown where "
+                                                                "it disagrees with `direction`")
     repeat_check: RepeatCheck | None = None
 
 
@@ -149,5 +158,5 @@ class RunComparison(_Model):
     battery_digest: str
     commit_build_digest: str | None = None
     baseline_build_digest: str | None = None
-    counts: dict[str, int] = {}
+    counts: dict[str, int] = Field({}, description="cases per verdict that occurred (the API adds the zeros)")
     cases: list[CaseComparison] = []

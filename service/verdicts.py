@@ -6,10 +6,12 @@ Per case:
   new        no baseline result for this case;
   unchanged  every per-step digest equal (parameters and states bit for bit);
   changed    otherwise: the first step whose digest differs, the per-step max |commit - baseline|
-             (from the co-run, when available), and the final distance of both to the float64
-             reference -> closer / farther / same (a move within rounding at the parameter's
-             precision is "same": the smaller same-precision distance, and for float16/bfloat16
-             anything within a factor of 2).
+             (from the co-run, when available), and the direction: closer / farther / same to the
+             float64 reference, judged over the steps where the two differ by the peak and the mean
+             per-step distance (a move within rounding at the parameter's precision is "same": the
+             smaller same-precision distance, and for float16/bfloat16 anything within a factor
+             of 2). The final-step judgement is kept beside it (final_direction), since a change can
+             wander off the reference and come back by the last step.
   not_applicable   the adapter cannot run the case on this device: listed, not judged;
   nondeterministic repeats of the case on the same build differ from its first run.
 Run: broken if a case is broken (or the build failed), else nondeterministic if a case does not
@@ -51,16 +53,41 @@ def direction(commit_distance: float, baseline_distance: float, rounding_floor: 
     return "same"
 
 
-def rounding_floor(commit: CaseResult, baseline: CaseResult) -> float:
-    """The smaller final same-precision distance (|kernel − torch at the parameter's precision|)
-    of the two runs: how far apart two correct implementations land from rounding alone. The
-    smaller one, so a side made far from torch by a real defect does not widen the band; non-
-    finite values (a float16 torch.optim Adam reference divides 0 by 0 where eps rounds to 0)
-    say nothing and are left out."""
-    finals = [r.trajectory.same_precision_max_abs[-1] for r in (commit, baseline)
-              if r.trajectory is not None and r.trajectory.same_precision_max_abs]
-    finite = [x for x in finals if math.isfinite(x)]
+def _final(values: list[float]) -> float:
+    return values[-1]
+
+
+def _peak(values: list[float]) -> float:
+    # NaN anywhere makes the peak NaN (max() would keep or drop it depending on its position).
+    return math.nan if any(math.isnan(v) for v in values) else max(values)
+
+
+def _mean(values: list[float]) -> float:
+    return math.fsum(values) / len(values)
+
+
+def rounding_floor(commit: CaseResult, baseline: CaseResult, reduce=_final, start: int = 0) -> float:  # noqa: ANN001
+    """The smaller same-precision distance (|kernel − torch at the parameter's precision|) of the
+    two runs, reduced over steps `start:` like the distances it is a band for (final step, peak or
+    mean): how far apart two correct implementations land from rounding alone. The smaller one, so
+    a side made far from torch by a real defect does not widen the band; non-finite values (a
+    float16 torch.optim Adam reference divides 0 by 0 where eps rounds to 0) say nothing and are
+    left out."""
+    reduced = [reduce(r.trajectory.same_precision_max_abs[start:]) for r in (commit, baseline)
+               if r.trajectory is not None and (r.trajectory.same_precision_max_abs or [])[start:]]
+    finite = [x for x in reduced if math.isfinite(x)]
     return min(finite) if finite else 0.0
+
+
+def trajectory_direction(peak: str, mean: str) -> str:
+    """One direction from the peak's and the mean's. Farther when either is: a change that takes
+    the parameters farther from float64 at their worst or on average is the one a maintainer must
+    see, even if the other measure improved; closer when either is and neither is farther."""
+    if "farther" in (peak, mean):
+        return "farther"
+    if "closer" in (peak, mean):
+        return "closer"
+    return "same"
 
 
 def _first_nonfinite_step(result: CaseResult) -> int | None:
@@ -105,6 +132,10 @@ def compare_case(commit: CaseResult, baseline: CaseResult | None,
     commit_distance = commit.trajectory.ref64_max_abs[-1]
     if baseline is None:
         return CaseComparison(**base, verdict="new", commit_final_ref64_distance=commit_distance)
+    if baseline.status == "not_applicable":
+        # The baseline could not run it (a kernel added since): nothing to compare with, not a change.
+        return CaseComparison(**base, verdict="new", commit_final_ref64_distance=commit_distance,
+                              message=f"not applicable in the baseline: {baseline.message}")
     if baseline.status != "ok":
         return CaseComparison(**base, verdict="changed", first_divergent_step=1,
                               commit_final_ref64_distance=commit_distance,
@@ -118,15 +149,31 @@ def compare_case(commit: CaseResult, baseline: CaseResult | None,
     step = first_divergent_step(commit.trajectory.digests, baseline.trajectory.digests)
     if step is None:
         return CaseComparison(**base, verdict="unchanged")
-    baseline_distance = baseline.trajectory.ref64_max_abs[-1]
     return CaseComparison(**base, verdict="changed", first_divergent_step=step,
-                          max_abs_diff_per_step=max_abs_diff_per_step,
-                          commit_final_ref64_distance=commit_distance,
-                          baseline_final_ref64_distance=baseline_distance,
-                          direction=direction(commit_distance, baseline_distance,
-                                              rounding_floor(commit, baseline),
-                                              _MARGIN_BY_DTYPE.get(commit.case.param_dtype,
-                                                                   DIRECTION_RELATIVE_MARGIN)))
+                          max_abs_diff_per_step=max_abs_diff_per_step, **_directions(commit, baseline, step))
+
+
+def _directions(commit: CaseResult, baseline: CaseResult, step: int) -> dict:
+    """The distances to the float64 reference of both runs and the directions they give: at the
+    final step, and at the peak and the mean over the steps from the first divergent one (before
+    it the two are bit-identical, so their distances are equal and would only dilute the mean)."""
+    margin = _MARGIN_BY_DTYPE.get(commit.case.param_dtype, DIRECTION_RELATIVE_MARGIN)
+    ours, theirs = commit.trajectory.ref64_max_abs, baseline.trajectory.ref64_max_abs
+    shared = min(len(ours), len(theirs))
+    start = step - 1 if step <= shared else 0  # diverged only in length: judge the whole of both
+
+    def judge(reduce) -> tuple[float, float, str]:  # noqa: ANN001
+        mine, base = reduce(ours[start:shared]), reduce(theirs[start:shared])
+        return mine, base, direction(mine, base, rounding_floor(commit, baseline, reduce, start), margin)
+
+    commit_final, baseline_final = ours[-1], theirs[-1]
+    final = direction(commit_final, baseline_final, rounding_floor(commit, baseline), margin)
+    commit_peak, baseline_peak, peak = judge(_peak)
+    commit_mean, baseline_mean, mean = judge(_mean)
+    return {"commit_final_ref64_distance": commit_final, "baseline_final_ref64_distance": baseline_final,
+            "commit_peak_ref64_distance": commit_peak, "baseline_peak_ref64_distance": baseline_peak,
+            "commit_mean_ref64_distance": commit_mean, "baseline_mean_ref64_distance": baseline_mean,
+            "direction": trajectory_direction(peak, mean), "final_direction": final}
 
 
 def compare_runs(commit: RunResult, baseline: RunResult | None,
@@ -159,6 +206,18 @@ def compare_runs(commit: RunResult, baseline: RunResult | None,
     return comparison
 
 
+def _listed(items: list[str], shown: int = 3) -> str:
+    return "; ".join(items[:shown]) + (f" (+{len(items) - shown} more)" if len(items) > shown else "")
+
+
+def _cases(count: int) -> str:
+    return f"{count} case" + ("" if count == 1 else "s")
+
+
+def _first_line(text: str | None) -> str:
+    return text.splitlines()[0] if text else ""
+
+
 def summarize(verdict: str, cases: list[CaseComparison], commit: RunResult, baseline: RunResult | None) -> str:
     total = len(cases)
     counts = Counter(c.verdict for c in cases)
@@ -167,8 +226,18 @@ def summarize(verdict: str, cases: list[CaseComparison], commit: RunResult, base
         lines.append("warning: the baseline ran a different battery; only shared case ids are compared")
     broken = [c for c in cases if c.verdict == "broken"]
     if broken:
-        shown = "; ".join(f"{c.case_id}: {(c.message or '').splitlines()[0] if c.message else ''}" for c in broken[:3])
-        lines.append(f"broken: {shown}" + (f" (+{len(broken) - 3} more)" if len(broken) > 3 else ""))
+        lines.append("broken: " + _listed([f"{c.case_id}: {_first_line(c.message)}" for c in broken]))
+    unsteady = [c for c in cases if c.verdict == "nondeterministic"]
+    if unsteady:
+        lines.append("nondeterministic (repeats on the same build differ; not a change against the baseline): "
+                     + _listed([f"{c.case_id}: {c.repeat_check.differing} of {c.repeat_check.runs - 1} repeats "
+                                f"differ from step {c.repeat_check.first_divergent_step}" for c in unsteady]))
+    not_applicable = [c for c in cases if c.verdict == "not_applicable"]
+    if not_applicable:
+        # Grouped by reason: an adapter gives one reason for a whole family of cases (no bf16 kernel).
+        reasons = Counter(_first_line(c.message) or "no reason given" for c in not_applicable)
+        lines.append(f"not applicable on this device, not judged: {_cases(len(not_applicable))} — "
+                     + _listed([f"{reason} ({n})" for reason, n in reasons.most_common()]))
     changed = [c for c in cases if c.verdict == "changed"]
     if changed:
         by_optimizer = Counter(c.optimizer for c in changed)
@@ -182,9 +251,18 @@ def summarize(verdict: str, cases: list[CaseComparison], commit: RunResult, base
         directions = Counter(c.direction for c in changed if c.direction)
         ratios = [(c.commit_final_ref64_distance / c.baseline_final_ref64_distance, c.case_id) for c in changed
                   if c.commit_final_ref64_distance is not None and c.baseline_final_ref64_distance]
+        # service.domain.dashboard_queries.direction_counts reads the counts before the parenthesis.
         text = "vs float64 reference: " + ", ".join(f"{n} {d}" for d, n in sorted(directions.items()))
+        text += " (peak and mean distance over the steps that differ"
         if ratios:
             low, high = min(ratios), max(ratios)
-            text += f" (final distance commit/baseline from {low[0]:.3g}x to {high[0]:.3g}x)"
-        lines.append(text)
+            text += f"; final distance commit/baseline from {low[0]:.3g}x to {high[0]:.3g}x"
+        lines.append(text + ")")
+        disagreeing = [c for c in changed if c.final_direction and c.direction != c.final_direction]
+        if disagreeing:
+            lines.append(f"final step alone reads otherwise for {_cases(len(disagreeing))}: " + _listed([
+                f"{c.case_id}: {c.direction} over the trajectory (peak {c.baseline_peak_ref64_distance:.3e} -> "
+                f"{c.commit_peak_ref64_distance:.3e}), {c.final_direction} at the final step "
+                f"({c.baseline_final_ref64_distance:.3e} -> {c.commit_final_ref64_distance:.3e})"
+                for c in disagreeing]))
     return "\n".join(lines)

@@ -143,3 +143,131 @@ def test_a_source_that_does_not_build_is_broken_with_the_compiler_message():
                        build_error="ops.cpp:3:1: error: expected ';' before '}' token")
     comparison = compare_runs(commit, None)
     assert comparison.verdict == "broken" and "expected ';'" in comparison.summary
+
+
+# ----------------------------------------------------------------------------- direction over the trajectory
+# Constructed float32 trajectories: distances to the float64 reference per step. The same-precision
+# distances (the rounding band) are 1e-7, far below every move judged here, so only the relative
+# margin decides: DIRECTION_RELATIVE_MARGIN (1 %) at float32, a factor of 2 at 16 bits.
+BAND = 1e-7
+
+
+def _series_result(case, distances, digests, same_precision=None):
+    n = len(distances)
+    return CaseResult(case=case, status="ok", trajectory=Trajectory(
+        ref64_max_abs=list(distances), ref64_max_rel=list(distances),
+        same_precision_max_abs=list(same_precision or [BAND] * n), nonfinite_count=[0] * n, digests=list(digests)))
+
+
+def _compare_series(commit_distances, baseline_distances, diverge_at=1, case=None, **kwargs):
+    """Compare a commit whose digests differ from the baseline's from step `diverge_at` on."""
+    case = case or _case()
+    n = len(baseline_distances)
+    base_digests = [f"b{i}" for i in range(n)]
+    commit_digests = base_digests[:diverge_at - 1] + [f"c{i}" for i in range(diverge_at - 1, n)]
+    comparison = compare_runs(_run([_series_result(case, commit_distances, commit_digests, **kwargs)]),
+                              _run([_series_result(case, baseline_distances, base_digests, **kwargs)]))
+    return comparison, comparison.cases[0]
+
+
+def test_a_change_that_wanders_off_and_comes_back_reads_farther_not_same():
+    # Issue 14 item 9: |commit - baseline| reached 6.8e-4 on the way, the last step agrees.
+    baseline = [1e-6, 2e-6, 3e-6, 4e-6, 5e-6]
+    commit = [1e-6, 2e-4, 6.8e-4, 1e-4, 5e-6]
+    comparison, case = _compare_series(commit, baseline, diverge_at=2)
+    assert case.final_direction == "same"  # what the old final-step rule said
+    assert case.direction == "farther"
+    assert (case.commit_peak_ref64_distance, case.baseline_peak_ref64_distance) == (6.8e-4, 5e-6)
+    assert (case.commit_final_ref64_distance, case.baseline_final_ref64_distance) == (5e-6, 5e-6)
+    # The summary counts the trajectory's direction and says where the final step alone disagrees.
+    assert "vs float64 reference: 1 farther (" in comparison.summary
+    assert "final step alone reads otherwise for 1 case:" in comparison.summary
+    assert "farther over the trajectory (peak 5.000e-06 -> 6.800e-04), same at the final step" in comparison.summary
+
+
+def test_a_change_that_stays_closer_until_the_last_step_reads_closer():
+    baseline = [1e-6, 5e-5, 5e-5, 5e-5, 1e-6]
+    commit = [1e-6, 1e-6, 1e-6, 1e-6, 1e-6]
+    _, case = _compare_series(commit, baseline, diverge_at=2)
+    assert (case.final_direction, case.direction) == ("same", "closer")
+
+
+def test_farther_at_the_peak_wins_over_closer_on_average():
+    # Mean 0.8e-5 vs 1e-5 (closer) but the peak 1.2e-5 vs 1e-5 (farther): farther is what a
+    # maintainer must see.
+    _, case = _compare_series([0.5e-5, 1.2e-5, 0.5e-5, 1.0e-5], [1e-5, 1e-5, 1e-5, 1e-5])
+    assert (case.direction, case.final_direction) == ("farther", "same")
+
+
+def test_the_mean_alone_can_show_a_move_the_peak_does_not():
+    # Peak equal (2e-5 at the last step for both); on the way the commit sat farther.
+    _, case = _compare_series([1e-5, 1.5e-5, 1.5e-5, 2e-5], [1e-5, 1e-5, 1e-5, 2e-5], diverge_at=2)
+    assert (case.baseline_peak_ref64_distance, case.commit_peak_ref64_distance) == (2e-5, 2e-5)
+    assert case.commit_mean_ref64_distance > case.baseline_mean_ref64_distance * (1 + DIRECTION_RELATIVE_MARGIN)
+    assert (case.direction, case.final_direction) == ("farther", "same")
+
+
+def test_direction_is_judged_from_the_first_divergent_step():
+    # Bit-identical for 8 steps (the baseline's peak, 2e-5, is at step 1), then the commit is 5 %
+    # farther at step 9 and back at step 10. Over the whole trajectory the peak is unchanged and the
+    # mean moves 0.5 % (inside the 1 % margin); over the steps that differ it is 5 % farther.
+    baseline = [2e-5] + [1e-5] * 9
+    commit = [2e-5] + [1e-5] * 7 + [1.05e-5, 1e-5]
+    _, case = _compare_series(commit, baseline, diverge_at=9)
+    assert case.baseline_peak_ref64_distance == 1e-5 and case.commit_peak_ref64_distance == 1.05e-5
+    assert (case.direction, case.final_direction) == ("farther", "same")
+
+
+def test_moves_within_the_precision_margins_stay_same_over_the_trajectory():
+    # float32: a peak 0.5 % higher is inside the 1 % margin.
+    _, case = _compare_series([1e-5, 1.005e-5, 1e-5], [1e-5, 1e-5, 1e-5])
+    assert case.direction == "same"
+    # A move no larger than the same-precision distance over those steps is rounding: "same".
+    _, case = _compare_series([1e-5, 3e-5, 1e-5], [1e-5, 1e-5, 1e-5], same_precision=[1e-5, 5e-5, 1e-5])
+    assert case.direction == "same"
+    # float16: a peak 1.8x higher is within the factor of 2 of 16-bit rounding; 2.5x is not.
+    half = make_case(optimizer="adam", family="32bit", param_dtype="float16",
+                     hyper={**OPTIMIZER_HYPER_DEFAULTS["adam"], "lr": 0.1, "weight_decay": 0.1},
+                     gradient=GradientStreamSpec(), seed=0, size=4, steps=3)
+    _, case = _compare_series([1e-2, 1.8e-2, 1e-2], [1e-2, 1e-2, 1e-2], case=half)
+    assert case.direction == "same"
+    _, case = _compare_series([1e-2, 2.5e-2, 1e-2], [1e-2, 1e-2, 1e-2], case=half)
+    assert (case.direction, case.final_direction) == ("farther", "same")
+
+
+def test_where_final_and_trajectory_agree_the_summary_says_nothing_more():
+    comparison, case = _compare_series([2e-6, 4e-6, 6e-6], [1e-6, 2e-6, 3e-6])
+    assert case.direction == case.final_direction == "farther"
+    assert "final step alone" not in comparison.summary
+
+
+# ----------------------------------------------------------------------------- cases set aside
+def test_not_applicable_and_nondeterministic_are_counted_listed_and_never_broken():
+    from service.results import RepeatCheck
+
+    ok, aside, unsteady = _case(seed=0), _case(seed=1), _case(seed=2)
+    reason = "no bfloat16 32-bit kernel for adam in this library"
+    baseline = _run([_result(ok, "abc"), _result(aside, "abc"), _result(unsteady, "abc")])
+    commit_cases = [_result(ok, "abc"), _result(aside, "", status="not_applicable", message=reason),
+                    _result(unsteady, "abc").model_copy(update={
+                        "repeat_check": RepeatCheck(runs=4, differing=1, first_divergent_step=1)})]
+    comparison = compare_runs(_run(commit_cases), baseline)
+    verdicts = {c.case_id: c for c in comparison.cases}
+    assert verdicts[aside.case_id].verdict == "not_applicable" and verdicts[aside.case_id].message == reason
+    assert verdicts[unsteady.case_id].verdict == "nondeterministic"
+    assert comparison.verdict == "nondeterministic"
+    assert comparison.counts == {"unchanged": 1, "not_applicable": 1, "nondeterministic": 1}
+    assert f"not applicable on this device, not judged: 1 case — {reason} (1)" in comparison.summary
+    assert f"{unsteady.case_id}: 1 of 3 repeats differ from step 1" in comparison.summary
+    assert "broken" not in comparison.summary
+    # Without the nondeterministic case, a not-applicable one does not touch the verdict.
+    assert compare_runs(_run(commit_cases[:2]), baseline).verdict == "unchanged"
+    assert compare_runs(_run(commit_cases[:2]), None).verdict == "no-baseline"
+
+
+def test_a_case_not_applicable_in_the_baseline_is_new_not_changed():
+    case = _case()
+    baseline = _run([_result(case, "", status="not_applicable", message="no such kernel yet")])
+    comparison = compare_runs(_run([_result(case, "abc")]), baseline)
+    assert comparison.cases[0].verdict == "new" and "no such kernel yet" in comparison.cases[0].message
+    assert comparison.verdict == "unchanged"

@@ -5,14 +5,19 @@ serve    API + a worker on the embedded default (SQLite + filesystem broker unde
          a few commits, the weight-decay reorder among them.
 worker   a Celery worker for OPTDRIFT_WORKER_ENVIRONMENT's queue.
 migrate  alembic upgrade head.
-submit   CI: post a commit and its source; `--wait` shows progress and the verdict, exit 1 if flagged.
+submit   CI: post a commit and its source; `--wait` shows progress, the verdict and exits with it.
 verify   a contributor's tree or patch against a known commit.
+retry    re-queue a run that ended in `error` (optdrift's failure, not the commit's).
 demo     submit the demo commits to a running service.
 token    create (shown once) / list / revoke API tokens; clients read theirs from OPTDRIFT_TOKEN,
          OPTDRIFT_TOKEN_FILE or ~/.config/optdrift/token, never from a command-line argument.
 
 Server-side modules are imported inside the commands, so the client install (httpx, typer, rich)
 can run `submit` and `verify`.
+
+Exit codes (README "Exit codes"): 0 unchanged / no baseline / acknowledged, 1 changed, 2 bad input
+or usage, 3 broken commit, 4 optdrift or service error, 5 nondeterministic. An expected failure
+(server down, a missing file, a refused request) is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -35,11 +42,55 @@ app = typer.Typer(help="optdrift: did this commit change a training trajectory?"
 console = Console()
 DEFAULT_URL = os.environ.get("OPTDRIFT_URL", "http://127.0.0.1:8000")
 UrlOption = Annotated[str, typer.Option("--url", help="the optdrift API (env OPTDRIFT_URL)")]
-FLAGGED_EXIT_CODE = 1
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# Exit codes: CI branches on them, so each means one thing (README "Exit codes").
+EXIT_OK = 0               # unchanged, no baseline, or a change a maintainer acknowledged
+EXIT_CHANGED = 1          # a trajectory changed
+EXIT_USAGE = 2            # bad input or usage: an option, a file, a folder, a 4xx from the service
+EXIT_BROKEN = 3           # the commit's fault: it does not build, its kernels crash, hang or go NaN
+EXIT_OPTDRIFT_ERROR = 4   # optdrift's fault: service unreachable, 5xx, a run in status `error`
+EXIT_NONDETERMINISTIC = 5  # a kernel does not reproduce itself on the same build
+# Where several runs end differently, the exit code is the first of these that any run has: an
+# incomplete answer first, then the commit's own failure, then the findings.
+_EXIT_PRECEDENCE = (EXIT_OPTDRIFT_ERROR, EXIT_BROKEN, EXIT_NONDETERMINISTIC, EXIT_CHANGED, EXIT_OK)
+VERDICT_EXIT_CODES = ("Exit codes: 0 unchanged / no baseline / acknowledged; 1 changed; 2 bad input "
+                      "or usage; 3 broken commit; 4 optdrift or service error; 5 nondeterministic.")
+SERVER_EXIT_CODES = "Exit codes: 0 done; 2 bad input or usage; 4 optdrift error."
 
-@app.command()
+
+def _fail(message: str, code: int) -> typer.Exit:
+    """Print one line to stderr (plain print: rich would wrap it) and return the Exit to raise."""
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    return typer.Exit(code)
+
+
+@contextmanager
+def _expected_failures(url: str) -> Iterator[None]:
+    """Turn the failures a user can act on into one line and the right exit code."""
+    import httpx
+
+    from service.client import ApiError
+
+    try:
+        yield
+    except ApiError as exc:
+        # 4xx: the request was wrong (the server's detail says how); 5xx: the service failed.
+        raise _fail(str(exc), EXIT_USAGE if exc.status_code < 500 else EXIT_OPTDRIFT_ERROR) from None
+    except httpx.TransportError as exc:
+        raise _fail(f"cannot reach the optdrift service at {url}: {exc or type(exc).__name__}; "
+                    "start it (`optdrift serve`) or point --url / OPTDRIFT_URL at it",
+                    EXIT_OPTDRIFT_ERROR) from None
+    except TimeoutError as exc:
+        raise _fail(f"{exc}; the runs go on, follow them on the dashboard", EXIT_OPTDRIFT_ERROR) from None
+
+
+def _source_folder(source: Path | None) -> None:
+    if source is not None and not source.is_dir():
+        raise _fail(f"--source {source} is not a folder; pass the kernel source tree (e.g. csrc)", EXIT_USAGE)
+
+
+@app.command(epilog=SERVER_EXIT_CODES)
 def migrate() -> None:
     """Create or upgrade the database schema (alembic upgrade head)."""
     from service.db.migrate import upgrade_to_head
@@ -51,7 +102,7 @@ def migrate() -> None:
     console.print(f"database at {settings.resolved_database_url.split('@')[-1]} is up to date")
 
 
-@app.command()
+@app.command(epilog=SERVER_EXIT_CODES)
 def worker(
     pool: Annotated[str, typer.Option(help="celery pool: prefork (production) or solo")] = "prefork",
     concurrency: Annotated[int, typer.Option(help="runs at once; keep 1 per GPU")] = 1,
@@ -79,7 +130,7 @@ def worker(
                                        concurrency=concurrency, pool=pool, loglevel=loglevel))
 
 
-@app.command()
+@app.command(epilog=SERVER_EXIT_CODES)
 def serve(
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
@@ -102,6 +153,9 @@ def serve(
     settings.home.mkdir(parents=True, exist_ok=True)
     upgrade_to_head()
     _bootstrap_tokens(settings)
+    # A worker started apart (`optdrift worker`) from the same OPTDRIFT_HOME reads this to find
+    # the API (Settings.resolved_public_url), so serve on any port needs no OPTDRIFT_PUBLIC_URL.
+    settings.api_url_file.write_text(public_url + "\n")
     console.print(f"optdrift data in [bold]{settings.home}[/]; database "
                   f"{settings.resolved_database_url.split('@')[-1]}; broker "
                   f"{settings.resolved_broker_url.split('@')[-1]}")
@@ -123,9 +177,19 @@ def serve(
         uvicorn.run("service.api.main:create_app", factory=True, host=host, port=port,
                     log_level="warning")
     finally:
+        _remove_api_url_file(settings.api_url_file, public_url)
         if worker_process is not None:
             worker_process.terminate()
             worker_process.wait(timeout=30)
+
+
+def _remove_api_url_file(path: Path, public_url: str) -> None:
+    """Remove serve's api-url file unless another serve of the same home has replaced it since."""
+    try:
+        if path.read_text().strip() == public_url:
+            path.unlink()
+    except OSError:
+        pass
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:  # noqa: ARG001
@@ -155,7 +219,7 @@ token_app = typer.Typer(help="API tokens: create (shown once), list, revoke. Run
 app.add_typer(token_app, name="token")
 
 
-@token_app.command("create")
+@token_app.command("create", epilog=SERVER_EXIT_CODES)
 def token_create(
     name: Annotated[str, typer.Option(help="who or what holds it (e.g. 'ci-bitsandbytes')")],
     scope: Annotated[str, typer.Option(help="admin, submit (CI), verify (contributors) or worker")],
@@ -182,7 +246,7 @@ def token_create(
     print(token)
 
 
-@token_app.command("list")
+@token_app.command("list", epilog=SERVER_EXIT_CODES)
 def token_list() -> None:
     """Every token: id, name, scope, project, expiry, revocation (never the token)."""
     from service.db.session import get_sessionmaker
@@ -200,7 +264,7 @@ def token_list() -> None:
     console.print(table)
 
 
-@token_app.command("revoke")
+@token_app.command("revoke", epilog=SERVER_EXIT_CODES)
 def token_revoke(token_id: Annotated[int, typer.Argument(help="the id `optdrift token list` shows")]) -> None:
     """Revoke a token at once (every later request with it answers 401)."""
     from service.db.session import get_sessionmaker
@@ -261,10 +325,11 @@ def load_demo(url: str, project: str = "bundled") -> list[dict]:
     return submitted
 
 
-@app.command("demo")
+@app.command("demo", epilog=SERVER_EXIT_CODES)
 def demo_command(url: UrlOption = DEFAULT_URL, project: str = "bundled") -> None:
     """Submit the demo commits to a running service (see `serve --demo`)."""
-    load_demo(url, project)
+    with _expected_failures(url):
+        load_demo(url, project)
 
 
 def _verdict_table(runs: list[dict]) -> Table:
@@ -288,7 +353,7 @@ def _verdict_table(runs: list[dict]) -> Table:
 def _changed_cases_table(runs: list[dict]) -> Table | None:
     rows = [(run["id"], case) for run in runs for case in
             ((run.get("verdict") or {}).get("detail", {}).get("cases", []))
-            if case["verdict"] in ("changed", "broken")]
+            if case["verdict"] in ("changed", "broken", "nondeterministic")]
     if not rows:
         return None
     table = Table(title="changed cases")
@@ -301,6 +366,22 @@ def _changed_cases_table(runs: list[dict]) -> Table | None:
     if len(rows) > 40:
         table.caption = f"... and {len(rows) - 40} more"
     return table
+
+
+def run_exit_code(run: dict) -> int:
+    """One final run's exit code: its status first (error: optdrift's failure, failed: the
+    commit's), then its verdict."""
+    verdict = run.get("verdict") or {}
+    outcome = verdict.get("outcome")
+    if run["status"] in ("error", "cancelled"):
+        return EXIT_OPTDRIFT_ERROR
+    if outcome == "broken" or run["status"] == "failed":
+        return EXIT_BROKEN
+    if outcome == "nondeterministic":
+        return EXIT_NONDETERMINISTIC
+    if outcome == "changed" and not verdict.get("acknowledged"):
+        return EXIT_CHANGED
+    return EXIT_OK
 
 
 def wait_and_report(client, run_ids: list[int]) -> int:  # noqa: ANN001
@@ -320,72 +401,130 @@ def wait_and_report(client, run_ids: list[int]) -> int:  # noqa: ANN001
     changed = _changed_cases_table(final)
     if changed is not None:
         console.print(changed)
-    flagged = [run for run in final if (run.get("verdict") or {}).get("flagged")
-               or (run["status"] == "failed" and not run.get("verdict"))]
-    return FLAGGED_EXIT_CODE if flagged else 0
+    not_applicable = _not_applicable_table(final)
+    if not_applicable is not None:
+        console.print(not_applicable)
+    codes = {run["id"]: run_exit_code(run) for run in final}
+    for run in final:
+        if run["status"] == "error":  # not the commit's fault: say so, and how to run it again
+            print(f"error: run {run['id']} failed in optdrift, not in the commit: "
+                  f"{' '.join((run.get('error') or 'no detail').split())}; "
+                  f"`optdrift retry {run['id']}` runs it again", file=sys.stderr)
+    return next(code for code in _EXIT_PRECEDENCE if code in codes.values())
 
 
-@app.command()
+def _not_applicable_table(runs: list[dict]) -> Table | None:
+    """Cases the adapter cannot run on that device: listed with the reason, never judged."""
+    rows = [(run["id"], case) for run in runs for case in
+            ((run.get("verdict") or {}).get("detail", {}).get("cases", []))
+            if case["verdict"] == "not_applicable"]
+    if not rows:
+        return None
+    table = Table(title="not applicable on this device (not judged)")
+    for column in ("run", "case", "reason"):
+        table.add_column(column)
+    for run_id, case in rows[:40]:
+        table.add_row(str(run_id), case["case_id"], (case.get("message") or "")[:100])
+    if len(rows) > 40:
+        table.caption = f"... and {len(rows) - 40} more"
+    return table
+
+
+@app.command(epilog=VERDICT_EXIT_CODES)
 def submit(
     project: Annotated[str, typer.Option(help="project name")],
     commit: Annotated[str, typer.Option(help="commit sha")],
-    source: Annotated[Path, typer.Option(help="the kernel source tree to upload", exists=True,
-                                         file_okay=False)],
+    source: Annotated[Path, typer.Option(help="the kernel source tree to upload")],
     parent: Annotated[Optional[list[str]], typer.Option(help="parent sha (repeat; first parent first)")] = None,
     ref: Optional[str] = None,
     release: Annotated[Optional[str], typer.Option(help="release tag of this commit")] = None,
     message: Optional[str] = None,
     battery: Optional[str] = None,
-    wait: Annotated[bool, typer.Option(help="wait for the verdict; exit 1 if flagged")] = False,
+    wait: Annotated[bool, typer.Option(help="wait for the verdict and exit with it")] = False,
     url: UrlOption = DEFAULT_URL,
 ) -> None:
-    """CI: submit a commit. With --wait, show progress and exit non-zero on a flagged verdict."""
-    from service.client import ApiError, OptdriftClient
+    """CI: submit a commit. With --wait, show progress and exit with the verdict's code."""
+    from service.client import OptdriftClient
+    from service.domain.archives import ArchiveError
 
+    _source_folder(source)
     client = OptdriftClient(url)
-    try:
-        answer = client.submit_commit(project=project, sha=commit, source_dir=source,
-                                      parents=parent or [], ref=ref, release_tag=release,
-                                      message=message, battery=battery,
-                                      idempotency_key=f"{project}:{commit}:{battery or ''}")
-    except ApiError as exc:
-        console.print(f"[red]submission refused:[/] {exc}")
-        raise typer.Exit(2) from exc
-    run_ids = [run["id"] for run in answer["runs"]]
-    console.print(f"{'submitted' if answer['created'] else 'already submitted'} {commit}: "
-                  f"run(s) {run_ids}")
-    if wait:
-        raise typer.Exit(wait_and_report(client, run_ids))
+    with _expected_failures(url):
+        try:
+            answer = client.submit_commit(project=project, sha=commit, source_dir=source,
+                                          parents=parent or [], ref=ref, release_tag=release,
+                                          message=message, battery=battery,
+                                          idempotency_key=f"{project}:{commit}:{battery or ''}")
+        except ArchiveError as exc:
+            raise _fail(f"--source {source}: {exc}", EXIT_USAGE) from None
+        run_ids = [run["id"] for run in answer["runs"]]
+        console.print(f"{'submitted' if answer['created'] else 'already submitted'} {commit}: "
+                      f"run(s) {run_ids}")
+        for run_id in run_ids:
+            print(f"run {run_id}: {client.dashboard_url(run_id)}")
+        if wait:
+            raise typer.Exit(wait_and_report(client, run_ids))
 
 
-@app.command()
+@app.command(epilog=VERDICT_EXIT_CODES)
 def verify(
     project: Annotated[str, typer.Option(help="project name")],
     base: Annotated[str, typer.Option(help="the commit sha or release to compare with")],
-    source: Annotated[Optional[Path], typer.Option(help="your kernel source tree", file_okay=False)] = None,
-    patch: Annotated[Optional[Path], typer.Option(help="a git diff against --base", dir_okay=False)] = None,
+    source: Annotated[Optional[Path], typer.Option(help="your kernel source tree")] = None,
+    patch: Annotated[Optional[Path], typer.Option(
+        help="a git diff against --base, from the repository root or from the source folder")] = None,
     battery: Optional[str] = None,
     wait: Annotated[bool, typer.Option(help="wait for the verdict")] = True,
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """A contributor without a GPU: run your tree (or patch) on the service's workers against --base."""
-    from service.client import ApiError, OptdriftClient
+    from service.client import OptdriftClient
+    from service.domain.archives import ArchiveError
 
     if (source is None) == (patch is None):
-        console.print("[red]give exactly one of --source DIR or --patch FILE[/]")
-        raise typer.Exit(2)
+        raise _fail("give exactly one of --source DIR or --patch FILE", EXIT_USAGE)
+    _source_folder(source)
+    if patch is not None and not patch.is_file():
+        raise _fail(f"--patch {patch} is not a file; pass a diff made with `git diff` against --base",
+                    EXIT_USAGE)
     client = OptdriftClient(url)
-    try:
-        run = client.verify(project=project, base=base, source_dir=source, patch=patch, battery=battery)
-    except ApiError as exc:
-        console.print(f"[red]verify refused:[/] {exc}")
-        raise typer.Exit(2) from exc
-    console.print(f"verify run {run['id']}: {url}{run['report_url']}")
-    if wait:
-        raise typer.Exit(wait_and_report(client, [run["id"]]))
+    with _expected_failures(url):
+        try:
+            run = client.verify(project=project, base=base, source_dir=source, patch=patch, battery=battery)
+        except ArchiveError as exc:
+            raise _fail(f"--source {source}: {exc}", EXIT_USAGE) from None
+        if run.get("patch_layout"):
+            console.print(run["patch_layout"])
+        print(f"verify run {run['id']}: {client.dashboard_url(run['id'])}")
+        if wait:
+            raise typer.Exit(wait_and_report(client, [run["id"]]))
 
 
-@app.command()
+@app.command(epilog=VERDICT_EXIT_CODES)
+def retry(
+    run_id: Annotated[int, typer.Argument(help="the run's id (submit and verify print it)")],
+    wait: Annotated[bool, typer.Option(help="wait for the verdict and exit with it")] = False,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Re-queue a run whose status is `error` (optdrift failed, not the commit)."""
+    from service.client import OptdriftClient
+
+    client = OptdriftClient(url)
+    with _expected_failures(url):
+        run = client.retry(run_id)
+        print(f"run {run['id']} queued again: {client.dashboard_url(run['id'])}")
+        if wait:
+            raise typer.Exit(wait_and_report(client, [run["id"]]))
+
+
+def _cuda_visible() -> bool:
+    """Asked in a child process: the CLI process itself stays clear of CUDA (the kernel hosts it
+    starts use the GPU), and the answer takes seconds, not the minutes a run of broken cases does."""
+    probe = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
+@app.command(epilog=VERDICT_EXIT_CODES)
 def check(
     source: Annotated[Path, typer.Option(help="the kernel source tree to check (e.g. csrc)")],
     baseline: Annotated[Optional[Path], typer.Option(help="the tree to compare with")] = None,
@@ -394,9 +533,12 @@ def check(
     json_out: Annotated[Optional[Path], typer.Option(help="write both runs and the verdict as JSON")] = None,
     show_unchanged: bool = False,
 ) -> None:
-    """No server: build SOURCE (and BASELINE), run a battery, print the verdict; exit 1 if flagged."""
+    """No server: build SOURCE (and BASELINE), run a battery, print the verdict and exit with it."""
     from worker.check import run_check
 
+    if device.startswith("cuda") and not _cuda_visible():
+        raise _fail(f"--device {device}: no CUDA GPU is visible on this machine (torch.cuda.is_available() "
+                    "is False); use --device cpu, or run on a machine with a GPU", EXIT_USAGE)
     raise typer.Exit(run_check(source, baseline, battery, device=device, json_out=json_out,
                                show_unchanged=show_unchanged))
 

@@ -13,7 +13,11 @@ import httpx
 
 from service.domain.archives import pack_directory
 
-FINAL = {"done", "failed", "cancelled"}
+FINAL = {"done", "failed", "cancelled", "error"}
+# Final without a verdict: cancelled, or `error` (optdrift failed, not the commit).
+FINAL_WITHOUT_VERDICT = {"cancelled", "error"}
+# The header a verify answer carries when a patch was sent: which layout of it applied.
+PATCH_LAYOUT_HEADER = "Optdrift-Patch-Layout"
 
 
 def token_sources() -> list[tuple[str, "Path | None"]]:
@@ -46,11 +50,21 @@ def resolve_token() -> str | None:
     return None
 
 
+def _detail_text(detail: Any) -> str:  # noqa: ANN401
+    """FastAPI's `detail`: a string, or a list of validation errors ({loc, msg}) made one line."""
+    if isinstance(detail, list):
+        return "; ".join(f"{'.'.join(str(part) for part in item.get('loc', []))}: {item.get('msg')}"
+                         if isinstance(item, dict) else str(item) for item in detail)
+    return str(detail)
+
+
 class ApiError(RuntimeError):
+    """An HTTP error answer: `status_code` and the server's `detail`."""
+
     def __init__(self, response: httpx.Response):
         try:
-            detail = response.json().get("detail", response.text)
-        except ValueError:
+            detail = _detail_text(response.json().get("detail", response.text))
+        except (ValueError, AttributeError):
             detail = response.text
         if response.status_code == 401:
             detail = (f"{detail} (the client looks for its token in: "
@@ -58,6 +72,7 @@ class ApiError(RuntimeError):
         super().__init__(f"{response.request.method} {response.request.url.path} -> "
                          f"{response.status_code}: {detail}")
         self.status_code = response.status_code
+        self.detail = detail
 
 
 class OptdriftClient:
@@ -106,20 +121,32 @@ class OptdriftClient:
         if patch is not None:
             files["patch"] = ("change.patch", Path(patch).read_bytes(), "text/x-diff")
         form = {"base": base, **({"battery": battery} if battery else {})}
-        return self._check(self.http.post(f"/api/v1/projects/{project}/verify", data=form, files=files))
+        response = self.http.post(f"/api/v1/projects/{project}/verify", data=form, files=files)
+        run = self._check(response)
+        # Not part of the run: how the service read the patch (as given, leading folder removed...).
+        run["patch_layout"] = response.headers.get(PATCH_LAYOUT_HEADER)
+        return run
+
+    def dashboard_url(self, run_id: int) -> str:
+        """The run's HTML page on the dashboard (shareable), not its JSON."""
+        return f"{self.base_url}/runs/{run_id}"
+
+    def retry(self, run_id: int) -> dict:
+        """Re-queue a run whose status is `error` (409 for any other status)."""
+        return self._check(self.http.post(f"/api/v1/runs/{run_id}/retry"))
 
     def run(self, run_id: int) -> dict:
         return self._check(self.http.get(f"/api/v1/runs/{run_id}"))
 
     def wait(self, run_ids: list[int], *, on_update: Callable[[list[dict]], None] | None = None,
              poll_s: float = 1.0, timeout_s: float = 3600.0) -> list[dict]:
-        """Poll until every run is final and has its verdict (or failed without one)."""
+        """Poll until every run is final: with its verdict, or cancelled / in error without one."""
         deadline = time.monotonic() + timeout_s
         while True:
             current = [self.run(run_id) for run_id in run_ids]
             if on_update:
                 on_update(current)
-            if all(r["status"] in FINAL and (r["verdict"] is not None or r["status"] == "cancelled")
+            if all(r["status"] in FINAL and (r["verdict"] is not None or r["status"] in FINAL_WITHOUT_VERDICT)
                    for r in current):
                 return current
             if time.monotonic() > deadline:

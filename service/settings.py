@@ -80,6 +80,9 @@ class Settings(BaseSettings):
     allow_unsandboxed: bool = False
     # Extra read-only paths the sandbox shows (a toolchain outside /usr and /opt), os.pathsep-separated.
     sandbox_ro_paths: str = ""
+    # An optdrift failure (source fetch, sandbox, a worker bug) is retried after this many seconds,
+    # doubling each attempt (at most max_attempts), then the run ends `error`.
+    retry_backoff_s: float = 10.0
 
     # Authentication (service/domain/auth.py). Writes always need a token; reads only with this.
     protect_reads: bool = False
@@ -145,6 +148,25 @@ class Settings(BaseSettings):
     max_patch_expanded_bytes: int = 64 * 1024 * 1024
     # Environments one commit submission may name (each is a run and a queue).
     max_environments_per_request: int = 16
+
+    # ---- Where workers reach the API (issue 14: the embedded default finds itself) ----
+    @property
+    def api_url_file(self) -> Path:
+        """`optdrift serve` writes the URL it listens on here, and removes it on exit."""
+        return self.home / "api-url"
+
+    @property
+    def resolved_public_url(self) -> str:
+        """Where a worker fetches sources: OPTDRIFT_PUBLIC_URL when set (workers on other hosts,
+        or an API behind a proxy); else the URL a `serve` of the same OPTDRIFT_HOME listens on;
+        else the default (http://127.0.0.1:8000)."""
+        if "public_url" in self.model_fields_set:
+            return self.public_url
+        try:
+            written = self.api_url_file.read_text().strip()
+        except OSError:
+            written = ""
+        return written or self.public_url
 
 
 @lru_cache

@@ -69,9 +69,11 @@ def test_same_submission_returns_same_run_and_idempotency_key(api):  # noqa: ANN
     again = _submit(api, "c1", archive)
     assert again.status_code == 200 and again.json()["created"] is False
     assert again.json()["runs"][0]["id"] == first["runs"][0]["id"]
-    keyed = _submit(api, "c2", make_archive({**SOURCE, "x.cpp": "1"}), headers={"Idempotency-Key": "k1"})
-    # Same key, different body: the key wins (the client is retrying the same request).
-    repeat = _submit(api, "c2", make_archive({**SOURCE, "x.cpp": "1"}), headers={"Idempotency-Key": "k1"})
+    retried_body = make_archive({**SOURCE, "x.cpp": "1"})
+    keyed = _submit(api, "c2", retried_body, headers={"Idempotency-Key": "k1"})
+    # Same key, same source, other form fields: the key wins (the client is retrying the same
+    # request). A different source under the same sha is a 409 even with the key (test_cli_contract).
+    repeat = _submit(api, "c2", retried_body, headers={"Idempotency-Key": "k1", "X-Retry": "1"})
     assert repeat.json()["runs"][0]["id"] == keyed.json()["runs"][0]["id"]
     listed = api.get("/api/v1/projects/kern/commits").json()
     assert [c["sha"] for c in listed["data"]] == ["c2", "c1"] and listed["count"] == 2

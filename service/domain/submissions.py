@@ -16,9 +16,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.db.models import Commit, Project, Run
-from service.domain.archives import ArchiveError, extract_archive, pack_directory
+from service.domain.archives import ArchiveError, extract_archive, pack_directory, sha256_hex
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
-from service.domain.patches import PatchLimits, apply_patch_bounded
+from service.domain.patch_layout import apply_patch_any_root
+from service.domain.patches import PatchLimits
 from service.domain.submission_rules import check_battery, check_environments
 from service.domain.storage import UnknownSourceError, archive_limits, get_archive, store_archive
 from service.settings import Settings
@@ -30,6 +31,8 @@ class Submission:
     commit: Commit | None
     # Runs created by this call (to dispatch after the commit); empty for a repeated submission.
     new_run_ids: list[int] = field(default_factory=list)
+    # verify --patch: which layout of the patch applied (as given, leading folder removed, ...).
+    patch_layout: str | None = None
 
     @property
     def created(self) -> bool:
@@ -77,6 +80,16 @@ def existing_run_for_key(*, session: Session, project: Project, key: str | None)
     return session.scalar(select(Run).where(Run.project_id == project.id, Run.idempotency_key == key))
 
 
+def _check_source_unchanged(*, session: Session, project: Project, sha: str, digest: str | None) -> None:
+    commit = session.scalar(select(Commit).where(Commit.project_id == project.id, Commit.sha == sha))
+    if commit is not None and digest is not None and commit.source_digest != digest:
+        raise ConflictError(
+            f"commit {sha} of {project.name!r} was already submitted with source {commit.source_digest};"
+            f" this upload is {digest}. A commit's source cannot change: submit the new source under "
+            "its own commit sha."
+        )
+
+
 def submit_commit(
     *,
     session: Session,
@@ -97,6 +110,11 @@ def submit_commit(
     sha = sha.strip()
     if not sha or len(sha) > 64:
         raise BadInputError(f"commit sha {sha!r} must be 1-64 characters")
+    # The source conflict comes before the idempotency key: a retried request carries the same
+    # bytes, so a key that matches while the source differs is a different commit under a reused
+    # sha, and answering "already submitted" would hide it.
+    _check_source_unchanged(session=session, project=project, sha=sha,
+                            digest=sha256_hex(archive) if archive is not None else source_digest)
     keyed = existing_run_for_key(session=session, project=project, key=idempotency_key)
     if keyed is not None:
         return Submission(runs=[keyed], commit=keyed.commit)
@@ -118,11 +136,8 @@ def submit_commit(
         except IntegrityError:  # a concurrent submission of the same sha won the race
             commit = session.scalar(
                 select(Commit).where(Commit.project_id == project.id, Commit.sha == sha))
-    if commit.source_digest != digest:
-        raise ConflictError(
-            f"commit {sha} of {project.name!r} was already submitted with source {commit.source_digest};"
-            f" this upload is {digest}. A commit's source cannot change."
-        )
+    # Again here: a concurrent submission of the same sha may have won the race above.
+    _check_source_unchanged(session=session, project=project, sha=sha, digest=digest)
     if release_tag and commit.release_tag != release_tag:
         commit.release_tag = release_tag
 
@@ -149,17 +164,18 @@ def submit_commit(
     return Submission(runs=runs, commit=commit, new_run_ids=new_ids)
 
 
-def apply_patch(*, settings: Settings, base_archive: Path, patch: bytes) -> bytes:
-    """The base commit's tree with a unified diff (git format, -p1) applied, packed again."""
+def apply_patch(*, settings: Settings, base_archive: Path, patch: bytes) -> tuple[bytes, str]:
+    """The base commit's tree with a unified diff (git format, from the repository root or the
+    source folder) applied, packed again, and a sentence saying which layout applied."""
     with tempfile.TemporaryDirectory(prefix="optdrift-verify-") as tmp:
         tree = Path(tmp) / "tree"
         extract_archive(base_archive.read_bytes(), tree, archive_limits(settings))
         patch_file = Path(tmp) / "change.patch"
         patch_file.write_bytes(patch)
-        apply_patch_bounded(tree=tree, patch_file=patch_file, limits=PatchLimits(
+        layout = apply_patch_any_root(tree=tree, patch_file=patch_file, limits=PatchLimits(
             max_file_bytes=settings.max_patch_file_bytes,
             max_total_bytes=settings.max_patch_expanded_bytes))
-        return pack_directory(tree)
+        return pack_directory(tree), layout
 
 
 def submit_verify(
@@ -181,10 +197,11 @@ def submit_verify(
     base_commit = find_commit(session=session, project=project, ref=base)
     if (archive is None) == (patch is None):
         raise BadInputError("send exactly one of `archive` (a source tar.gz) or `patch` (a diff)")
+    patch_layout = None
     if patch is not None:
         _, base_path = get_archive(session=session, settings=settings,
                                    digest=base_commit.source_digest)
-        archive = apply_patch(settings=settings, base_archive=base_path, patch=patch)
+        archive, patch_layout = apply_patch(settings=settings, base_archive=base_path, patch=patch)
     digest = _source_digest(session=session, settings=settings, archive=archive, source_digest=None)
     environment = environment or project.environments[0]
     if environment not in project.environments:
@@ -196,4 +213,4 @@ def submit_verify(
               environment=environment, idempotency_key=idempotency_key)
     session.add(run)
     session.flush()
-    return Submission(runs=[run], commit=None, new_run_ids=[run.id])
+    return Submission(runs=[run], commit=None, new_run_ids=[run.id], patch_layout=patch_layout)

@@ -84,4 +84,6 @@ def verify(
     session.refresh(run)
     if not submission.created:
         response.status_code = status.HTTP_200_OK
+    if submission.patch_layout:  # which folder the patch was taken relative to; the CLI prints it
+        response.headers["Optdrift-Patch-Layout"] = submission.patch_layout
     return run_public(run)

@@ -41,6 +41,7 @@ POLICY: dict[tuple[str, str], set[str] | str] = {
     ("GET", "/api/v1/runs/{run_id}"): PUBLIC,
     ("GET", "/api/v1/runs/{run_id}/log"): PUBLIC,
     ("POST", "/api/v1/runs/{run_id}/cancel"): {"admin", "submit"},
+    ("POST", "/api/v1/runs/{run_id}/retry"): {"admin", "submit"},
     ("POST", "/api/v1/runs/{run_id}/acknowledge"): {"admin"},
     ("GET", "/api/v1/runs/{run_id}/trajectories"): PUBLIC,
     ("GET", "/api/v1/runs/{run_id}/trajectories.csv"): PUBLIC,

@@ -30,7 +30,7 @@ def test_invalid_battery_file_lists_every_problem_and_exit_2(tmp_path):
     for field in ("groups.0.optimizers.0", "groups.0.sizes", "groups.0.steps", "groups.0.points.0.lr"):
         assert field in result.output
     result = runner.invoke(app, ["check", "--source", str(tmp_path), "--battery", "fastest"])
-    assert result.exit_code == 2 and "unknown battery 'fastest'" in result.output
+    assert result.exit_code == 2 and "battery 'fastest' is neither a built-in battery nor a file" in result.output
 
 
 @pytest.mark.slow
@@ -42,7 +42,7 @@ def test_a_source_that_does_not_build_is_broken_with_the_compiler_message(tmp_pa
     (broken / "cpu" / "syntax_error.cpp").write_text("int optdrift_broken( { return 0; }\n")
     out = tmp_path / "out.json"
     result = runner.invoke(app, ["check", "--source", str(broken), "--json-out", str(out), "--device", "cpu"])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 3, result.output  # broken (README: exit codes)
     comparison = json.loads(out.read_text())["comparison"]
     assert comparison["verdict"] == "broken"
     assert "syntax_error.cpp" in comparison["summary"]

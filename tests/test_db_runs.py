@@ -69,7 +69,7 @@ def test_trajectory_round_trip_is_bit_exact_and_idempotent(db_session, api_setti
     assert back.nonfinite_count[-1] == 2**40 and back.digests == digests
 
 
-def test_reaper_requeues_then_fails_after_max_attempts(db_session, api_settings):  # noqa: ANN001
+def test_reaper_requeues_then_gives_up_as_an_optdrift_error(db_session, api_settings):  # noqa: ANN001
     run = _commit_run(db_session, api_settings, "a", [])
     later = datetime.now(timezone.utc) + timedelta(seconds=1000)
     for attempt in (1, 2):
@@ -80,7 +80,8 @@ def test_reaper_requeues_then_fails_after_max_attempts(db_session, api_settings)
         if attempt == 1:
             assert (requeued, failed, run.status, run.dispatched_at) == ([run.id], [], "queued", None)
         else:
-            assert (requeued, failed, run.status) == ([], [run.id], "failed")
+            # A lost worker is optdrift's failure, never the commit's: `error`, not `failed`.
+            assert (requeued, failed, run.status) == ([], [run.id], "error")
             assert "gave up after 2 attempts" in run.error
     # A fresh heartbeat is never reaped.
     other = _commit_run(db_session, api_settings, "b", [])
@@ -118,3 +119,25 @@ def test_run_api_serves_trajectories_csv_and_cancel(api, db_session, api_setting
     assert cancelled["status"] == "cancelled"
     assert api.post(f"/api/v1/runs/{run.id}/cancel").status_code == 409
     assert api.get(f"/api/v1/runs/{run.id}/trajectories/nope").status_code == 404
+
+
+def test_an_optdrift_failure_is_retried_with_backoff_then_error_and_retry_requeues(db_session, api_settings):  # noqa: ANN001
+    import pytest
+
+    from service.domain.errors import ConflictError
+
+    run = _commit_run(db_session, api_settings, "flaky", [])
+    delays = []
+    for attempt in (1, 2, 3):
+        assert runs.claim(session=db_session, run_id=run.id, worker="w")
+        delays.append(runs.retry_later(session=db_session, run_id=run.id, worker="w",
+                                       error="fetching the source failed: 401", max_attempts=3, backoff_s=10))
+        db_session.refresh(run)
+    assert delays == [10, 20, None]  # doubling backoff, then given up
+    assert run.status == "error" and run.attempt == 3
+    assert "not the commit's" in run.error and "gave up after 3 attempts" in run.error
+    retried = runs.retry(session=db_session, run_id=run.id)
+    assert (retried.status, retried.attempt, retried.dispatched_at) == ("queued", 0, None)
+    assert runs.claim(session=db_session, run_id=run.id, worker="w")  # claimable again
+    with pytest.raises(ConflictError, match="only a run that ended in `error`"):
+        runs.retry(session=db_session, run_id=run.id)

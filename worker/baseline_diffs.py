@@ -35,9 +35,8 @@ log = logging.getLogger(__name__)
 
 def record_baseline_diffs(*, run_id: int, settings: Settings) -> int:
     """Store per-step |commit − baseline| for the changed cases of `run_id`; returns how many."""
-    from worker.battery import battery_from_tree
+    from worker import pipeline
     from worker.engine import corun_battery
-    from worker.project_build import build_project
 
     sessions = get_sessionmaker()
     with sessions() as session:
@@ -59,22 +58,30 @@ def record_baseline_diffs(*, run_id: int, settings: Settings) -> int:
     cases = [c.case for c in commit_result.cases if c.case.case_id in changed_ids]
     stored = {c.case.case_id: c for c in commit_result.cases}
     with tempfile.TemporaryDirectory(prefix=f"optdrift-diffs-{run_id}-") as tmp:
-        libraries, adapter = {}, "bundled"
+        sources = {}
         for side, digest in digests.items():
-            source = fetch_source(base_url=settings.public_url, digest=digest, dest=Path(tmp) / side,
-                                  limits=archive_limits(settings), max_bytes=settings.max_upload_bytes,
-                                  token=settings.resolved_worker_token())
-            config = load_project_config(source, project)
-            adapter = config.adapter
-            build = build_project(source, config, cache_dir=settings.resolved_build_cache_dir,
-                                  cuda_archs=[] if settings.worker_device == "cpu" else None,
-                                  trusted=trusted[side], max_timeout_s=settings.max_build_s)
+            sources[side] = fetch_source(base_url=settings.public_url, digest=digest, dest=Path(tmp) / side,
+                                         limits=archive_limits(settings), max_bytes=settings.max_upload_bytes,
+                                         token=settings.resolved_worker_token())
+        # The same pipeline as the run (worker/pipeline.py): the commit's configuration and battery;
+        # the baseline's tree built its own way and run on the commit's cases.
+        job = pipeline.prepare(sources["commit"], project=project, requested_battery=run.battery)
+        jobs = {"commit": job, "baseline": pipeline.Job(
+            source_dir=sources["baseline"], config=load_project_config(sources["baseline"], project),
+            battery=job.battery, battery_origin=job.battery_origin, cases=cases)}
+        libraries = {}
+        for side, side_job in jobs.items():
+            policy = pipeline.Policy(device=settings.worker_device, fast_engine=settings.fast_engine,
+                                     cache_dir=settings.resolved_build_cache_dir,
+                                     cuda_archs=[] if settings.worker_device == "cpu" else None,
+                                     trusted=trusted[side], max_build_s=settings.max_build_s,
+                                     case_timeout_s=settings.case_timeout_s)
+            build = pipeline.build(side_job, policy)
             if not build.ok:
                 log.warning("run %s: the %s no longer builds (%s); no per-step diffs", run_id, side, build.error)
                 return 0
             libraries[side] = build.library_path
-        # As the run itself did (worker/tasks.py): a battery named by a path is a file in the tree.
-        battery = battery_from_tree(Path(tmp) / "commit", run.battery)
+        battery, adapter = job.battery, job.config.adapter
         rerun, _, diffs = corun_battery(battery, libraries["commit"], libraries["baseline"],
                                         device=settings.worker_device, cases=cases,
                                         case_timeout_s=settings.case_timeout_s, adapter=adapter)

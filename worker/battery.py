@@ -292,13 +292,20 @@ def battery_from_tree(tree: Path, name: str) -> BatterySpec:
     path = root / name
     resolved = path.resolve()
     if not resolved.is_relative_to(root) or path.is_symlink():
-        raise BatteryError(f"battery {name!r} leads out of the submitted tree: {what}")
+        raise BatteryError(f"battery {name!r} leads out of the tree: {what}")
     if not resolved.is_file():
-        raise BatteryError(f"battery {name!r} is not a file in the submitted tree: {what}")
-    if resolved.stat().st_size > MAX_BATTERY_FILE_BYTES:
+        raise BatteryError(f"battery {name!r} is neither a built-in battery nor a file in the tree: {what}")
+    return battery_from_file(resolved, shown_as=name)
+
+
+def battery_from_file(path: Path, *, shown_as: str | None = None) -> BatterySpec:
+    """A battery JSON file the caller may read (`battery_from_tree` decides that for submissions;
+    `optdrift check` reads its user's own file). Every problem of the file in one BatteryError."""
+    name = shown_as or str(path)
+    if Path(path).stat().st_size > MAX_BATTERY_FILE_BYTES:
         raise BatteryError(f"battery file {name!r} is larger than {MAX_BATTERY_FILE_BYTES} bytes")
     try:
-        return BatterySpec.model_validate_json(resolved.read_bytes())
+        return BatterySpec.model_validate_json(Path(path).read_bytes())
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}"
                              for e in error.errors(include_url=False, include_input=False, include_context=False))

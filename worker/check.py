@@ -1,7 +1,9 @@
-"""`optdrift check`: build a source tree (and a baseline), run a battery, print the verdict.
+"""`optdrift check`: the service's pipeline (worker/pipeline.py) on a tree and a baseline tree,
+without a server: the same configuration (optdrift.toml, any build kind, any adapter), battery,
+engine, repeats and verdict the service gives.
 
-Exit codes: 0 unchanged or no-baseline, 1 changed or broken, 2 bad input (a missing folder, an
-unknown or invalid battery, a baseline that does not build).
+Exit codes (as the CLI's): 0 unchanged or no baseline, 1 changed, 2 bad input (a missing folder,
+an invalid optdrift.toml or battery, a baseline that does not build), 3 broken, 5 nondeterministic.
 """
 
 from __future__ import annotations
@@ -10,14 +12,14 @@ import sys
 import time
 from pathlib import Path
 
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from service.results import RunComparison, RunResult
-from service.verdicts import compare_runs
+from service.results import RunComparison
 
-EXIT_OK, EXIT_FLAGGED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_CHANGED, EXIT_BAD_INPUT, EXIT_BROKEN, EXIT_ERROR, EXIT_NONDETERMINISTIC = 0, 1, 2, 3, 4, 5
+EXIT_BY_VERDICT = {"unchanged": EXIT_OK, "no-baseline": EXIT_OK, "changed": EXIT_CHANGED,
+                   "broken": EXIT_BROKEN, "nondeterministic": EXIT_NONDETERMINISTIC}
 
 
 def _fmt(value: float | None) -> str:
@@ -29,7 +31,7 @@ def print_verdict(comparison: RunComparison, console: Console, *, show_unchanged
     table = Table(title=f"optdrift verdict: {comparison.verdict}", show_lines=False)
     for column in ("case", "verdict", "first step", "max |commit-base|", "ref64 commit", "ref64 base", "direction"):
         table.add_column(column, overflow="fold")
-    order = {"broken": 0, "changed": 1, "new": 2, "unchanged": 3}
+    order = {"broken": 0, "nondeterministic": 1, "changed": 2, "new": 3, "not_applicable": 4, "unchanged": 5}
     shown = 0
     for case in sorted(comparison.cases, key=lambda c: (order[c.verdict], c.case_id)):
         if case.verdict == "unchanged" and not show_unchanged:
@@ -48,12 +50,13 @@ def print_verdict(comparison: RunComparison, console: Console, *, show_unchanged
 
 
 def exit_code(comparison: RunComparison) -> int:
-    return EXIT_FLAGGED if comparison.verdict in ("changed", "broken") else EXIT_OK
+    return EXIT_BY_VERDICT.get(comparison.verdict, EXIT_ERROR)
 
 
-def run_check(source: Path, baseline: Path | None, battery: str = "quick", *, device: str = "auto",
+def run_check(source: Path, baseline: Path | None, battery: str | None = None, *, device: str = "auto",
               cache_dir: Path | None = None, case_timeout_s: float = 300.0, json_out: Path | None = None,
               show_unchanged: bool = False, console: Console | None = None) -> int:
+    """`battery`: None runs the tree's own (optdrift.toml, else quick), as the service does."""
     if console is None:
         console = Console()
         if not console.is_terminal:  # CI logs: keep case ids on one line instead of 80 columns
@@ -64,48 +67,62 @@ def run_check(source: Path, baseline: Path | None, battery: str = "quick", *, de
 
     for label, folder in (("--source", source), ("--baseline", baseline)):
         if folder is not None and not Path(folder).is_dir():
-            error(f"{label} {folder} is not a folder; pass the kernel source directory (e.g. csrc)")
+            error(f"{label} {folder} is not a folder; pass the project's tree (with its optdrift.toml, "
+                  "or the kernel source folder, e.g. csrc)")
             return EXIT_BAD_INPUT
 
-    from worker.battery import load_battery
-    from worker.build import build_extension
-    from worker.engine import corun_battery, run_battery
+    from service.domain.project_config import ProjectConfigError, load_project_config
+    from worker import pipeline
+    from worker.battery import BatteryError
+    from worker.engine import corun_battery
 
     try:
-        spec = load_battery(battery)
-    except (ValueError, ValidationError) as problem:
-        error(f"battery {battery}: {problem}")
+        job = pipeline.prepare(Path(source), requested_battery=battery, local_battery_file=True)
+        base_job = None
+        if baseline is not None:
+            # The baseline runs the commit's battery: the same cases, compared case by case.
+            base_job = pipeline.Job(source_dir=Path(baseline), config=load_project_config(Path(baseline)),
+                                    battery=job.battery, battery_origin=job.battery_origin, cases=job.cases)
+    except (ProjectConfigError, BatteryError) as problem:
+        error(str(problem))
         return EXIT_BAD_INPUT
-    cases = spec.expand()
+    policy = pipeline.Policy(device=device, cache_dir=cache_dir, cuda_archs=[] if device == "cpu" else None,
+                             case_timeout_s=case_timeout_s)
 
     started = time.monotonic()
-    commit_build = build_extension(Path(source), cache_dir=cache_dir)
-    baseline_build = build_extension(Path(baseline), cache_dir=cache_dir) if baseline is not None else None
+    commit_build = pipeline.build(job, policy)
+    baseline_build = pipeline.build(base_job, policy) if base_job is not None else None
     if baseline_build is not None and not baseline_build.ok:
         error(f"--baseline {baseline} does not build:\n{baseline_build.error}")
         return EXIT_BAD_INPUT
     console.print(f"built {source} ({'cached' if commit_build.cached else f'{commit_build.duration_s:.1f} s'})"
                   + (f" and {baseline}" if baseline_build else "")
-                  + f"; running battery {spec.name} v{spec.version} ({len(cases)} cases)", highlight=False)
+                  + f"; running battery {job.battery.name} v{job.battery.version} from {job.battery_origin} "
+                  f"({len(job.cases)} cases)", highlight=False)
 
-    def progress(done: int, total: int, result) -> None:
+    def progress(index: int, result) -> None:  # noqa: ANN001
         if result.status == "broken":
-            console.print(f"  [{done}/{total}] {result.case.case_id}: broken: {result.message}",
-                          markup=False, highlight=False)
+            console.print(f"  {result.case.case_id}: broken: {result.message}", markup=False, highlight=False)
 
     baseline_run, diffs = None, {}
+    if base_job is not None:
+        base_ran = pipeline.run(base_job, baseline_build, policy)
+        baseline_run = pipeline.run_result(base_job, baseline_build, base_ran)
     if not commit_build.ok:
-        commit_run = RunResult(battery_name=spec.name, battery_version=spec.version, battery_digest=spec.digest,
-                               build_digest=commit_build.digest, build_ok=False, build_error=commit_build.error)
-    elif baseline_build is None:
-        commit_run = run_battery(spec, commit_build.library_path, build_digest=commit_build.digest, device=device,
-                                 case_timeout_s=case_timeout_s, cases=cases, progress=progress)
+        commit_run = pipeline.run_result(job, commit_build, None)
     else:
-        commit_run, baseline_run, diffs = corun_battery(
-            spec, commit_build.library_path, baseline_build.library_path, commit_digest=commit_build.digest,
-            baseline_digest=baseline_build.digest, device=device, case_timeout_s=case_timeout_s, cases=cases,
-            progress=progress)
-    comparison = compare_runs(commit_run, baseline_run, diffs)
+        digests = {r.case.case_id: r.trajectory.digests for r in (baseline_run.cases if baseline_run else [])
+                   if r.status == "ok" and r.trajectory is not None}
+        commit_run = pipeline.run_result(job, commit_build, pipeline.run(
+            job, commit_build, policy, on_result=progress, baseline_digests=digests))
+    comparison = pipeline.compare(commit_run, baseline_run)
+    changed = [c for c in job.cases if c.case_id in {x.case_id for x in comparison.cases if x.verdict == "changed"}]
+    if changed and baseline_build is not None:
+        # Per-step |commit - baseline| of the changed cases only, as the service's co-run stores.
+        _, _, diffs = corun_battery(job.battery, commit_build.library_path, baseline_build.library_path,
+                                    device=device, case_timeout_s=case_timeout_s, cases=changed,
+                                    adapter=job.config.adapter)
+        comparison = pipeline.compare(commit_run, baseline_run, diffs)
     print_verdict(comparison, console, show_unchanged=show_unchanged)
     console.print(f"({time.monotonic() - started:.1f} s)", highlight=False)
     if json_out is not None:

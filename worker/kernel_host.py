@@ -140,8 +140,8 @@ def host_main(argv: list[str] | None = None) -> int:
             continue
         unsupported = adapter.unsupported(case, device)
         try:
-            if unsupported:
-                result = CaseResult(case=case, status="broken", message=f"unsupported: {unsupported}")
+            if unsupported:  # a capability, not a fault: set aside, never part of a verdict
+                result = CaseResult(case=case, status="not_applicable", message=unsupported)
             elif request.get("params_out"):
                 with open(request["params_out"], "wb") as params_out:
                     result = run_case(case, device, params_out, families=families)
@@ -176,7 +176,7 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
             continue
         unsupported = adapter.unsupported(case, device)
         if unsupported:  # as the one-case path answers it
-            emit(index, CaseResult(case=case, status="broken", message=f"unsupported: {unsupported}"))
+            emit(index, CaseResult(case=case, status="not_applicable", message=unsupported))
         else:
             runnable.append(index)
     try:

@@ -19,7 +19,7 @@ from pathlib import Path
 from celery.signals import worker_ready
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from service.db.models import CANCELLED, DONE, FAILED, RUNNING, Run
+from service.db.models import CANCELLED, DONE, ERROR, FAILED, RUNNING, Run
 from service.db.session import get_sessionmaker
 from service.domain import runs, trajectories, verdict_store
 from service.domain.queueing import RUN_TASK_NAME
@@ -132,8 +132,14 @@ def _read_log(path: str | None) -> str:
                                max_chars=MAX_LOG_CHARS)
 
 
+class OptdriftFailure(RuntimeError):
+    """A failure of optdrift, not of the commit (source fetch, sandbox unavailable, a worker bug):
+    the run is retried with backoff, then ends `error` — never `failed`/broken."""
+
+
 def execute_run(run_id: int, *, settings: Settings | None = None, worker: str | None = None) -> str:
-    """Run `run_id` to a final status; returns that status ("skipped" if it was not claimable)."""
+    """Run `run_id` to a final status; returns that status ("skipped" if it was not claimable,
+    "retrying" after an optdrift failure with attempts left)."""
     settings = settings or get_settings()
     worker = worker or worker_name()
     sessions = get_sessionmaker()
@@ -159,19 +165,42 @@ def execute_run(run_id: int, *, settings: Settings | None = None, worker: str | 
             log.warning("run %s: database unavailable mid-run (%s); the reaper will re-queue it",
                         run_id, str(exc).splitlines()[0])
             return "lost"
-        except Exception as exc:  # noqa: BLE001  (any failure is recorded on the run)
-            log.exception("run %s failed", run_id)
+        except Exception as exc:  # noqa: BLE001  (optdrift's failure: retried, never the commit's)
+            reason = str(exc) if isinstance(exc, OptdriftFailure) else f"{type(exc).__name__}: {exc}"
+            log.exception("run %s: optdrift failure", run_id)
             with sessions() as session:
-                runs.set_status(session=session, run_id=run_id, worker=worker, status=FAILED,
-                                error=f"{type(exc).__name__}: {exc}")
-            status = FAILED
+                delay = runs.retry_later(session=session, run_id=run_id, worker=worker, error=reason,
+                                         max_attempts=settings.max_attempts, backoff_s=settings.retry_backoff_s)
+                if delay is not None:
+                    _send_again(session, settings, run_id, delay)
+                    return "retrying"
+            status = ERROR
     with sessions() as session:
         run = session.get(Run, run_id)
-        if run.status in (DONE, FAILED) and run.worker == worker:
+        if run.status in (DONE, FAILED, ERROR) and run.worker == worker:
             verdict_store.evaluate_with_dependants(session=session, run=run)
     if status == DONE:
         _record_baseline_diffs(run_id, settings)
     return status
+
+
+def _send_again(session, settings: Settings, run_id: int, delay: float) -> None:  # noqa: ANN001
+    """Dispatch a re-queued run to start after `delay` s; if the broker does not take it now, the
+    API's maintenance loop sends it (it stays queued with no dispatch time)."""
+    from datetime import datetime, timezone
+
+    from sqlalchemy import update
+
+    from service.domain.queueing import send_run
+
+    run = session.get(Run, run_id)
+    try:
+        send_run(settings=settings, run_id=run_id, environment=run.environment, countdown=delay)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("run %s: the broker did not take the retry (%s); the maintenance loop will", run_id, exc)
+        return
+    session.execute(update(Run).where(Run.id == run_id).values(dispatched_at=datetime.now(timezone.utc)))
+    session.commit()
 
 
 def _record_baseline_diffs(run_id: int, settings: Settings) -> None:
@@ -207,88 +236,93 @@ def _refusal(run: Run, settings: Settings) -> str | None:
     return None
 
 
+def _baseline_digests(session, run: Run) -> dict[str, list[str]]:  # noqa: ANN001
+    """case id -> digests of the run's baseline, if it has finished: the cases that differ from it
+    are repeated before the run ends (worker/pipeline.py)."""
+    from service.domain import baselines
+
+    choice = baselines.choose(session=session, run=run)
+    if choice.run is None or choice.pending or choice.run.status != DONE:
+        return {}
+    return {row.case_id: row.digests.split("\n") for row in trajectories.list_rows(session=session, run_id=choice.run.id)
+            if row.status == "ok" and row.digests}
+
+
 def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) -> str:
     from service.db.models import Project
-    from service.domain.project_config import ProjectConfigError, load_project_config
-    from worker.battery import BatteryError, battery_from_tree
-    from worker.kernel_host import KernelHost
-    from worker.project_build import build_project
+    from service.domain.project_config import ProjectConfigError
+    from worker import pipeline
+    from worker.battery import BatteryError
 
     with get_sessionmaker()() as session, tempfile.TemporaryDirectory(prefix=f"optdrift-run{run_id}-") as tmp:
         run = session.get(Run, run_id)
 
-        def fail(error: str) -> str:
+        def fail(error: str) -> str:  # the commit's fault: broken
             runs.set_status(session=session, run_id=run_id, worker=worker, status=FAILED, error=error)
             return FAILED
 
         refusal = _refusal(run, settings)
         if refusal:
-            return fail(refusal)
+            raise OptdriftFailure(refusal)
         budget = RunBudget(settings, untrusted=run.kind == "verify")
-        source_dir = fetch_source(
-            base_url=settings.public_url, digest=run.source_digest, dest=Path(tmp) / "src",
-            limits=archive_limits(settings), max_bytes=settings.max_upload_bytes,
-            token=settings.resolved_worker_token())
-        _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
-        # issue 9: the tree's optdrift.toml over the project's registered fields (docs/PROJECTS.md).
-        # A battery named by a path is a file inside the tree, nothing else (worker.battery).
         try:
-            config = load_project_config(source_dir, session.get(Project, run.project_id))
-            battery = battery_from_tree(source_dir, run.battery)
+            source_dir = fetch_source(
+                base_url=settings.public_url, digest=run.source_digest, dest=Path(tmp) / "src",
+                limits=archive_limits(settings), max_bytes=settings.max_upload_bytes,
+                token=settings.resolved_worker_token())
+        except Exception as exc:  # noqa: BLE001
+            raise OptdriftFailure(f"fetching the source {run.source_digest[:12]} from {settings.public_url} "
+                                  f"failed: {exc}") from exc
+        _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
+        try:
+            job = pipeline.prepare(source_dir, project=session.get(Project, run.project_id),
+                                   requested_battery=run.battery)
         except (ProjectConfigError, BatteryError) as error:
             return fail(str(error))
-        cases = battery.expand()
-
-        cpu_only = settings.worker_device == "cpu"
-        build = build_project(source_dir, config, cache_dir=settings.resolved_build_cache_dir,
-                              cuda_archs=[] if cpu_only else None, trusted=not budget.untrusted,
-                              max_timeout_s=budget.build_timeout_s())
-        detail = {"battery_version": battery.version, "build_ok": build.ok,
-                  "build_error": build.error, "cuda_archs": build.cuda_archs,
-                  "sandbox": sandbox.status()[1] if sandbox.available() else "none: " + sandbox.status()[1]}
+        policy = pipeline.Policy(
+            device=settings.worker_device, fast_engine=settings.fast_engine,
+            cache_dir=settings.resolved_build_cache_dir,
+            cuda_archs=[] if settings.worker_device == "cpu" else None, trusted=not budget.untrusted,
+            max_build_s=budget.build_s, case_timeout_s=budget.case_timeout_s, deadline=budget.deadline)
+        built = pipeline.build(job, policy)
+        available, what = sandbox.status()
+        detail = {**job.record(), "battery_version": job.battery.version, "build_ok": built.ok,
+                  "build_error": built.error, "cuda_archs": built.cuda_archs,
+                  "sandbox": what if available else f"none: {what}"}
         if not runs.heartbeat(session=session, run_id=run_id, worker=worker,
-                              build_log=_read_log(build.log_path), build_digest=build.digest,
-                              build_cached=build.cached, battery_hash=battery.digest,
+                              build_log=_read_log(built.log_path), build_digest=built.digest,
+                              build_cached=built.cached, battery_hash=job.battery.digest,
                               environment_detail=detail):
             raise RunLost("the run was taken away during the build")
-        if not build.ok:
-            return fail(f"build failed: {build.error}")
+        if not built.ok:
+            return fail(f"build failed: {built.error}")
         _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
 
         runs.set_status(session=session, run_id=run_id, worker=worker, status=RUNNING,
-                        cases_total=len(cases), cases_done=0)
-        stored: list[int] = []
+                        cases_total=len(job.cases), cases_done=0)
+        stored: set[int] = set()
+        fingerprint: dict | None = None
 
         def store(index: int, result) -> None:  # noqa: ANN001
-            nonlocal detail
             _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
             trajectories.store_case_result(session=session, run_id=run_id, case_index=index, result=result)
-            stored.append(index)
-            if host.environment is not None and "fingerprint" not in detail:
-                detail = {**detail, "fingerprint": host.environment.model_dump(mode="json")}
+            stored.add(index)
             # The trajectory and the progress commit together: progress never runs ahead.
-            if not runs.heartbeat(session=session, run_id=run_id, worker=worker,
-                                  cases_done=len(stored), environment_detail=detail):
+            if not runs.heartbeat(session=session, run_id=run_id, worker=worker, cases_done=len(stored)):
                 session.rollback()
                 raise RunLost("the run was taken away while running cases")
             if budget.exceeded():
-                raise RunBudgetExceeded(budget.reason(len(stored), len(cases)))
+                raise RunBudgetExceeded(budget.reason(len(stored), len(job.cases)))
 
         try:
-            with KernelHost(build.library_path, device=settings.worker_device,
-                            case_timeout_s=budget.case_timeout_s, adapter=config.adapter,
-                            deadline=budget.deadline) as host:
-                _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
-                if settings.fast_engine:
-                    # worker.fast_engine through the host: the same results, stored as groups finish.
-                    host.run_many(cases, on_result=store)
-                else:
-                    for index, case in enumerate(cases):
-                        _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
-                        store(index, host.run(case))
+            ran = pipeline.run(job, built, policy, on_result=store,
+                               baseline_digests=_baseline_digests(session, run))
         except RunBudgetExceeded as exceeded:
             return fail(str(exceeded))
-        runs.set_status(session=session, run_id=run_id, worker=worker, status=DONE)
+        if ran.environment is not None:
+            fingerprint = ran.environment.model_dump(mode="json")
+        runs.set_status(session=session, run_id=run_id, worker=worker, status=DONE,
+                        environment_detail={**detail, **({"fingerprint": fingerprint} if fingerprint else {})})
         return DONE
 
 

@@ -10,6 +10,7 @@ user's guide.
     adapter = "tinyopt"              # bundled | bitsandbytes | tinyopt | a module path
     battery = "battery.json"         # built-in name or a JSON file in the tree
     environments = ["cpu"]
+    repeats = 1                      # runs of every case (changed cases: at least 2)
     [build]
     kind = "command"                 # torch-extension | command
     commands = ["cmake -S . -B build -G Ninja", "cmake --build build"]
@@ -87,6 +88,10 @@ class ProjectConfig(BaseModel):
     adapter: str = Field("bundled", min_length=1)
     battery: str = Field("quick", min_length=1)
     environments: list[str] = Field(default_factory=lambda: ["cpu"], min_length=1)
+    # Runs of every case on a new build (1: once). Cases that differ from their baseline are always
+    # run at least twice before a change is reported (worker/pipeline.py): a kernel that does not
+    # reproduce itself is `nondeterministic`, not `changed`.
+    repeats: int = Field(1, ge=1, le=10)
     build: BuildConfig = BuildConfig()
 
 

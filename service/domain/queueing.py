@@ -85,12 +85,14 @@ def producer_app(settings: Settings) -> Celery:
     return _producer(settings.resolved_broker_url, settings.model_dump_json())
 
 
-def send_run(*, settings: Settings, run_id: int, environment: str) -> None:
-    """Hand one run id to the broker. Raises if the broker does not take it."""
+def send_run(*, settings: Settings, run_id: int, environment: str, countdown: float | None = None) -> None:
+    """Hand one run id to the broker (to start after `countdown` seconds: a retry's backoff).
+    Raises if the broker does not take it."""
     producer_app(settings).send_task(
         RUN_TASK_NAME,
         args=[run_id],
         queue=queue_for(environment),
+        countdown=countdown,
         retry=True,
         # Fail fast when the broker is down: the run is safe in the database and the
         # maintenance loop re-sends it.

@@ -9,7 +9,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from service.db.models import (
-    ACTIVE_STATUSES, BUILDING, CANCELLED, DONE, FAILED, FINAL_STATUSES, QUEUED, RUNNING, Run,
+    ACTIVE_STATUSES, BUILDING, CANCELLED, DONE, ERROR, FAILED, FINAL_STATUSES, QUEUED, RUNNING, Run,
 )
 from service.domain import redaction
 from service.domain.errors import ConflictError, NotFoundError
@@ -119,8 +119,8 @@ def reap_stale(
         if run.attempt < max_attempts:
             values = dict(status=QUEUED, worker=None, dispatched_at=None, error=reason)
             target = requeued
-        else:
-            values = dict(status=FAILED, finished_at=now,
+        else:  # a lost worker is optdrift's failure, never the commit's
+            values = dict(status=ERROR, finished_at=now,
                           error=f"{reason}; gave up after {run.attempt} attempts")
             target = failed
         result = session.execute(
@@ -138,3 +138,39 @@ def is_final(run: Run) -> bool:
 
 
 __all__ = ["BUILDING", "CANCELLED", "DONE", "FAILED", "QUEUED", "RUNNING"]
+
+
+def retry_later(*, session: Session, run_id: int, worker: str, error: str, max_attempts: int,
+                backoff_s: float) -> float | None:
+    """After an optdrift failure (not the commit's) in attempt N: back to `queued` to be sent again
+    in backoff_s * 2**(N-1) seconds while attempts remain (returns that delay), else `error` for
+    good (returns None). The run's error says what failed and what happens next."""
+    run = session.get(Run, run_id)
+    if run.attempt < max_attempts:
+        delay = backoff_s * 2 ** max(0, run.attempt - 1)
+        ours = session.execute(
+            update(Run).where(Run.id == run_id, Run.worker == worker, Run.status.in_(ACTIVE_STATUSES))
+            .values(status=QUEUED, worker=None, dispatched_at=None, heartbeat_at=_now(),
+                    error=redaction.clip(redaction.scrub(
+                        f"optdrift error in attempt {run.attempt} of {max_attempts} (not the commit's): "
+                        f"{error}; retrying in {delay:g} s"), MAX_ERROR_CHARS))).rowcount
+        session.commit()
+        return delay if ours else None
+    set_status(session=session, run_id=run_id, worker=worker, status=ERROR,
+               error=f"optdrift error (not the commit's): {error}; gave up after {run.attempt} attempts")
+    return None
+
+
+def retry(*, session: Session, run_id: int) -> Run:
+    """An `error` run back to `queued` with a fresh count of attempts (`optdrift retry`, or the
+    same commit submitted again); the caller dispatches it."""
+    run = get(session=session, run_id=run_id)
+    if run.status != ERROR:
+        raise ConflictError(f"run {run_id} is {run.status}; only a run that ended in `error` (an optdrift "
+                            "failure) is retried; submit a new commit to run changed code")
+    session.execute(update(Run).where(Run.id == run_id, Run.status == ERROR).values(
+        status=QUEUED, attempt=0, worker=None, dispatched_at=None, finished_at=None,
+        error=f"retried after: {run.error}"))
+    session.commit()
+    session.refresh(run)
+    return run

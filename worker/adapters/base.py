@@ -48,8 +48,9 @@ class ProjectAdapter(ABC):
         """Kernel family name -> the object that initialises states and steps a case."""
 
     def unsupported(self, case: "CaseSpec", device: "torch.device") -> str | None:
-        """Why this project cannot run `case` on `device` (the case is then reported broken with
-        this text, so a project's battery should leave such cases out), or None."""
+        """Why this project cannot run `case` on `device` (a kernel the library does not have),
+        or None. Such a case is set aside as `not_applicable` with this text: counted and listed,
+        never broken, never part of a verdict."""
         if case.family not in self.families():
             return (f"the {self.name} adapter has no kernel family {case.family!r} "
                     f"(it has {sorted(self.families())}); remove it from the project's battery")

@@ -7,12 +7,12 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse, Response
 
 from service.api.auth import AdminDep, PrincipalDep
-from service.api.deps import SessionDep
+from service.api.deps import SessionDep, SettingsDep
 from service.api.params import RunIdPath
 from service.domain.auth import SUBMIT
 from service.api.presenters import run_public, trajectory_public, verdict_public
 from service.api.schemas import AcknowledgeRequest, RunPublic, TrajectoriesPublic, TrajectoryPublic, VerdictPublic
-from service.domain import runs, trajectories, verdict_store
+from service.domain import queueing, runs, trajectories, verdict_store
 from service.domain.errors import NotFoundError
 
 router = APIRouter(prefix="/runs", tags=["runs"])
@@ -34,6 +34,17 @@ def cancel_run(run_id: RunIdPath, session: SessionDep, principal: PrincipalDep) 
     # CI may cancel its own project's runs (a superseded push); everything else is admin's.
     principal.require(SUBMIT, project=runs.get(session=session, run_id=run_id).project.name)
     return run_public(runs.request_cancel(session=session, run_id=run_id))
+
+
+@router.post("/{run_id}/retry", response_model=RunPublic)
+def retry_run(run_id: RunIdPath, session: SessionDep, settings: SettingsDep,
+              principal: PrincipalDep) -> RunPublic:
+    """Run again a run that ended in `error` (an optdrift failure, not the commit's); 409 otherwise."""
+    principal.require(SUBMIT, project=runs.get(session=session, run_id=run_id).project.name)
+    run = runs.retry(session=session, run_id=run_id)
+    queueing.dispatch_runs(session=session, settings=settings, run_ids=[run.id])
+    session.refresh(run)
+    return run_public(run)
 
 
 @router.post("/{run_id}/acknowledge", response_model=VerdictPublic)

@@ -1,0 +1,181 @@
+"""The one job pipeline: prepare -> build -> run -> compare.
+
+Every way of running optdrift goes through it: the Celery task (worker/tasks.py), the baseline
+co-run (worker/baseline_diffs.py) and `optdrift check` (worker/check.py), so a tree gives the same
+verdict whichever way it is run.
+
+    job = prepare(tree, project=..., requested_battery=...)   # optdrift.toml, battery, cases
+    build = build(job, policy)                                  # any build kind, digest-cached
+    results = run(job, build, policy, baseline_digests=...)    # fast or one-case, repeats
+    comparison = compare(commit_run, baseline_run, diffs)
+
+`Policy` is what the operator allows one job: device, engine, time caps, trust. Nothing here
+touches the database: callers store what comes back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from service.domain.project_config import ProjectConfig, load_project_config
+from service.results import CaseResult, CaseSpec, EnvironmentFingerprint, RepeatCheck, RunComparison, RunResult
+from service.verdicts import compare_runs, first_divergent_step
+from worker.battery import BatterySpec, battery_from_file, battery_from_tree
+from worker.build import BuildResult
+
+OnResult = Callable[[int, CaseResult], None]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the operator allows one job (service.settings; worker/tasks.py RunBudget for runs)."""
+
+    device: str = "cpu"
+    fast_engine: bool = True
+    cache_dir: Path | None = None
+    cuda_archs: list[str] | None = None  # None: detect; []: a CPU-only build
+    trusted: bool = True  # may write to the shared compiler cache (worker.build)
+    max_build_s: float | None = None  # a tree's build.timeout_s may ask for less, never more
+    case_timeout_s: float = 600.0
+    deadline: float | None = None  # time.monotonic() past which nothing runs
+
+
+@dataclass
+class Job:
+    source_dir: Path
+    config: ProjectConfig
+    battery: BatterySpec
+    battery_origin: str  # where the battery's name came from, for the run's record
+    cases: list[CaseSpec] = field(default_factory=list)
+
+    def record(self) -> dict[str, Any]:
+        """What a run records about its job (environment detail)."""
+        return {"battery": self.battery.name, "battery_version": self.battery.version,
+                "battery_digest": self.battery.digest, "battery_origin": self.battery_origin,
+                "adapter": self.config.adapter, "build_kind": self.config.build.kind}
+
+
+def prepare(source_dir: Path, *, project: Any | None = None, requested_battery: str | None = None,
+            local_battery_file: bool = False) -> Job:
+    """The tree's configuration (optdrift.toml over the project's registered fields) and battery.
+
+    Which battery: the one the submission asked for explicitly, else the tree's optdrift.toml,
+    else the project's registered default (a submission that names the registered default is
+    taken as not naming one: the tree's own battery wins, as docs/PROJECTS.md says). Raises
+    ProjectConfigError or BatteryError (the tree's fault) with a message for the submitter.
+    `local_battery_file`: the requested battery may also be a file anywhere the caller can read
+    (`optdrift check` on its user's own machine; never for a submission)."""
+    config = load_project_config(source_dir, project)
+    registered_default = getattr(project, "default_battery", None)
+    if requested_battery and requested_battery != registered_default:
+        name, origin = requested_battery, "the submission"
+    elif config.battery != registered_default:
+        name, origin = config.battery, "the tree's optdrift.toml"
+    else:
+        name, origin = config.battery, "the project's default"
+    if local_battery_file and origin == "the submission" and Path(name).is_file():
+        battery, origin = battery_from_file(Path(name)), f"the file {name}"
+    else:
+        battery = battery_from_tree(source_dir, name)
+    return Job(source_dir=Path(source_dir), config=config, battery=battery, battery_origin=origin,
+               cases=battery.expand())
+
+
+def build(job: Job, policy: Policy) -> BuildResult:
+    """The tree built per its configuration (worker.project_build); never raises for a failed build."""
+    from worker.project_build import build_project
+
+    cap = policy.max_build_s
+    if policy.deadline is not None:
+        left = max(1.0, policy.deadline - time.monotonic())
+        cap = left if cap is None else min(cap, left)
+    return build_project(job.source_dir, job.config, cache_dir=policy.cache_dir, cuda_archs=policy.cuda_archs,
+                         trusted=policy.trusted, max_timeout_s=cap)
+
+
+@dataclass
+class Ran:
+    results: list[CaseResult]
+    environment: EnvironmentFingerprint | None
+
+
+def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | None = None,
+        baseline_digests: dict[str, list[str]] | None = None, cases: list[CaseSpec] | None = None) -> Ran:
+    """Every case on the build in one kernel host (fast engine or one case at a time, per
+    `policy`). `on_result(index, result)` as results arrive; a case whose result changes later
+    (its repeat check) is reported again.
+
+    Repeats: a case whose digests differ from `baseline_digests` is run again on the same build
+    before it may be reported changed (`job.config.repeats` runs in all, at least 2), and with
+    repeats > 1 every case of the run is; a case that does not reproduce itself carries a
+    RepeatCheck and reads `nondeterministic`, not `changed`."""
+    from worker.kernel_host import KernelHost
+
+    cases = job.cases if cases is None else cases
+    with KernelHost(built.library_path, device=policy.device, case_timeout_s=policy.case_timeout_s,
+                    adapter=job.config.adapter, deadline=policy.deadline) as host:
+        if policy.fast_engine:
+            results = host.run_many(cases, on_result=on_result)
+        else:
+            results = []
+            for index, case in enumerate(cases):
+                results.append(host.run(case))
+                if on_result:
+                    on_result(index, results[-1])
+        _check_repeats(host, cases, results, policy, job.config.repeats, baseline_digests or {}, on_result)
+        return Ran(results=results, environment=host.environment)
+
+
+def _needs_repeat(result: CaseResult, repeats: int, baseline_digests: dict[str, list[str]]) -> int:
+    """How many runs in all `result`'s case gets (1: none again)."""
+    if result.status != "ok" or result.trajectory is None:
+        return 1
+    baseline = baseline_digests.get(result.case.case_id)
+    if baseline is not None and baseline != result.trajectory.digests:
+        return max(2, repeats)
+    return repeats
+
+
+def _check_repeats(host, cases: list[CaseSpec], results: list[CaseResult], policy: Policy,  # noqa: ANN001
+                   repeats: int, baseline_digests: dict[str, list[str]], on_result: OnResult | None) -> None:
+    wanted = {index: _needs_repeat(result, repeats, baseline_digests) for index, result in enumerate(results)}
+    wanted = {index: n for index, n in wanted.items() if n > 1}
+    if not wanted:
+        return
+    checks = {index: RepeatCheck(runs=1, differing=0) for index in wanted}
+    for round_number in range(1, max(wanted.values())):
+        indices = [index for index, n in wanted.items() if n > round_number]
+        subset = [cases[index] for index in indices]
+        # The same engine as the first run: the fast and the one-case engine are bit-identical by
+        # design, but a repeat must not depend on it.
+        again = host.run_many(subset) if policy.fast_engine else [host.run(case) for case in subset]
+        for index, result in zip(indices, again):
+            first = results[index]
+            check = checks[index]
+            if result.status != "ok" or result.trajectory is None:
+                step = 1
+            else:
+                step = first_divergent_step(first.trajectory.digests, result.trajectory.digests)
+            steps = [s for s in (check.first_divergent_step, step) if s is not None]
+            checks[index] = RepeatCheck(runs=check.runs + 1, differing=check.differing + (step is not None),
+                                        first_divergent_step=min(steps) if steps else None)
+    for index, check in checks.items():
+        results[index] = results[index].model_copy(update={"repeat_check": check})
+        if on_result:
+            on_result(index, results[index])
+
+
+def run_result(job: Job, built: BuildResult, ran: Ran | None) -> RunResult:
+    """The engine's RunResult for comparison (a failed build: no cases)."""
+    return RunResult(battery_name=job.battery.name, battery_version=job.battery.version,
+                     battery_digest=job.battery.digest, environment=ran.environment if ran else None,
+                     build_digest=built.digest, build_ok=built.ok, build_error=built.error,
+                     cases=ran.results if ran else [])
+
+
+def compare(commit: RunResult, baseline: RunResult | None, diffs: dict[str, list[float]] | None = None) -> RunComparison:
+    return compare_runs(commit, baseline, diffs)

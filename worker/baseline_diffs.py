@@ -60,7 +60,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings) -> int:
     with tempfile.TemporaryDirectory(prefix=f"optdrift-diffs-{run_id}-") as tmp:
         sources = {}
         for side, digest in digests.items():
-            sources[side] = fetch_source(base_url=settings.public_url, digest=digest, dest=Path(tmp) / side,
+            sources[side] = fetch_source(base_url=settings.resolved_public_url, digest=digest, dest=Path(tmp) / side,
                                          limits=archive_limits(settings), max_bytes=settings.max_upload_bytes,
                                          token=settings.resolved_worker_token())
         # The same pipeline as the run (worker/pipeline.py): the commit's configuration and battery;

@@ -267,11 +267,11 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
         budget = RunBudget(settings, untrusted=run.kind == "verify")
         try:
             source_dir = fetch_source(
-                base_url=settings.public_url, digest=run.source_digest, dest=Path(tmp) / "src",
+                base_url=settings.resolved_public_url, digest=run.source_digest, dest=Path(tmp) / "src",
                 limits=archive_limits(settings), max_bytes=settings.max_upload_bytes,
                 token=settings.resolved_worker_token())
         except Exception as exc:  # noqa: BLE001
-            raise OptdriftFailure(f"fetching the source {run.source_digest[:12]} from {settings.public_url} "
+            raise OptdriftFailure(f"fetching the source {run.source_digest[:12]} from {settings.resolved_public_url} "
                                   f"failed: {exc}") from exc
         _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
         try:

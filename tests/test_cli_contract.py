@@ -356,3 +356,24 @@ def test_serve_writes_its_url_for_workers_of_the_same_home_and_removes_it(tmp_pa
         process.wait(timeout=30)
     assert not (home / "api-url").exists()
     assert Settings(home=home).resolved_public_url == "http://127.0.0.1:8000"
+
+
+def test_a_source_folder_patch_applies_inside_a_repository_root_tree(tmp_path: Path) -> None:
+    """The other way round: the stored tree is the repository root (optdrift.toml with
+    build.source_dir), the patch was made with `git diff --relative=csrc`."""
+    from service.domain.patch_layout import apply_patch_any_root
+    from service.domain.patches import PatchLimits
+
+    repo = write_tree(tmp_path / "repo", {"optdrift.toml": '[build]\nsource_dir = "csrc"\n',
+                                          **{f"csrc/{name}": text for name, text in SOURCE.items()}})
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm",
+                    "base"], check=True)
+    (repo / "csrc" / "cpu" / "adam.cpp").write_text("int adam = 3;\n")
+    patch = tmp_path / "relative.diff"
+    patch.write_bytes(_git_diff(repo, "--relative=csrc"))
+    subprocess.run(["git", "-C", str(repo), "checkout", "-q", "--", "."], check=True)
+    limits = PatchLimits(max_file_bytes=1 << 20, max_total_bytes=1 << 20)
+    said = apply_patch_any_root(tree=repo, patch_file=patch, limits=limits)
+    assert "inside 'csrc/'" in said and (repo / "csrc" / "cpu" / "adam.cpp").read_text() == "int adam = 3;\n"

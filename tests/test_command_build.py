@@ -159,3 +159,22 @@ def test_command_builds_run_in_the_sandbox_without_the_workers_secrets(tmp_path,
     assert "s3cret" not in seen
     home = dict(line.split("=", 1) for line in seen.splitlines() if "=" in line)["HOME"]
     assert home != str(Path.home()) and "optdrift-command-build-scratch-" in home
+
+
+def test_build_commands_get_the_workers_python_first_on_path(tmp_path):
+    """issue 20: `python3` in a build command is the worker's interpreter (the one with torch),
+    also named by OPTDRIFT_PYTHON, not whatever Python comes first on the worker's PATH."""
+    import sys
+
+    from service.domain.project_config import parse_config
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    config = parse_config('[build]\nkind = "command"\nlibrary = "out.txt"\ncommands = ['
+                          '"sh -c \'command -v python3 > out.txt; echo $OPTDRIFT_PYTHON >> out.txt; '
+                          'python3 -c \\"import torch\\" && echo torch >> out.txt\'"]\n')
+    build = build_project(tree, config, cache_dir=tmp_path / "cache", cuda_archs=[])
+    assert build.ok, build.error
+    found, named, torch_line = Path(build.library_path).read_text().split()
+    assert Path(found).parent == Path(sys.executable).parent and named == sys.executable
+    assert torch_line == "torch"

@@ -16,6 +16,7 @@ whole at the timeout. Environment given to each command:
     CUDAARCHS             "90;86"   (CMake's default for CMAKE_CUDA_ARCHITECTURES)
     TORCH_CUDA_ARCH_LIST  "9.0;8.6" (torch.utils.cpp_extension)
     OPTDRIFT_SOURCE_DIR   the folder the commands run in
+    OPTDRIFT_PYTHON       the worker's interpreter (its folder is also first on PATH)
 plus build.env from the configuration.
 """
 
@@ -27,6 +28,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -87,7 +89,11 @@ def _environment(config: ProjectConfig, archs: list[str], workdir: Path, scratch
     # The sandbox's allowlisted environment (no database URL, broker URL or token), a scratch HOME.
     env = sandbox.sandbox_env(scratch=scratch)
     env.update({"OPTDRIFT_CUDA_ARCHS": ";".join(archs), "CUDAARCHS": ";".join(a.replace(".", "") for a in archs),
-                "TORCH_CUDA_ARCH_LIST": ";".join(archs), "OPTDRIFT_SOURCE_DIR": str(workdir)})
+                "TORCH_CUDA_ARCH_LIST": ";".join(archs), "OPTDRIFT_SOURCE_DIR": str(workdir),
+                # The worker's own interpreter (the one with torch) first: `python3` in a build
+                # command must not be whatever Python comes first on the worker's PATH.
+                "OPTDRIFT_PYTHON": sys.executable,
+                "PATH": os.pathsep.join(filter(None, [str(Path(sys.executable).parent), env.get("PATH")]))})
     env.update(config.build.env)
     return env
 

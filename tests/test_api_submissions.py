@@ -169,3 +169,33 @@ def test_health_and_metrics(api):  # noqa: ANN001
     metrics = api.get("/metrics").text
     assert 'optdrift_runs{status="queued"} 1.0' in metrics
     assert "/api/v1/projects/{project}/commits" in api.get("/openapi.json").json()["paths"]
+
+
+def test_an_errored_run_is_requeued_by_resubmitting_or_retry(api, api_settings, db_session):  # noqa: ANN001
+    """issue 14: an optdrift failure is not the commit's; CI retrying its job (the same submission)
+    or `optdrift retry` runs it again; a run that is not in `error` is not retried (409)."""
+    import redis
+
+    from service.domain import runs
+
+    _project(api)
+    archive = make_archive(SOURCE)
+    run_id = _submit(api, "c1", archive).json()["runs"][0]["id"]
+    broker = redis.Redis.from_url(api_settings.resolved_broker_url)
+    broker.delete("cpu")
+    assert api.post(f"/api/v1/runs/{run_id}/retry").status_code == 409  # queued: nothing to retry
+    for _ in range(api_settings.max_attempts):
+        assert runs.claim(session=db_session, run_id=run_id, worker="w")
+        runs.retry_later(session=db_session, run_id=run_id, worker="w", error="source fetch refused: 401",
+                         max_attempts=api_settings.max_attempts, backoff_s=1)
+    assert api.get(f"/api/v1/runs/{run_id}").json()["status"] == "error"
+    again = _submit(api, "c1", archive)
+    assert again.status_code == 200 and again.json()["created"] is False
+    assert again.json()["runs"][0]["status"] == "queued" and broker.llen("cpu") == 1
+    for _ in range(api_settings.max_attempts):
+        assert runs.claim(session=db_session, run_id=run_id, worker="w")
+        runs.retry_later(session=db_session, run_id=run_id, worker="w", error="source fetch refused: 401",
+                         max_attempts=api_settings.max_attempts, backoff_s=1)
+    retried = api.post(f"/api/v1/runs/{run_id}/retry")
+    assert retried.status_code == 200 and retried.json()["status"] == "queued", retried.text
+    assert broker.llen("cpu") == 2

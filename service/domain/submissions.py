@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.db.models import Commit, Project, Run
+from service.db.models import ERROR, Commit, Project, Run
 from service.domain.archives import ArchiveError, extract_archive, pack_directory, sha256_hex
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
 from service.domain.patch_layout import apply_patch_any_root
@@ -33,10 +33,16 @@ class Submission:
     new_run_ids: list[int] = field(default_factory=list)
     # verify --patch: which layout of the patch applied (as given, leading folder removed, ...).
     patch_layout: str | None = None
+    # Runs that had ended in `error` (optdrift's failure) and were queued again by this submission.
+    requeued_run_ids: list[int] = field(default_factory=list)
 
     @property
     def created(self) -> bool:
         return bool(self.new_run_ids)
+
+    @property
+    def to_dispatch(self) -> list[int]:
+        return self.new_run_ids + self.requeued_run_ids
 
 
 def _source_digest(
@@ -117,7 +123,7 @@ def submit_commit(
                             digest=sha256_hex(archive) if archive is not None else source_digest)
     keyed = existing_run_for_key(session=session, project=project, key=idempotency_key)
     if keyed is not None:
-        return Submission(runs=[keyed], commit=keyed.commit)
+        return Submission(runs=[keyed], commit=keyed.commit, requeued_run_ids=_requeue_errored(session, [keyed]))
     battery = check_battery(battery)
     environments = check_environments(
         project_name=project.name, registered=project.environments, requested=environments,
@@ -161,7 +167,21 @@ def submit_commit(
                     Run.commit_id == commit.id, Run.battery == battery,
                     Run.environment == environment))
         runs.append(run)
-    return Submission(runs=runs, commit=commit, new_run_ids=new_ids)
+    return Submission(runs=runs, commit=commit, new_run_ids=new_ids,
+                      requeued_run_ids=_requeue_errored(session, [r for r in runs if r.id not in new_ids]))
+
+
+def _requeue_errored(session: Session, existing: list[Run]) -> list[int]:
+    """Submitting a commit again re-queues its runs that ended in `error` (an optdrift failure,
+    never the commit's): CI's retry of a job is how most people will ask."""
+    from service.domain import runs as run_lifecycle
+
+    requeued = []
+    for run in existing:
+        if run.status == ERROR:
+            run_lifecycle.retry(session=session, run_id=run.id)
+            requeued.append(run.id)
+    return requeued
 
 
 def apply_patch(*, settings: Settings, base_archive: Path, patch: bytes) -> tuple[bytes, str]:

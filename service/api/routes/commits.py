@@ -50,7 +50,7 @@ def submit_commit(
     )
     session.commit()
     # Only now may a worker see the run ids.
-    queueing.dispatch_runs(session=session, settings=settings, run_ids=submission.new_run_ids)
+    queueing.dispatch_runs(session=session, settings=settings, run_ids=submission.to_dispatch)
     for run in submission.runs:
         session.refresh(run)
     response.status_code = status.HTTP_201_CREATED if submission.created else status.HTTP_200_OK

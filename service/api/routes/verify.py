@@ -79,7 +79,7 @@ def verify(
                     verify_quota.release_slot(session=session, slot_id=slot_id)
                 session.commit()
         raise
-    queueing.dispatch_runs(session=session, settings=settings, run_ids=submission.new_run_ids)
+    queueing.dispatch_runs(session=session, settings=settings, run_ids=submission.to_dispatch)
     run = submission.runs[0]
     session.refresh(run)
     if not submission.created:

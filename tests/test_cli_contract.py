@@ -377,3 +377,35 @@ def test_a_source_folder_patch_applies_inside_a_repository_root_tree(tmp_path: P
     limits = PatchLimits(max_file_bytes=1 << 20, max_total_bytes=1 << 20)
     said = apply_patch_any_root(tree=repo, patch_file=patch, limits=limits)
     assert "inside 'csrc/'" in said and (repo / "csrc" / "cpu" / "adam.cpp").read_text() == "int adam = 3;\n"
+
+
+@pytest.mark.slow
+def test_a_worker_started_apart_fetches_from_serves_port(tmp_path: Path) -> None:
+    """serve on a port other than 8000 and `optdrift worker` from the same OPTDRIFT_HOME, no
+    OPTDRIFT_PUBLIC_URL: the worker fetches the source (a fetch from the wrong port would end the
+    run in `error`, exit 4), builds it, and the commit's syntax error is its own fault: exit 3."""
+    home = tmp_path / "home"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPTDRIFT_")}
+    env.update({"OPTDRIFT_HOME": str(home), "OPTDRIFT_ALLOW_UNSANDBOXED": "1",
+                "OPTDRIFT_BUILD_CACHE": str(tmp_path / "builds")})
+    processes = [subprocess.Popen([str(OPTDRIFT), "serve", "--port", str(port), "--no-worker"], cwd=REPO_ROOT,
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)]
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", timeout_s=90)
+        processes.append(subprocess.Popen([str(OPTDRIFT), "worker", "--pool", "solo"], cwd=REPO_ROOT, env=env,
+                                          stdout=open(tmp_path / "worker.log", "wb"),  # noqa: SIM115
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+        source = write_tree(tmp_path / "src", {"cpu/broken.cpp": "int optdrift_broken( { return 0; }\n"})
+        _project({"url": f"http://127.0.0.1:{port}", "home": home}, "apart")
+        result = optdrift(home, "submit", "--project", "apart", "--commit", "c1", "--source", str(source),
+                          "--wait", "--url", f"http://127.0.0.1:{port}", timeout=600)
+        assert result.returncode == 3, (result.stdout, result.stderr, (tmp_path / "worker.log").read_text()[-3000:])
+    finally:
+        for process in reversed(processes):
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()

@@ -83,6 +83,8 @@ class Settings(BaseSettings):
     # An optdrift failure (source fetch, sandbox, a worker bug) is retried after this many seconds,
     # doubling each attempt (at most max_attempts), then the run ends `error`.
     retry_backoff_s: float = 10.0
+    # A baseline co-run that yielded to waiting runs is queued again this many seconds later.
+    corun_retry_s: float = 30.0
 
     # Authentication (service/domain/auth.py). Writes always need a token; reads only with this.
     protect_reads: bool = False

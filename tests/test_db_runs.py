@@ -141,3 +141,30 @@ def test_an_optdrift_failure_is_retried_with_backoff_then_error_and_retry_requeu
     assert runs.claim(session=db_session, run_id=run.id, worker="w")  # claimable again
     with pytest.raises(ConflictError, match="only a run that ended in `error`"):
         runs.retry(session=db_session, run_id=run.id)
+
+
+def test_a_baseline_corun_yields_to_queued_runs_of_its_environment(db_session, api_settings):  # noqa: ANN001
+    """issue 14: the co-run (per-step |commit - baseline|) is off the critical path: between cases
+    it asks whether runs wait for its environment (worker/tasks.py), and stops if so."""
+    import pytest
+
+    from worker.baseline_diffs import CorunYielded
+    from worker.battery import load_battery
+    from worker.engine import corun_battery
+
+    waiting = _commit_run(db_session, api_settings, "waiting", [])
+    assert runs.queued_count(session=db_session, environment="cpu") == 1
+    assert runs.queued_count(session=db_session, environment="gpu.sm90") == 0
+    assert runs.claim(session=db_session, run_id=waiting.id, worker="w")
+    assert runs.queued_count(session=db_session, environment="cpu") == 0
+
+    asked = []
+
+    def yield_now() -> None:
+        asked.append(True)
+        raise CorunYielded("1 run waiting")
+
+    with pytest.raises(CorunYielded):
+        corun_battery(load_battery("quick"), "/nonexistent/commit.so", "/nonexistent/baseline.so",
+                      device="cpu", between_cases=yield_now)
+    assert asked == [True]  # asked before the first case, so no kernel host was started

@@ -33,8 +33,13 @@ from worker.source_fetch import fetch_source
 log = logging.getLogger(__name__)
 
 
-def record_baseline_diffs(*, run_id: int, settings: Settings) -> int:
-    """Store per-step |commit − baseline| for the changed cases of `run_id`; returns how many."""
+class CorunYielded(RuntimeError):
+    """The co-run stopped between cases for runs waiting for this worker (it is queued again)."""
+
+
+def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None) -> int:  # noqa: ANN001
+    """Store per-step |commit − baseline| for the changed cases of `run_id`; returns how many.
+    `between_cases()` is called before each case and may raise CorunYielded to stop."""
     from worker import pipeline
     from worker.engine import corun_battery
 
@@ -84,7 +89,8 @@ def record_baseline_diffs(*, run_id: int, settings: Settings) -> int:
         battery, adapter = job.battery, job.config.adapter
         rerun, _, diffs = corun_battery(battery, libraries["commit"], libraries["baseline"],
                                         device=settings.worker_device, cases=cases,
-                                        case_timeout_s=settings.case_timeout_s, adapter=adapter)
+                                        case_timeout_s=settings.case_timeout_s, adapter=adapter,
+                                        between_cases=between_cases)
     for result in rerun.cases:
         original = stored[result.case.case_id]
         if result.trajectory is None or original.trajectory is None \

@@ -12,7 +12,7 @@ import os
 
 from celery import Celery
 
-from service.domain.queueing import celery_config
+from service.domain.queueing import celery_config, corun_queue_for
 from service.settings import get_settings
 
 # worker.gpu_workers: the presence beat every worker process writes (signals connected on import).
@@ -26,12 +26,13 @@ def _configure(sender: Celery, **_kwargs) -> None:  # noqa: ANN003
 
 def worker_argv(*, environment: str, concurrency: int = 1, pool: str = "prefork",
                 loglevel: str = "INFO") -> list[str]:
-    """argv for `celery worker` consuming one environment's queue."""
+    """argv for `celery worker` consuming one environment's queue and its co-run queue."""
     # One worker per GPU on a host: the GPU index keeps their node names apart.
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
     node = f"optdrift-{environment}" + (f"-gpu{gpu.replace(',', '_')}" if gpu else "")
     return [
-        "worker", "--queues", environment, "--concurrency", str(concurrency), "--pool", pool,
+        "worker", "--queues", f"{environment},{corun_queue_for(environment)}", "--concurrency", str(concurrency),
+        "--pool", pool,
         "--loglevel", loglevel, "--hostname", f"{node}@%h",
         # No gossip/mingle/broker heartbeats: workers coordinate through the database, and the
         # filesystem broker of the embedded default has no fanout for them.

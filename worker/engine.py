@@ -65,9 +65,11 @@ def run_battery(battery: BatterySpec, library_path: str | Path, *, build_digest:
 def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_library: str | Path, *,
                   commit_digest: str | None = None, baseline_digest: str | None = None,
                   device: str = "auto", case_timeout_s: float = 300.0, cases: list[CaseSpec] | None = None,
-                  progress: Progress | None = None,
-                  adapter: str = "bundled") -> tuple[RunResult, RunResult, dict[str, list[float]]]:
-    """(commit run, baseline run, per-step max |commit - baseline| of the cases whose digests differ)."""
+                  progress: Progress | None = None, adapter: str = "bundled",
+                  between_cases: Callable[[], None] | None = None,
+                  ) -> tuple[RunResult, RunResult, dict[str, list[float]]]:
+    """(commit run, baseline run, per-step max |commit - baseline| of the cases whose digests differ).
+    `between_cases()` runs before each case (the worker's co-run yields to waiting runs there)."""
     cases = battery.expand() if cases is None else cases
     commit_results, baseline_results, diffs = [], [], {}
     with (KernelHost(commit_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter) as commit_host,
@@ -75,6 +77,8 @@ def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_lib
           tempfile.TemporaryDirectory(prefix="optdrift-corun-") as workdir):
         commit_file, baseline_file = Path(workdir) / "commit.f32", Path(workdir) / "baseline.f32"
         for index, case in enumerate(cases):
+            if between_cases:
+                between_cases()
             baseline_host.submit(case, baseline_file)
             commit_host.submit(case, commit_file)
             baseline_result, commit_result = baseline_host.collect(), commit_host.collect()

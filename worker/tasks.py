@@ -17,12 +17,13 @@ import time
 from pathlib import Path
 
 from celery.signals import worker_ready
+from sqlalchemy import select
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from service.db.models import CANCELLED, DONE, ERROR, FAILED, RUNNING, Run
+from service.db.models import CANCELLED, DONE, ERROR, FAILED, RUNNING, Run, Verdict
 from service.db.session import get_sessionmaker
 from service.domain import runs, trajectories, verdict_store
-from service.domain.queueing import RUN_TASK_NAME
+from service.domain.queueing import CORUN_TASK_NAME, RUN_TASK_NAME, corun_queue_for
 from service.domain.storage import archive_limits
 from service.settings import Settings, get_settings
 from worker import log_tail, sandbox
@@ -180,8 +181,22 @@ def execute_run(run_id: int, *, settings: Settings | None = None, worker: str | 
         if run.status in (DONE, FAILED, ERROR) and run.worker == worker:
             verdict_store.evaluate_with_dependants(session=session, run=run)
     if status == DONE:
-        _record_baseline_diffs(run_id, settings)
+        _send_corun(run_id)
     return status
+
+
+def _send_corun(run_id: int) -> None:
+    """The per-step |commit - baseline| of the changed cases, as a task of its own on the co-run
+    queue: the verdict is stored already and the next run must not wait behind it."""
+    with get_sessionmaker()() as session:
+        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
+        environment = session.get(Run, run_id).environment
+    if verdict is None or not verdict.changed_cases or verdict.baseline_run_id is None:
+        return
+    try:
+        record_baseline_diffs_task.apply_async(args=[run_id], queue=corun_queue_for(environment))
+    except Exception:  # noqa: BLE001  (the verdict stands without the magnitudes)
+        log.exception("run %s: could not queue the baseline co-run", run_id)
 
 
 def _send_again(session, settings: Settings, run_id: int, delay: float) -> None:  # noqa: ANN001
@@ -203,17 +218,33 @@ def _send_again(session, settings: Settings, run_id: int, delay: float) -> None:
     session.commit()
 
 
-def _record_baseline_diffs(run_id: int, settings: Settings) -> None:
+def _record_baseline_diffs(run_id: int, settings: Settings) -> str:
     """Per-step |commit − baseline| for the changed cases (worker/baseline_diffs.py). The verdict is
-    already stored and stands without them, so a failure here is logged, never raised."""
-    from worker.baseline_diffs import record_baseline_diffs
+    already stored and stands without them, so a failure here is logged, never raised. Between
+    cases the co-run yields to runs waiting for this environment: it stops and is queued again."""
+    from worker.baseline_diffs import CorunYielded, record_baseline_diffs
+
+    def yield_to_runs() -> None:
+        with get_sessionmaker()() as session:
+            waiting = runs.queued_count(session=session, environment=settings.worker_environment)
+        if waiting:
+            raise CorunYielded(f"{waiting} run(s) waiting for {settings.worker_environment}")
 
     try:
-        count = record_baseline_diffs(run_id=run_id, settings=settings)
+        count = record_baseline_diffs(run_id=run_id, settings=settings, between_cases=yield_to_runs)
         if count:
             log.info("run %s: per-step |commit - baseline| stored for %d changed cases", run_id, count)
+        return "stored"
+    except CorunYielded as waiting:
+        log.info("run %s: baseline co-run yields (%s); queued again", run_id, waiting)
+        with get_sessionmaker()() as session:
+            environment = session.get(Run, run_id).environment
+        record_baseline_diffs_task.apply_async(args=[run_id], queue=corun_queue_for(environment),
+                                               countdown=settings.corun_retry_s)
+        return "yielded"
     except Exception:  # noqa: BLE001
         log.exception("run %s: co-running the baseline for per-step diffs failed", run_id)
+        return "failed"
 
 
 def _checkpoint(*, session, run_id: int, worker: str, beat: Heartbeat) -> None:  # noqa: ANN001
@@ -329,3 +360,8 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
 @app.task(name=RUN_TASK_NAME, ignore_result=True)
 def execute_run_task(run_id: int) -> str:
     return execute_run(run_id)
+
+
+@app.task(name=CORUN_TASK_NAME, ignore_result=True)
+def record_baseline_diffs_task(run_id: int) -> str:
+    return _record_baseline_diffs(run_id, get_settings())

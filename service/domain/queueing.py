@@ -25,9 +25,18 @@ log = logging.getLogger(__name__)
 RUN_TASK_NAME = "optdrift.execute_run"
 
 
+CORUN_TASK_NAME = "optdrift.record_baseline_diffs"
+
+
 def queue_for(environment: str) -> str:
     """One queue per environment class: `cpu`, `gpu.sm90`, ..."""
     return environment
+
+
+def corun_queue_for(environment: str) -> str:
+    """The environment's queue of baseline co-runs (per-step |commit - baseline| of changed cases):
+    off the runs' queue, so a co-run never sits in front of a run; the same workers consume it."""
+    return f"{environment}.corun"
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

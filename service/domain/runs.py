@@ -174,3 +174,11 @@ def retry(*, session: Session, run_id: int) -> Run:
     session.commit()
     session.refresh(run)
     return run
+
+
+def queued_count(*, session: Session, environment: str) -> int:
+    """Runs waiting for a worker of `environment` (a baseline co-run yields to them)."""
+    from sqlalchemy import func
+
+    return session.scalar(select(func.count()).select_from(Run).where(
+        Run.status == QUEUED, Run.environment == environment, Run.cancel_requested.is_(False))) or 0

@@ -117,3 +117,30 @@ def test_no_wait_goes_past_the_run_deadline(kernels_build):
     assert [r.status for r in results] == ["broken", "broken"]
     assert "time budget ran out during this case" in results[0].message
     assert results[1].message == "not run: the run's time budget ran out"
+
+
+def test_the_params_only_corun_reproduces_run_case_bit_for_bit(kernels_build, tmp_path):
+    """The co-run's kernels-only path (worker.trajectory.run_params) must step exactly as run_case:
+    the same digests every step, the same parameters written, for open- and closed-loop gradients
+    and an 8-bit case; only the references are skipped."""
+    from service.results import GradientStreamSpec as Stream
+
+    cases = [_case("adam", 0), _case("lion", 1),
+             make_case(optimizer="adam", family="32bit", param_dtype="float32",
+                       hyper={**OPTIMIZER_HYPER_DEFAULTS["adam"], "lr": 0.1, "weight_decay": 0.1},
+                       gradient=Stream(kind="open", zero_fraction=0.25), seed=3, size=777, steps=6),
+             make_case(optimizer="adam", family="8bit_blockwise", param_dtype="float32",
+                       hyper={**OPTIMIZER_HYPER_DEFAULTS["adam"], "lr": 1e-2, "weight_decay": 1e-2},
+                       gradient=Stream(kind="open"), seed=4, size=600, steps=4)]
+    with _host(kernels_build) as full, _host(kernels_build) as params_only:
+        for case in cases:
+            full.submit(case, tmp_path / "full.f32")
+            reference = full.collect()
+            params_only.submit(case, tmp_path / "params.f32", params_only=True)
+            fast = params_only.collect()
+            assert reference.status == fast.status == "ok", (reference.message, fast.message)
+            assert fast.trajectory.digests == reference.trajectory.digests
+            assert fast.trajectory.ref64_max_abs == []  # no references were run
+            written = (tmp_path / "params.f32").read_bytes()
+            assert len(written) == case.steps * case.size * 4
+            assert written == (tmp_path / "full.f32").read_bytes()

@@ -90,7 +90,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
         rerun, _, diffs = corun_battery(battery, libraries["commit"], libraries["baseline"],
                                         device=settings.worker_device, cases=cases,
                                         case_timeout_s=settings.case_timeout_s, adapter=adapter,
-                                        between_cases=between_cases)
+                                        between_cases=between_cases, params_only=True)
     for result in rerun.cases:
         original = stored[result.case.case_id]
         if result.trajectory is None or original.trajectory is None \

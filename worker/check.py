@@ -121,7 +121,7 @@ def run_check(source: Path, baseline: Path | None, battery: str | None = None, *
         # Per-step |commit - baseline| of the changed cases only, as the service's co-run stores.
         _, _, diffs = corun_battery(job.battery, commit_build.library_path, baseline_build.library_path,
                                     device=device, case_timeout_s=case_timeout_s, cases=changed,
-                                    adapter=job.config.adapter)
+                                    adapter=job.config.adapter, params_only=True)
         comparison = pipeline.compare(commit_run, baseline_run, diffs)
     print_verdict(comparison, console, show_unchanged=show_unchanged)
     console.print(f"({time.monotonic() - started:.1f} s)", highlight=False)

@@ -66,10 +66,12 @@ def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_lib
                   commit_digest: str | None = None, baseline_digest: str | None = None,
                   device: str = "auto", case_timeout_s: float = 300.0, cases: list[CaseSpec] | None = None,
                   progress: Progress | None = None, adapter: str = "bundled",
-                  between_cases: Callable[[], None] | None = None,
+                  between_cases: Callable[[], None] | None = None, params_only: bool = False,
                   ) -> tuple[RunResult, RunResult, dict[str, list[float]]]:
     """(commit run, baseline run, per-step max |commit - baseline| of the cases whose digests differ).
-    `between_cases()` runs before each case (the worker's co-run yields to waiting runs there)."""
+    `between_cases()` runs before each case (the worker's co-run yields to waiting runs there).
+    `params_only`: the kernels alone in both hosts, no references (the results then carry digests
+    and no metric series): what the per-step diffs of already-stored runs need, many times faster."""
     cases = battery.expand() if cases is None else cases
     commit_results, baseline_results, diffs = [], [], {}
     with (KernelHost(commit_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter) as commit_host,
@@ -79,8 +81,8 @@ def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_lib
         for index, case in enumerate(cases):
             if between_cases:
                 between_cases()
-            baseline_host.submit(case, baseline_file)
-            commit_host.submit(case, commit_file)
+            baseline_host.submit(case, baseline_file, params_only=params_only)
+            commit_host.submit(case, commit_file, params_only=params_only)
             baseline_result, commit_result = baseline_host.collect(), commit_host.collect()
             if (commit_result.status == "ok" and baseline_result.status == "ok"
                     and commit_result.trajectory.digests != baseline_result.trajectory.digests):

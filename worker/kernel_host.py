@@ -12,6 +12,8 @@ answers one line on its stdout.
 
     -> {"op": "run", "case": <CaseSpec>, "params_out": "/tmp/x.f32" | null}
     <- {"result": <CaseResult>, "restart": false}
+    -> {"op": "params", "case": <CaseSpec>, "params_out": "/tmp/x.f32"}   (a co-run: kernels only,
+       the parameters after each step into params_out; the result's trajectory has digests only)
     -> {"op": "run_many", "cases": [<CaseSpec>, ...]}       (fast mode: worker.fast_engine)
     <- {"index": i, "result": <CaseResult>} per case as its group finishes, then {"done": true},
        or {"stopped": "<error>", "restart": bool} after an error the fast runner could not
@@ -116,7 +118,7 @@ def host_main(argv: list[str] | None = None) -> int:
 
     from worker.adapters import get_adapter
     from worker.environment import fingerprint, resolve_device
-    from worker.trajectory import run_case
+    from worker.trajectory import run_case, run_params
 
     torch.set_num_threads(max(1, args.threads))
     adapter = get_adapter(args.adapter)
@@ -142,6 +144,9 @@ def host_main(argv: list[str] | None = None) -> int:
         try:
             if unsupported:  # a capability, not a fault: set aside, never part of a verdict
                 result = CaseResult(case=case, status="not_applicable", message=unsupported)
+            elif request.get("op") == "params":  # a co-run: kernels and parameters only
+                with open(request["params_out"], "wb") as params_out:
+                    result = run_params(case, device, params_out, families=families)
             elif request.get("params_out"):
                 with open(request["params_out"], "wb") as params_out:
                     result = run_case(case, device, params_out, families=families)
@@ -387,8 +392,9 @@ class KernelHost:
             return str(error)
         return None
 
-    def submit(self, case: CaseSpec, params_out: str | Path | None = None) -> None:
-        """Send a case; `collect()` gets its result. Two hosts can work at the same time this way."""
+    def submit(self, case: CaseSpec, params_out: str | Path | None = None, *, params_only: bool = False) -> None:
+        """Send a case; `collect()` gets its result. Two hosts can work at the same time this way.
+        `params_only` (with `params_out`): the kernels alone, no references (a co-run)."""
         self._pending_case = case
         self._pending_failure: CaseResult | None = None
         if self.out_of_time():
@@ -404,7 +410,7 @@ class KernelHost:
         self._pending_params_out = Path(params_out) if params_out else None
         inside = self._scratch.path / "params.f32"
         inside.unlink(missing_ok=True)
-        request = {"op": "run", "case": case.model_dump(mode="json"),
+        request = {"op": "params" if params_only and params_out else "run", "case": case.model_dump(mode="json"),
                    "params_out": str(inside) if params_out else None}
         self._pending_started = time.monotonic()
         try:

@@ -87,6 +87,37 @@ def _nonfinite(tensors: list[torch.Tensor]) -> torch.Tensor:
     return sum((~torch.isfinite(t)).sum() for t in tensors)
 
 
+def _start(case: CaseSpec, device: torch.device, families: Mapping[str, FamilyAdapter] | None):  # noqa: ANN202
+    """(adapter, parameters, states, gradient stream) of a case before its first step."""
+    families = FAMILY_ADAPTERS if families is None else families
+    if case.family not in families:
+        raise ValueError(f"case {case.case_id}: kernel family {case.family!r} has no adapter yet "
+                         f"(known: {sorted(families)})")
+    adapter = families[case.family]
+    dtype = TORCH_DTYPES[case.param_dtype]
+    param = initial_parameters(case.seed, case.size).to(dtype).to(device)
+    states = adapter.init_states(case, param)
+    stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device=device, grad_dtype=dtype)
+    return adapter, param, states, stream
+
+
+def run_params(case: CaseSpec, device: torch.device, params_out: BinaryIO, *,
+               families: Mapping[str, FamilyAdapter] | None = None) -> CaseResult:
+    """The kernels alone: the parameters after each step into `params_out` (float32) and the
+    per-step digests — what a baseline co-run needs (per-step |commit - baseline|, and proof that it
+    reproduced the stored trajectory), without the float64 and same-precision references that make
+    run_case slow. The trajectory's metric series are left empty."""
+    started = time.perf_counter()
+    adapter, param, states, stream = _start(case, device, families)
+    digests = []
+    for step in range(1, case.steps + 1):
+        adapter.step(case, param, stream.kernel_gradient(step, param), states, step)
+        digests.append(digest_tensors([param, *states.values()]))
+        params_out.write(param.detach().to(torch.float32).cpu().numpy().tobytes())
+    trajectory = Trajectory(ref64_max_abs=[], ref64_max_rel=[], nonfinite_count=[], digests=digests)
+    return CaseResult(case=case, status="ok", trajectory=trajectory, duration_s=time.perf_counter() - started)
+
+
 def run_case(case: CaseSpec, device: torch.device, params_out: BinaryIO | None = None, *,
              families: Mapping[str, FamilyAdapter] | None = None) -> CaseResult:
     """Run `case` on the build loaded in this process. Errors raised by the kernel propagate (the
@@ -94,16 +125,7 @@ def run_case(case: CaseSpec, device: torch.device, params_out: BinaryIO | None =
     step as float32 bytes (exact for fp32/fp16/bf16), for the co-run comparison. `families` is the
     project adapter's family table (worker.adapters, issue 9); the bundled kernels' by default."""
     started = time.perf_counter()
-    families = FAMILY_ADAPTERS if families is None else families
-    if case.family not in families:
-        raise ValueError(f"case {case.case_id}: kernel family {case.family!r} has no adapter yet "
-                         f"(known: {sorted(families)})")
-    adapter = families[case.family]
-    dtype = TORCH_DTYPES[case.param_dtype]
-
-    param = initial_parameters(case.seed, case.size).to(dtype).to(device)
-    states = adapter.init_states(case, param)
-    stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device=device, grad_dtype=dtype)
+    adapter, param, states, stream = _start(case, device, families)
     # Both references start from the kernel's exact starting point (upcast exactly for float64).
     ref64 = make_reference(case, param.to(torch.float64))
     ref_same = make_reference(case, param.clone())

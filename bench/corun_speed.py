@@ -1,0 +1,77 @@
+"""The baseline co-run (per-step |commit - baseline| of changed cases) against the battery's own time.
+
+    python bench/corun_speed.py [--battery standard] [--device auto]
+
+Builds the bundled kernels and the decay-after-update mutant (PR 2040), runs the battery on the
+mutant through the kernel host's fast engine (what a run costs), finds the changed cases against
+the bundled build's run, then co-runs them the worker's way (worker.engine.corun_battery,
+params_only: the kernels alone in two hosts, parameters compared step by step) and, for the worst
+case, co-runs every case. Prints one table: seconds and the ratio to the battery's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from worker.battery import load_battery  # noqa: E402
+from worker.build import build_extension  # noqa: E402
+from worker.engine import corun_battery  # noqa: E402
+from worker.kernel_host import KernelHost  # noqa: E402
+from worker.mutations import copy_tree, decay_after_update  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--battery", default="standard")
+    parser.add_argument("--device", default="auto")
+    args = parser.parse_args()
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    archs = [] if device == "cpu" else None
+    root = Path(__file__).resolve().parents[1] / "csrc"
+    with tempfile.TemporaryDirectory() as tmp:
+        mutant = decay_after_update(copy_tree(root, Path(tmp) / "mutant"))
+        base_build, commit_build = build_extension(root, cuda_archs=archs), build_extension(mutant, cuda_archs=archs)
+    if not (base_build.ok and commit_build.ok):
+        print(base_build.error or commit_build.error, file=sys.stderr)
+        return 1
+    battery = load_battery(args.battery)
+    cases = battery.expand()
+    runs = {}
+    for name, build in (("baseline", base_build), ("commit", commit_build)):
+        with KernelHost(build.library_path, device=device, case_timeout_s=600) as host:
+            host.start()
+            started = time.perf_counter()
+            runs[name] = host.run_many(cases)
+            if name == "commit":
+                battery_s = time.perf_counter() - started
+    changed = [c for c, a, b in zip(cases, runs["commit"], runs["baseline"])
+               if a.trajectory and b.trajectory and a.trajectory.digests != b.trajectory.digests]
+    rows = []
+    for label, subset in ((f"co-run of the {len(changed)} changed cases", changed), (f"co-run of all {len(cases)} cases", cases)):
+        started = time.perf_counter()
+        _, _, diffs = corun_battery(battery, commit_build.library_path, base_build.library_path, device=device,
+                                    cases=subset, params_only=True, case_timeout_s=600)
+        seconds = time.perf_counter() - started
+        rows.append((label, seconds, len(diffs)))
+    print(f"\n{args.battery} battery ({len(cases)} cases), device {device}; host start excluded from the battery, "
+          "included in the co-runs")
+    print("| what | seconds | / battery | cases with diffs |")
+    print("|---|---:|---:|---:|")
+    print(f"| battery on the commit (fast engine) | {battery_s:.2f} | 1.00 | |")
+    for label, seconds, count in rows:
+        print(f"| {label} | {seconds:.2f} | {seconds / battery_s:.2f} | {count} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -55,3 +55,15 @@ def test_pages_answer_404_and_422_with_what_to_do(api) -> None:
     script = api.get("/static/vendor/plotly.min.js")
     assert script.status_code == 200 and "plotly" in script.text[:2000].lower()
     assert api.get("/static/dashboard/dashboard.css").status_code == 200
+
+
+def test_badges_for_nondeterminism_set_aside_cases_and_optdrift_errors() -> None:
+    from service.domain.dashboard_queries import side_notes
+
+    error = badge(status="error", outcome=None)
+    assert (error.text, error.css) == ("optdrift error", "error") and "not the commit's fault" in error.title
+    assert badge(status="done", outcome="nondeterministic").text == "nondeterministic"
+    # Set-aside cases are notes beside the badge, never in it; a nondeterministic verdict is not repeated.
+    notes = side_notes(outcome="broken", not_applicable=3, nondeterministic=2)
+    assert [n.text for n in notes] == ["2 nondeterministic", "3 not applicable"]
+    assert [n.text for n in side_notes(outcome="nondeterministic", not_applicable=None, nondeterministic=1)] == []

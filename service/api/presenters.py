@@ -3,19 +3,40 @@
 from __future__ import annotations
 
 import math
+import typing
 
 from sqlalchemy.orm import object_session
 
 from service.api.schemas import (
-    CommitPublic, Progress, RunPublic, TrajectoryPublic, VerdictPublic,
+    CommitPublic, DirectionDisagreement, NondeterministicCase, NotApplicableCase, Progress, RunPublic,
+    TrajectoryPublic, VerdictPublic,
 )
-from service.db.models import Commit, Run, Trajectory, Verdict
+from service.db.models import ERROR, FAILED, Commit, Run, Trajectory, Verdict
 from service.domain.trajectories import unpack_series
 from service.domain.workers import waiting_for
+from service.results import CaseVerdict
+
+
+# Every case verdict, so the counts name each one (a CLI reads counts["not_applicable"] as is).
+CASE_VERDICTS = typing.get_args(CaseVerdict)
+# Whose fault a run that ended without its work done is (see RunPublic.fault).
+FAULT_BY_STATUS = {FAILED: "commit", ERROR: "optdrift"}
 
 
 def verdict_public(verdict: Verdict) -> VerdictPublic:
+    cases = verdict.detail.get("cases", [])
     return VerdictPublic(
+        counts={name: 0 for name in CASE_VERDICTS} | verdict.detail.get("counts", {}),
+        not_applicable=[NotApplicableCase(case_id=c["case_id"], optimizer=c["optimizer"], reason=c.get("message"))
+                        for c in cases if c["verdict"] == "not_applicable"],
+        nondeterministic=[NondeterministicCase(case_id=c["case_id"], optimizer=c["optimizer"], **c["repeat_check"])
+                          for c in cases if c["verdict"] == "nondeterministic" and c.get("repeat_check")],
+        # Verdicts stored before final_direction existed have none: nothing to disagree with.
+        direction_disagreements=[
+            DirectionDisagreement(case_id=c["case_id"], optimizer=c["optimizer"], direction=c["direction"],
+                                  final_direction=c["final_direction"])
+            for c in cases if c.get("final_direction") and c.get("direction")
+            and c["direction"] != c["final_direction"]],
         run_id=verdict.run_id, baseline_run_id=verdict.baseline_run_id, outcome=verdict.outcome,
         flagged=verdict.flagged, changed_cases=verdict.changed_cases,
         first_divergent_step=verdict.first_divergent_step,
@@ -33,7 +54,8 @@ def run_public(run: Run, waiting_cache: dict | None = None) -> RunPublic:
         commit_sha=run.commit.sha if run.commit else None,
         base_sha=run.base_commit.sha if run.base_commit else None,
         source_digest=run.source_digest, battery=run.battery, battery_hash=run.battery_hash,
-        environment=run.environment, status=run.status, attempt=run.attempt, worker=run.worker,
+        environment=run.environment, status=run.status, fault=FAULT_BY_STATUS.get(run.status),
+        attempt=run.attempt, worker=run.worker,
         progress=Progress(cases_done=run.cases_done, cases_total=run.cases_total),
         created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
         heartbeat_at=run.heartbeat_at, dispatched=run.dispatched_at is not None,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from typing import Annotated
 
@@ -57,6 +57,33 @@ class Progress(BaseModel):
     cases_total: int | None
 
 
+class NotApplicableCase(BaseModel):
+    """A case the adapter cannot run on this device: set aside with its reason, not judged."""
+
+    case_id: str
+    optimizer: str
+    reason: str | None
+
+
+class NondeterministicCase(BaseModel):
+    """A case whose repeats on the same build differ from its first run."""
+
+    case_id: str
+    optimizer: str
+    runs: int = Field(description="runs in all, the first included")
+    differing: int = Field(description="repeats whose digests differ from the first run's")
+    first_divergent_step: int | None = Field(description="1-based; first step where a repeat differs")
+
+
+class DirectionDisagreement(BaseModel):
+    """A changed case whose direction over the trajectory differs from the final step's."""
+
+    case_id: str
+    optimizer: str
+    direction: str = Field(description="judged over the steps that differ (peak and mean distance)")
+    final_direction: str = Field(description="judged at the final step alone")
+
+
 class VerdictPublic(BaseModel):
     run_id: int
     baseline_run_id: int | None
@@ -70,6 +97,12 @@ class VerdictPublic(BaseModel):
     acknowledgement_note: str | None
     acknowledged_at: datetime | None
     created_at: datetime
+    # Cases per case verdict, every verdict named (zeros too): unchanged, changed, broken, new,
+    # not_applicable, nondeterministic. not_applicable and nondeterministic never count as broken.
+    counts: dict[str, int]
+    not_applicable: list[NotApplicableCase]
+    nondeterministic: list[NondeterministicCase]
+    direction_disagreements: list[DirectionDisagreement]
     # The full comparison (service.results.RunComparison) with per-case detail.
     detail: dict[str, Any]
 
@@ -85,6 +118,10 @@ class RunPublic(BaseModel):
     battery_hash: str | None
     environment: str
     status: str
+    # Whose fault a run that did not finish is: "commit" for failed (its build failed or its kernels
+    # crashed: verdict broken), "optdrift" for error (fetch, lost worker, database, disk, sandbox:
+    # retried, never a verdict on the commit); None otherwise.
+    fault: Literal["commit", "optdrift"] | None = None
     attempt: int
     worker: str | None
     progress: Progress

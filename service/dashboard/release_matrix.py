@@ -52,6 +52,7 @@ class Cell:
     cases: int = 0
     changed: int = 0             # cases whose trajectory differs from the previous release's
     broken: int = 0
+    not_applicable: int = 0      # cases the adapter cannot run there: neither broken nor compared
     compared: bool = False       # there was a previous release with this group to compare with
     bucket: int | None = None
 
@@ -131,6 +132,9 @@ def build(*, session: Session, project_name: str, environment: str | None = None
                 continue
             final, digests, status = entry
             cell = cells.setdefault((group, index), Cell(value=None))
+            if status == "not_applicable":
+                cell.not_applicable += 1
+                continue
             cell.cases += 1
             if status != "ok":
                 cell.broken += 1

@@ -21,6 +21,7 @@ from fastapi.templating import Jinja2Templates
 from service.api.deps import SessionDep
 from service.api.params import Page, RunIdPath, RunIdQuery
 from service.dashboard import release_matrix, wording
+from service.db.models import FINAL_STATUSES
 from service.domain import dashboard_queries as queries
 from service.domain.errors import NotFoundError
 
@@ -72,7 +73,7 @@ def _run_page(request: Request, session: SessionDep, run_id: int) -> HTMLRespons
     first_plot = data.changed[0].case_id if data.changed and data.changed[0].verdict == "changed" else None
     return _page(request, "run.html", page=data, run=data.run, project=data.run.project,
                  sentence=wording.verdict_sentence(data), fingerprint=fingerprint,
-                 first_plot=first_plot, final=data.run.status in ("done", "failed", "cancelled"))
+                 first_plot=first_plot, final=data.run.status in FINAL_STATUSES)
 
 
 @router.get("/projects/{project}/releases", response_class=HTMLResponse)

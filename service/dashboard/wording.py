@@ -40,6 +40,22 @@ def _plural(count: int, word: str) -> str:
 
 
 def verdict_sentence(page: RunPage) -> str:
+    sentence = _outcome_sentence(page)
+    if page.verdict is None:
+        return sentence
+    # Cases set aside are said after the verdict, never in it.
+    aside = page.counts.get("not_applicable", 0)
+    unsteady = page.counts.get("nondeterministic", 0)
+    if unsteady and page.verdict.outcome != "nondeterministic":
+        sentence += (f" Also {_plural(unsteady, 'case')} did not reproduce on the same build "
+                     "(nondeterministic, listed below).")
+    if aside:
+        sentence += (f" {_plural(aside, 'case')} not applicable on this device (the adapter's reasons below), "
+                     "not judged.")
+    return sentence
+
+
+def _outcome_sentence(page: RunPage) -> str:
     run, verdict = page.run, page.verdict
     if verdict is None:
         if run.status == "queued":
@@ -51,12 +67,24 @@ def verdict_sentence(page: RunPage) -> str:
             return f"Running: {run.cases_done} of {total} cases done. This page updates by itself."
         if run.status == "failed":
             return f"The run failed: {short_error(run.error)} (full text: the build log below)."
+        if run.status == "error":
+            return (f"optdrift error, not the commit's: {short_error(run.error)}. optdrift could not do this run "
+                    "(source fetch, lost worker, database, disk or sandbox); it was retried, and resubmitting the "
+                    "commit or `optdrift retry` runs it again. No verdict on the commit.")
         if run.status == "cancelled":
             return "The run was cancelled."
         return "Finished; the verdict waits for its baseline run to finish."
     against = (f"commit {page.baseline_commit_sha}" if page.baseline_commit_sha
                else f"run {verdict.baseline_run_id}" if verdict.baseline_run_id else None)
-    total = sum(page.counts.values())
+    # Judged cases only: not-applicable ones were set aside before the run.
+    total = sum(n for name, n in page.counts.items() if name != "not_applicable")
+    if verdict.outcome == "nondeterministic":
+        cases = page.nondeterministic
+        steps = sorted({c.first_divergent_step for c in cases if c.first_divergent_step})
+        return (f"Nondeterministic: {_plural(len(cases), 'case')} of {total} did not reproduce on the same build "
+                + (f"(repeats differ from step {steps[0]})" if steps else "(repeats differ)")
+                + ". A finding about the kernel itself, not a change against the baseline; the repeat figures "
+                  "are listed below.")
     if verdict.outcome == "unchanged":
         return (f"Unchanged: all {total} trajectories are bit-identical to {against}'s at every step "
                 "(parameters and optimizer state).")
@@ -84,7 +112,10 @@ def verdict_sentence(page: RunPage) -> str:
     if same:
         moves.append(f"{same} stayed at the same distance")
     if moves:
-        parts.append("; ".join(moves).capitalize() + ".")
+        parts.append("; ".join(moves).capitalize() + " (over the steps that differ).")
+    disagreeing = sum(1 for c in changed if c.final_direction and c.final_direction != c.direction)
+    if disagreeing:
+        parts.append(f"The final step alone reads otherwise for {_plural(disagreeing, 'case')} (marked below).")
     if verdict.acknowledged:
         parts.append(f"Acknowledged as intended by {verdict.acknowledged_by or 'a maintainer'}: "
                      f"{verdict.acknowledgement_note}")

@@ -15,12 +15,14 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from service.db.models import FINAL_STATUSES, Commit, Project, Run, Trajectory, Verdict
+from service.db.models import ERROR, FINAL_STATUSES, Commit, Project, Run, Trajectory, Verdict
 from service.domain.errors import BadInputError, NotFoundError
 from service.domain.trajectories import unpack_series
 
-# Filter values of the overview's verdict selector. "running" = queued, building or running.
-VERDICT_FILTERS = ("unchanged", "changed", "broken", "no-baseline", "running", "flagged")
+# Filter values of the overview's verdict selector. "running" = queued, building or running;
+# "error" = runs that optdrift failed to do (status error: no verdict on the commit).
+VERDICT_FILTERS = ("unchanged", "changed", "broken", "nondeterministic", "no-baseline", "running", "error",
+                   "flagged")
 PAGE_SIZE = 50
 
 # service.verdicts.summarize writes "vs float64 reference: 3 closer, 5 farther ..."; the overview
@@ -54,6 +56,9 @@ def badge(*, status: str, outcome: str | None, summary: str | None = None, ackno
             return Badge(f"{status}{progress}", "running", "the run has not finished")
         if status in ("failed",):
             return Badge("broken", "broken", "the run failed")
+        if status == "error":
+            return Badge("optdrift error", "error", "optdrift could not run this commit (fetch, worker, database, "
+                                                    "disk or sandbox): not the commit's fault")
         if status == "cancelled":
             return Badge("cancelled", "neutral", "the run was cancelled")
         return Badge("awaiting baseline", "neutral", "finished; the verdict waits for its baseline run")
@@ -77,6 +82,9 @@ def badge(*, status: str, outcome: str | None, summary: str | None = None, ackno
     if outcome == "broken":
         return Badge("broken" + (" (acknowledged)" if acknowledged else ""), "broken",
                      "a build failure, crash or NaN")
+    if outcome == "nondeterministic":
+        return Badge("nondeterministic" + (" (acknowledged)" if acknowledged else ""), "nondeterministic",
+                     "some case does not reproduce itself on the same build; not a change against the baseline")
     if outcome == "no-baseline":
         return Badge("no baseline", "neutral", "nothing earlier to compare with")
     return Badge("unchanged", "unchanged", "every per-step digest equal to the baseline's")
@@ -96,6 +104,20 @@ class OverviewRow:
     badge: Badge
     changed_cases: int | None
     first_divergent_step: int | None
+    # Shown beside the badge, never in it: cases set aside (not applicable) and, when the verdict
+    # itself is not nondeterministic (a broken run can have them too), cases that do not reproduce.
+    side_notes: list[Badge] = field(default_factory=list)
+
+
+def side_notes(*, outcome: str | None, not_applicable: int | None, nondeterministic: int | None) -> list[Badge]:
+    notes = []
+    if nondeterministic and outcome != "nondeterministic":
+        notes.append(Badge(f"{nondeterministic} nondeterministic", "nondeterministic",
+                           "cases whose repeats on the same build differ; not part of the verdict"))
+    if not_applicable:
+        notes.append(Badge(f"{not_applicable} not applicable", "not-applicable",
+                           "cases the adapter cannot run on this device; set aside, not part of the verdict"))
+    return notes
 
 
 @dataclass
@@ -136,11 +158,14 @@ def overview(*, session: Session, project_name: str, ref: str | None = None, ver
         raise BadInputError(f"page {page} does not exist; pages start at 1")
     project = get_project(session=session, name=project_name)
     summary = Verdict.detail["summary"].as_string()
+    # Two numbers from the verdict's counts, not its case list (hundreds of cases).
+    not_applicable = Verdict.detail["counts"]["not_applicable"].as_integer()
+    nondeterministic = Verdict.detail["counts"]["nondeterministic"].as_integer()
     query = (
         select(Commit.sha, Commit.message, Commit.ref, Commit.release_tag, Commit.created_at, Commit.id,
                Run.id, Run.environment, Run.status, Run.cases_done, Run.cases_total,
                Verdict.outcome, Verdict.acknowledged, Verdict.changed_cases, Verdict.first_divergent_step,
-               Verdict.flagged)
+               Verdict.flagged, not_applicable, nondeterministic)
         .outerjoin(Run, Run.commit_id == Commit.id)
         .outerjoin(Verdict, Verdict.run_id == Run.id)
         .where(Commit.project_id == project.id)
@@ -149,6 +174,8 @@ def overview(*, session: Session, project_name: str, ref: str | None = None, ver
         query = query.where(Commit.ref == ref)
     if verdict == "running":
         query = query.where(Run.status.not_in(FINAL_STATUSES))
+    elif verdict == "error":
+        query = query.where(Run.status == ERROR)
     elif verdict == "flagged":
         query = query.where(Verdict.flagged.is_(True))
     elif verdict:
@@ -165,7 +192,7 @@ def overview(*, session: Session, project_name: str, ref: str | None = None, ver
     ).all()) if changed_runs else {}
     out = []
     for (sha, message, commit_ref, release_tag, created_at, _cid, run_id, environment, status, done, total_cases,
-         outcome, acknowledged, changed_cases, first_step, _flagged) in rows:
+         outcome, acknowledged, changed_cases, first_step, _flagged, n_not_applicable, n_nondeterministic) in rows:
         out.append(OverviewRow(
             sha=sha, message=message, ref=commit_ref, release_tag=release_tag, created_at=created_at,
             run_id=run_id, environment=environment, status=status,
@@ -173,6 +200,8 @@ def overview(*, session: Session, project_name: str, ref: str | None = None, ver
                         acknowledged=bool(acknowledged), cases_done=done, cases_total=total_cases)
             if run_id is not None else Badge("no run", "neutral"),
             changed_cases=changed_cases, first_divergent_step=first_step,
+            side_notes=side_notes(outcome=outcome, not_applicable=n_not_applicable,
+                                  nondeterministic=n_nondeterministic),
         ))
     refs = [r for r in session.scalars(
         select(Commit.ref).where(Commit.project_id == project.id, Commit.ref.is_not(None))
@@ -200,6 +229,26 @@ class ChangedCase:
     baseline_final: float | None
     direction: str | None
     message: str | None
+    # The final-step judgement and the peak distances over the differing steps (the direction's
+    # evidence); final_direction is shown where it disagrees with direction.
+    final_direction: str | None = None
+    commit_peak: float | None = None
+    baseline_peak: float | None = None
+
+
+@dataclass
+class SetAsideCase:
+    """A case listed apart from the verdict: not applicable (with the adapter's reason) or
+    nondeterministic (with the repeat figures)."""
+
+    case_id: str
+    optimizer: str
+    dtype: str | None
+    family: str | None
+    reason: str | None = None
+    runs: int | None = None
+    differing: int | None = None
+    first_divergent_step: int | None = None
 
 
 @dataclass
@@ -215,6 +264,9 @@ class RunPage:
     changed: list[ChangedCase]
     counts: dict[str, int]
     sibling_runs: list[tuple[int, str, str]] = field(default_factory=list)
+    not_applicable: list[SetAsideCase] = field(default_factory=list)
+    nondeterministic: list[SetAsideCase] = field(default_factory=list)
+    side_notes: list[Badge] = field(default_factory=list)
 
 
 def _gradient_label(spec: dict[str, Any]) -> str:
@@ -232,10 +284,12 @@ def run_page(*, session: Session, run_id: int) -> RunPage:
     verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
     detail = verdict.detail if verdict is not None else {}
     cases = [c for c in detail.get("cases", []) if c.get("verdict") in ("changed", "broken")]
+    set_aside = [c for c in detail.get("cases", []) if c.get("verdict") in ("not_applicable", "nondeterministic")]
+    wanted = [c["case_id"] for c in cases + set_aside]
     specs = dict(session.execute(
         select(Trajectory.case_id, Trajectory.case)
-        .where(Trajectory.run_id == run_id, Trajectory.case_id.in_([c["case_id"] for c in cases]))
-    ).all()) if cases else {}
+        .where(Trajectory.run_id == run_id, Trajectory.case_id.in_(wanted))
+    ).all()) if wanted else {}
     changed = []
     for case in cases:
         spec = specs.get(case["case_id"], {})
@@ -251,7 +305,18 @@ def run_page(*, session: Session, run_id: int) -> RunPage:
             commit_final=case.get("commit_final_ref64_distance"),
             baseline_final=case.get("baseline_final_ref64_distance"),
             direction=case.get("direction"), message=case.get("message"),
+            final_direction=case.get("final_direction"), commit_peak=case.get("commit_peak_ref64_distance"),
+            baseline_peak=case.get("baseline_peak_ref64_distance"),
         ))
+    aside: dict[str, list[SetAsideCase]] = {"not_applicable": [], "nondeterministic": []}
+    for case in set_aside:
+        spec = specs.get(case["case_id"], {})
+        repeats = case.get("repeat_check") or {}
+        aside[case["verdict"]].append(SetAsideCase(
+            case_id=case["case_id"], optimizer=case["optimizer"], dtype=spec.get("param_dtype"),
+            family=spec.get("family"), reason=case.get("message"), runs=repeats.get("runs"),
+            differing=repeats.get("differing"), first_divergent_step=repeats.get("first_divergent_step")))
+    counts = detail.get("counts", {})
     baseline_run = session.get(Run, verdict.baseline_run_id) if verdict and verdict.baseline_run_id else None
     siblings = []
     if run.commit_id is not None:
@@ -265,7 +330,11 @@ def run_page(*, session: Session, run_id: int) -> RunPage:
                     summary=detail.get("summary"), acknowledged=bool(verdict and verdict.acknowledged),
                     cases_done=run.cases_done, cases_total=run.cases_total),
         summary=detail.get("summary") or run.error or "", changed=changed,
-        counts=detail.get("counts", {}), sibling_runs=siblings,
+        counts=counts, sibling_runs=siblings, not_applicable=aside["not_applicable"],
+        nondeterministic=aside["nondeterministic"],
+        side_notes=side_notes(outcome=verdict.outcome if verdict else None,
+                              not_applicable=counts.get("not_applicable"),
+                              nondeterministic=counts.get("nondeterministic")),
     )
 
 

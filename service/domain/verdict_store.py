@@ -12,7 +12,9 @@ from service.domain import baselines, trajectories
 from service.domain.errors import ConflictError, NotFoundError
 from service.results import RunComparison
 
-FLAGGING_OUTCOMES = ("changed", "broken")
+# Outcomes that fail CI until acknowledged. nondeterministic too: a kernel that does not reproduce
+# itself is a finding the maintainer must see, though not a change against the baseline.
+FLAGGING_OUTCOMES = ("changed", "broken", "nondeterministic")
 
 
 def _compare(commit_result, baseline_result) -> RunComparison:  # noqa: ANN001
@@ -41,6 +43,8 @@ def evaluate(*, session: Session, run: Run) -> Verdict | None:
                            if baseline_run is not None else None)
         comparison = _compare(commit_result, baseline_result)
     else:
+        # Not finished, cancelled, or error: an error is optdrift's failure (retried, then shown as
+        # such), never a verdict on the commit, so it gets none.
         return None
     changed = [case for case in comparison.cases if case.verdict in ("changed", "broken")]
     first_steps = [case.first_divergent_step for case in changed if case.first_divergent_step]

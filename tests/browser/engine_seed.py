@@ -12,6 +12,9 @@ Lineage (oldest first; parents are first parents):
   c3-fix-decay       release v0.3.0  the bundled kernels again  -> changed, closer
   d4-docs                            the bundled kernels again  -> unchanged
   e5-broken          (ref feature/broken) a tree that does not compile -> broken (run failed)
+  g7-flaky                           the bundled kernels; one case not applicable (an adapter's
+                                      reason), one case whose repeats differ -> nondeterministic
+  h8-error                           optdrift could not fetch the source -> run status error
   f6-running                         a run still in progress (30 of N cases stored)
   verify run                          the buggy tree against a1-base, with the co-run
                                       |commit - baseline| per step that `optdrift check` measures
@@ -35,6 +38,16 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "bundled"
 BATTERY = "quick"
 RUNNING_CASES_DONE = 30
+NOT_APPLICABLE_REASON = "this library has no bfloat16 32-bit kernel for lion"
+FETCH_ERROR = "source fetch refused: HTTP 401 from http://api:8000/api/v1/sources (the worker has no token)"
+# g7-flaky's nondeterministic case: repeats on the same build (RepeatCheck) that differ.
+FLAKY_REPEATS = {"runs": 4, "differing": 1, "first_divergent_step": 2}
+
+
+def set_aside_cases(result: RunResult) -> tuple[str, str]:
+    """The case g7-flaky marks not applicable and the one it makes nondeterministic."""
+    ids = [c.case.case_id for c in result.cases]
+    return ids[0], ids[1]
 
 
 @dataclass
@@ -86,7 +99,8 @@ def run_engine(cache_dir: Path) -> EngineRun:
 
 
 def seed(session, engine: EngineRun) -> Seeded:  # noqa: ANN001
-    from service.db.models import DONE, FAILED, RUNNING, Commit, Project, Run, SourceArchive, Verdict
+    from service.db.models import DONE, ERROR, FAILED, RUNNING, Commit, Project, Run, SourceArchive, Verdict
+    from service.results import RepeatCheck
     from service.domain import trajectories, verdict_store
     from service.verdicts import compare_runs
 
@@ -117,7 +131,7 @@ def seed(session, engine: EngineRun) -> Seeded:  # noqa: ANN001
                   environment_detail=detail(result, ok=status != FAILED, error=error), status=status,
                   attempt=1, worker="seed@localhost", created_at=at, dispatched_at=at, started_at=at,
                   heartbeat_at=at + timedelta(seconds=30),
-                  finished_at=at + timedelta(seconds=60) if status in (DONE, FAILED) else None,
+                  finished_at=at + timedelta(seconds=60) if status in (DONE, FAILED, ERROR) else None,
                   cases_total=len(result.cases) if status != FAILED else None, cases_done=len(stored) if status != FAILED else 0,
                   build_digest=result.build_digest, build_cached=False, build_log=log, error=error)
         session.add(run)
@@ -157,6 +171,33 @@ def seed(session, engine: EngineRun) -> Seeded:  # noqa: ANN001
     run = add_run("e5-broken", at=at, result=engine.base, status=FAILED, commit=broken, log=engine.broken_log,
                   error=f"build failed: {engine.broken_error}")
     verdict_store.evaluate(session=session, run=run)
+
+    # Between e5 and f6, so f6 stays the newest row.
+    at = start + timedelta(hours=len(lineage), minutes=20)
+    flaky = Commit(project_id=project.id, sha="g7-flaky", parents=["d4-docs"], ref="main",
+                   message="the same kernels; one case set aside, one that does not reproduce",
+                   source_digest=archive("g7-flaky"), created_at=at)
+    session.add(flaky)
+    session.flush()
+    aside_id, flaky_id = set_aside_cases(engine.base)
+    cases = []
+    for case in engine.base.cases:
+        if case.case.case_id == aside_id:
+            case = case.model_copy(update={"status": "not_applicable", "message": NOT_APPLICABLE_REASON,
+                                           "trajectory": None})
+        elif case.case.case_id == flaky_id:
+            case = case.model_copy(update={"repeat_check": RepeatCheck(**FLAKY_REPEATS)})
+        cases.append(case)
+    run = add_run("g7-flaky", at=at, result=engine.base.model_copy(update={"cases": cases}), status=DONE,
+                  commit=flaky, log=engine.base_log)
+    verdict_store.evaluate(session=session, run=run)
+
+    at = start + timedelta(hours=len(lineage), minutes=40)
+    errored = Commit(project_id=project.id, sha="h8-error", parents=["d4-docs"], ref="main",
+                     message="a commit optdrift could not fetch", source_digest=archive("h8-error"), created_at=at)
+    session.add(errored)
+    session.flush()
+    add_run("h8-error", at=at, result=engine.base, status=ERROR, commit=errored, log="", cases=0, error=FETCH_ERROR)
 
     at = start + timedelta(hours=len(lineage) + 1)
     running = Commit(project_id=project.id, sha="f6-running", parents=["d4-docs"], ref="main",

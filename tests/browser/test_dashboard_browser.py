@@ -8,7 +8,9 @@ from sqlalchemy import create_engine, text
 
 from service.verdicts import compare_runs
 from tests.browser.conftest import SCREENSHOTS
-from tests.browser.engine_seed import PROJECT, RUNNING_CASES_DONE
+from tests.browser.engine_seed import (
+    FETCH_ERROR, FLAKY_REPEATS, NOT_APPLICABLE_REASON, PROJECT, RUNNING_CASES_DONE, set_aside_cases,
+)
 from worker.mutations import DECAY_AFTER_UPDATE_OPTIMIZERS
 
 FINAL_STEP = -1
@@ -52,6 +54,8 @@ def test_every_page_loads_without_console_errors_and_screenshots(dashboard, page
         "commit-unchanged": f"/projects/{PROJECT}/commits/d4-docs",
         "commit-no-baseline": f"/projects/{PROJECT}/commits/a1-base",
         "commit-broken": f"/projects/{PROJECT}/commits/e5-broken",
+        "commit-nondeterministic": f"/projects/{PROJECT}/commits/g7-flaky",
+        "commit-error": f"/projects/{PROJECT}/commits/h8-error",
         "run-progress": f"/runs/{run_ids['f6-running']}",
         "verify-run": f"/runs/{run_ids['verify']}",
         "releases": f"/projects/{PROJECT}/releases",
@@ -81,7 +85,7 @@ def test_every_page_loads_without_console_errors_and_screenshots(dashboard, page
 def test_overview_badges_releases_and_filters(dashboard, page) -> None:
     engine = dashboard.engine
     _open(page, f"{dashboard.url}/projects/{PROJECT}")
-    badges = {row.get_attribute("data-sha"): row.locator(".verdict-cell .badge").inner_text()
+    badges = {row.get_attribute("data-sha"): row.locator(".verdict-cell > .badge").inner_text()
               for row in page.locator("#commits tbody tr").all()}
     assert badges["a1-base"] == "no baseline"
     assert badges["b2-decay-after"] == _changed_badge(engine.buggy, engine.base)
@@ -238,4 +242,61 @@ def test_broken_commit_names_the_compiler_error_and_shows_the_log(dashboard, pag
     assert len(sentence) < 400  # one telling line, not the whole log
     assert page.locator("#build-log").get_attribute("open") is not None
     assert "optdrift_missing_symbol" in page.locator("#build-log pre").inner_text()
+    _no_console_errors(page)
+
+
+def test_set_aside_cases_and_an_optdrift_error_are_never_broken(dashboard, page) -> None:
+    engine = dashboard.engine
+    aside_id, flaky_id = set_aside_cases(engine.base)
+    _open(page, f"{dashboard.url}/projects/{PROJECT}")
+    rows = {row.get_attribute("data-sha"): row for row in page.locator("#commits tbody tr").all()}
+    assert rows["g7-flaky"].locator(".verdict-cell > .badge").inner_text() == "nondeterministic"
+    assert rows["g7-flaky"].locator(".side-note .badge").all_inner_texts() == ["1 not applicable"]
+    error_badge = rows["h8-error"].locator(".verdict-cell > .badge")
+    assert error_badge.inner_text() == "optdrift error"
+    background = "el => getComputedStyle(el).backgroundColor"
+    assert error_badge.evaluate(background) != rows["e5-broken"].locator(".verdict-cell > .badge").evaluate(background)
+    assert rows["h8-error"].get_attribute("data-poll-run") is None  # final: nothing to poll
+
+    _open(page, f"{dashboard.url}/projects/{PROJECT}/commits/g7-flaky")
+    judged = len(engine.base.cases) - 1
+    sentence = page.locator("#verdict-sentence").inner_text()
+    assert sentence.startswith(f"Nondeterministic: 1 case of {judged} did not reproduce on the same build "
+                               f"(repeats differ from step {FLAKY_REPEATS['first_divergent_step']})"), sentence
+    assert "1 case not applicable on this device" in sentence
+    flaky = page.locator(f"#nondeterministic-cases tr[data-case-id='{flaky_id}'] td")
+    assert flaky.nth(4).inner_text() == f"{FLAKY_REPEATS['differing']} of {FLAKY_REPEATS['runs'] - 1}"
+    assert flaky.nth(5).inner_text() == str(FLAKY_REPEATS["first_divergent_step"])
+    reason = page.locator(f"#not-applicable-cases tr[data-case-id='{aside_id}'] td.reason")
+    assert reason.inner_text() == NOT_APPLICABLE_REASON
+    assert page.locator("#changed-cases").count() == 0 and page.locator(".badge-broken").count() == 0
+
+    _open(page, f"{dashboard.url}/projects/{PROJECT}/commits/h8-error")
+    sentence = page.locator("#verdict-sentence").inner_text()
+    assert sentence.startswith("optdrift error, not the commit's: source fetch refused") and "No verdict" in sentence
+    assert FETCH_ERROR in page.locator("#environment").inner_text()
+    assert page.locator(".badge-broken").count() == 0 and page.locator("#progress").count() == 0
+    # A final run: the page does not poll and reload itself.
+    page.evaluate("window.__sameDocument = true")
+    page.wait_for_timeout(2500)
+    assert page.evaluate("window.__sameDocument") is True
+    _no_console_errors(page)
+
+
+def test_changed_cases_show_the_final_step_where_it_disagrees(dashboard, page) -> None:
+    engine = dashboard.engine
+    cases = {c.case_id: c for c in compare_runs(engine.buggy, engine.base).cases if c.verdict == "changed"}
+    _open(page, f"{dashboard.url}/projects/{PROJECT}/commits/b2-decay-after")
+    rows = page.locator("#changed-cases tbody tr").all()
+    assert len(rows) == len(cases)
+    for row in rows:
+        case = cases[row.get_attribute("data-case-id")]
+        note = row.locator(".final-differs")
+        if case.final_direction != case.direction:
+            expected = "same distance" if case.final_direction == "same" else case.final_direction
+            assert note.inner_text() == f"final step alone: {expected}"
+        else:
+            assert note.count() == 0
+        peak = row.locator(".peak-distance").inner_text()
+        assert peak == f"peak {case.baseline_peak_ref64_distance:.3e} → {case.commit_peak_ref64_distance:.3e}"
     _no_console_errors(page)

@@ -1,7 +1,7 @@
 // optdrift dashboard: progress polling (the JSON API) and plotly charts. No build step.
 "use strict";
 const optdrift = (() => {
-  const FINAL = new Set(["done", "failed", "cancelled"]);
+  const FINAL = new Set(["done", "failed", "cancelled", "error"]);  // service.db.models.FINAL_STATUSES
   const POLL_MS = 2000;
 
   async function getJSON(url) {

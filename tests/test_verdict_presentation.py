@@ -21,8 +21,9 @@ def _case(case_id: str, dtype: str = "float32") -> CaseSpec:
                     seed=0, size=8, steps=5)
 
 
-def _ok(case_id: str, digests: list[str], distances=BASELINE_DISTANCES, repeat_check=None) -> CaseResult:  # noqa: ANN001
-    return CaseResult(case=_case(case_id), status="ok", repeat_check=repeat_check, trajectory=Trajectory(
+def _ok(case_id: str, digests: list[str], distances=BASELINE_DISTANCES, repeat_check=None,  # noqa: ANN001
+        dtype: str = "float32") -> CaseResult:
+    return CaseResult(case=_case(case_id, dtype), status="ok", repeat_check=repeat_check, trajectory=Trajectory(
         ref64_max_abs=list(distances), ref64_max_rel=list(distances), same_precision_max_abs=[1e-7] * 5,
         nonfinite_count=[0] * 5, digests=digests))
 
@@ -47,7 +48,7 @@ def _run_with(session, settings, sha, parents, results):  # noqa: ANN001, ANN202
 def _seed(session, settings):  # noqa: ANN001, ANN202
     """a: the base. b: wandering case changed, bf16 case not applicable. c: the same as b but one case
     does not reproduce itself. d: optdrift could not run it (error)."""
-    a = _run_with(session, settings, "a", [], [_ok("wander", SAME), _ok("bf16", SAME), _ok("steady", SAME)])
+    a = _run_with(session, settings, "a", [], [_ok("wander", SAME), _ok("bf16", SAME, dtype="bfloat16"), _ok("steady", SAME)])
     aside = CaseResult(case=_case("bf16", "bfloat16"), status="not_applicable", message=REASON)
     b = _run_with(session, settings, "b", ["a"], [_ok("wander", MOVED, WANDERING_DISTANCES), aside,
                                                   _ok("steady", SAME)])
@@ -127,3 +128,15 @@ def test_dashboard_shows_set_aside_cases_apart_and_an_error_as_optdrifts(api, db
     page = api.get("/projects/p/commits/d").text
     assert "optdrift error, not the commit&#39;s: source fetch refused: HTTP 401" in page
     assert "badge-broken" not in page
+
+
+def test_release_matrix_keeps_not_applicable_cases_out_of_broken_and_changed(db_session, api_settings):  # noqa: ANN001
+    from service.dashboard import release_matrix
+
+    a, b, _c, _d = _seed(db_session, api_settings)
+    a.commit.release_tag, b.commit.release_tag = "v1", "v2"
+    db_session.flush()
+    matrix = release_matrix.build(session=db_session, project_name="p")
+    cell = matrix.cell(("adam", "32bit", "bfloat16"), 1)
+    assert (cell.not_applicable, cell.broken, cell.changed, cell.cases) == (1, 0, 0, 0)
+    assert matrix.cell(("adam", "32bit", "bfloat16"), 0).cases == 1

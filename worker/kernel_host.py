@@ -294,9 +294,9 @@ class KernelHost:
 
     def _library_folders(self) -> list[Path]:
         """What the host must read of the build: the folder of a built file, or a built tree."""
-        if self.library_path in ("installed", ""):
-            return []
         library = Path(self.library_path)
+        if self.library_path in ("installed", "") or not library.exists():
+            return []  # nothing to show: the adapter reports the missing build from inside the box
         return [library if library.is_dir() else library.parent]
 
     def out_of_time(self) -> bool:

@@ -26,7 +26,7 @@ from collections import Counter
 
 from service.results import CaseComparison, CaseResult, RunComparison, RunResult
 
-# Final reference distances within this relative margin of each other are "same": a one-ulp
+# Reference distances (final, peak or mean) within this relative margin of each other are "same": a one-ulp
 # change moves the distance by far less, a real algorithmic change (the decay ordering) by a factor.
 DIRECTION_RELATIVE_MARGIN = 0.01
 # At 16-bit precision the final distance to float64 is the parameters' own rounding (a max over
@@ -40,8 +40,8 @@ _MARGIN_BY_DTYPE = {"float16": DIRECTION_RELATIVE_MARGIN_16BIT, "bfloat16": DIRE
 
 def direction(commit_distance: float, baseline_distance: float, rounding_floor: float = 0.0,
               relative_margin: float = DIRECTION_RELATIVE_MARGIN) -> str:
-    """closer / farther / same: the commit's final distance to the float64 reference against the
-    baseline's. A move must exceed the relative margin (a factor of 1 + margin either way) and
+    """closer / farther / same: a distance of the commit to the float64 reference (final, peak or
+    mean over steps) against the baseline's same figure. A move must exceed the relative margin (a factor of 1 + margin either way) and
     `rounding_floor`, the size of a difference that rounding at the parameter's precision
     explains on its own (compare_case takes it from the same-precision distances)."""
     if abs(commit_distance - baseline_distance) <= rounding_floor:

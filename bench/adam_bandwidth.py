@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from worker import kernel_ops  # noqa: E402
+from worker.engine import kernel_ops  # noqa: E402
 
 ADAM_BYTES_PER_PARAM = 28
 COPY_BYTES_PER_ELEMENT = 8

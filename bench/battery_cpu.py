@@ -23,7 +23,7 @@ from rich.table import Table  # noqa: E402
 
 from worker.battery import load_battery  # noqa: E402
 from worker.build import build_extension  # noqa: E402
-from worker.engine import run_battery  # noqa: E402
+from worker.engine.corun import run_battery  # noqa: E402
 
 
 def main() -> int:

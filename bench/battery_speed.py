@@ -3,8 +3,8 @@ every per-step series compared bit for bit, both times and the ratio printed.
 
     python bench/battery_speed.py [--battery standard] [--device auto] [--straight-budget-s 60]
 
-Straightforward = worker.trajectory.run_case: eager, one case at a time, a host sync every step (the
-digest's copy), as bitsandbytes' own test loop runs. Optimized = worker.fast_engine.run_cases_fast.
+Straightforward = worker.engine.trajectory.run_case: eager, one case at a time, a host sync every step (the
+digest's copy), as bitsandbytes' own test loop runs. Optimized = worker.engine.fast.run_cases_fast.
 
 When the straightforward way of the whole battery would not fit in --straight-budget-s, it runs the
 cases in a fixed random order (--sample-seed) until the budget is spent, and the full time is
@@ -27,12 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from worker import kernel_ops  # noqa: E402
+from worker.engine import kernel_ops  # noqa: E402
 from worker.battery import load_battery  # noqa: E402
 from worker.build import build_extension  # noqa: E402
-from worker.environment import fingerprint, resolve_device  # noqa: E402
-from worker.fast_engine import DEFAULT_MAX_WAVE_ELEMENTS, bundle_count, plan_waves, run_cases_fast  # noqa: E402
-from worker.trajectory import run_case  # noqa: E402
+from worker.engine.environment import fingerprint, resolve_device  # noqa: E402
+from worker.engine.fast import DEFAULT_MAX_WAVE_ELEMENTS, bundle_count, plan_waves, run_cases_fast  # noqa: E402
+from worker.engine.trajectory import run_case  # noqa: E402
 
 
 def _sync(device: torch.device) -> None:

@@ -11,7 +11,7 @@ own inputs (initial_parameters and the open-loop gradient of seed 0, as the stan
 * `adapter`: worker.adapters.bitsandbytes' 8-bit family (what optdrift measures);
 * `class`:   bitsandbytes' own optimizer class (bnb.optim.RMSprop8bit / Adagrad8bit / Adam8bit,
              min_8bit_size=0 so that every size takes the 8-bit blockwise path);
-* `ref64`:   the engine's float64 reference (worker.references: torch.optim).
+* `ref64`:   the engine's float64 reference (worker.references.optimizers: torch.optim).
 
 and two float64 models of the 1-state update from a zero state, which differ only in the
 numerator of the parameter update (s1 = (1 - alpha) d^2 for RMSprop, d^2 for Adagrad, with
@@ -46,8 +46,8 @@ sys.path.insert(0, str(REPO))
 from service.results import GradientStreamSpec  # noqa: E402
 from worker.adapters import get_adapter  # noqa: E402
 from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case  # noqa: E402
-from worker.gradients import GradientStream, initial_parameters  # noqa: E402
-from worker.references import make_reference  # noqa: E402
+from worker.engine.gradients import GradientStream, initial_parameters  # noqa: E402
+from worker.references.optimizers import make_reference  # noqa: E402
 
 # (lr, weight_decay, gnorm_scale): the standard battery's typical and discriminating points; a
 # decay-free control at the discriminating lr, where the two models coincide; and gnorm_scale 0.5

@@ -104,7 +104,7 @@ def compact(result) -> dict:  # noqa: ANN001
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from worker.kernel_host import KernelHost
+    from worker.engine.host import KernelHost
 
     # `timeout` stops a shard with SIGTERM: leave through the with-blocks, so the kernel host (in
     # its own process group) is closed and killed rather than left running on the GPU.

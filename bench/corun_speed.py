@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from worker.battery import load_battery  # noqa: E402
 from worker.build import build_extension  # noqa: E402
-from worker.engine import corun_battery  # noqa: E402
-from worker.kernel_host import KernelHost  # noqa: E402
+from worker.engine.corun import corun_battery  # noqa: E402
+from worker.engine.host import KernelHost  # noqa: E402
 from worker.mutations import copy_tree, decay_after_update  # noqa: E402
 
 

@@ -44,7 +44,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: the floors are GPU figures", file=sys.stderr)
         return 2
-    from worker import kernel_ops
+    from worker.engine import kernel_ops
     from worker.build import build_extension
 
     build = build_extension(args.source)

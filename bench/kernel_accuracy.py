@@ -3,7 +3,7 @@
     python bench/kernel_accuracy.py [--device cuda] [--size 65536] [--steps 50]
 
 Builds csrc (digest-cached), loads it in this process, runs each op for `--steps` steps on an
-open-loop gradient stream through the engine (worker.trajectory.run_case) and prints, per op,
+open-loop gradient stream through the engine (worker.engine.trajectory.run_case) and prints, per op,
 dtype and point, the largest max |p - p_float64| and relative error over all steps. These are the
 figures docs/KERNELS.md records for the CPU and the H200.
 """
@@ -21,10 +21,10 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from service.results import GradientStreamSpec  # noqa: E402
-from worker import kernel_ops  # noqa: E402
+from worker.engine import kernel_ops  # noqa: E402
 from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case  # noqa: E402
 from worker.build import build_extension  # noqa: E402
-from worker.trajectory import run_case  # noqa: E402
+from worker.engine.trajectory import run_case  # noqa: E402
 
 OPTIMIZERS = ["adam", "ademamix", "lion", "momentum", "rmsprop", "adagrad"]
 DTYPES = ["float32", "float16", "bfloat16"]

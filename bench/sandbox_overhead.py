@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from worker import sandbox  # noqa: E402
 from worker.battery import load_battery  # noqa: E402
 from worker.build import build_extension  # noqa: E402
-from worker.kernel_host import KernelHost  # noqa: E402
+from worker.engine.host import KernelHost  # noqa: E402
 
 
 def run_once(library: str, cases, device: str, *, sandboxed: bool, real_bwrap: str | None):  # noqa: ANN001

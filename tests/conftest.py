@@ -56,7 +56,7 @@ def kernels_build(csrc_under_test: Path, build_cache_dir: Path):
 @pytest.fixture(scope="session")
 def kernels(kernels_build):
     """The kernel build loaded into this test process (one build per process)."""
-    from worker import kernel_ops
+    from worker.engine import kernel_ops
 
     kernel_ops.load_build(kernels_build.library_path)
     return kernel_ops

@@ -2,7 +2,7 @@
 the CPU: its CPU backend runs the same functional API the CUDA library serves on a GPU.
 
 The AdamW tolerance is derived, not chosen: a first-order running-error bound (the `Bounded`
-arithmetic of worker/references_8bit.py: every float32 operation is exact times (1 + d),
+arithmetic of worker/references/blockwise8.py: every float32 operation is exact times (1 + d),
 |d| <= 2**-24) carried through AdamW in the order bnb's 32-bit "adam" evaluates it, element by
 element and step by step, from the same open-loop float32 gradients torch.optim.AdamW (float64)
 gets. Open loop, so the gradients are identical and the bound covers the optimizer's arithmetic
@@ -24,10 +24,10 @@ bnb = pytest.importorskip("bitsandbytes")
 from service.results import GradientStreamSpec  # noqa: E402
 from worker.adapters import get_adapter  # noqa: E402
 from worker.battery import OPTIMIZER_HYPER_DEFAULTS, load_battery, make_case  # noqa: E402
-from worker.engine import run_battery  # noqa: E402
-from worker.gradients import GradientStream, initial_parameters  # noqa: E402
-from worker.kernel_host import KernelHost  # noqa: E402
-from worker.references_8bit import BOUND_SAFETY, Bounded  # noqa: E402
+from worker.engine.corun import run_battery  # noqa: E402
+from worker.engine.gradients import GradientStream, initial_parameters  # noqa: E402
+from worker.engine.host import KernelHost  # noqa: E402
+from worker.references.blockwise8 import BOUND_SAFETY, Bounded  # noqa: E402
 
 # The float64 reference and the float64 evaluation of the bound's exact values differ only in
 # float64 rounding (~1e-16 relative on values below 10): 1e-12 absolute covers it with room.

@@ -94,7 +94,7 @@ def test_a_killed_build_leaves_no_lock_that_hangs_the_next(tiny_source: Path, tm
     processes.wait_for(str(cache), 3, timeout_s=max(0.0, deadline - time.monotonic()))
     victim.send_signal(signal.SIGKILL)
     victim.wait()
-    # ninja and the compilers (grandchildren of the killed process) go with it (worker.group_guard);
+    # ninja and the compilers (grandchildren of the killed process) go with it (worker.sandbox.group_guard);
     # a compile of the tiny source takes seconds, so 2 s tells killed from finished.
     assert processes.wait_gone(str(cache), timeout_s=2) == [], "compilers outlived the killed build"
 

@@ -14,8 +14,8 @@ import pytest
 from service.domain.project_config import ProjectConfigError, load_project_config, parse_config
 from service.verdicts import compare_runs
 from worker.battery import load_battery
-from worker.engine import corun_battery
-from worker.project_build import build_project
+from worker.engine.corun import corun_battery
+from worker.build.project import build_project
 
 FIXTURE = Path(__file__).parent / "fixtures" / "cmake_project"
 PATCH = FIXTURE / "commits" / "0002-decay-after-update.patch"
@@ -143,7 +143,7 @@ def test_configuration_errors_name_the_field():
 def test_command_builds_run_in_the_sandbox_without_the_workers_secrets(tmp_path, monkeypatch):
     """A submitted build command sees no database URL, broker URL or token, and a scratch HOME."""
     from service.domain.project_config import ProjectConfig
-    from worker.project_build import build_project
+    from worker.build.project import build_project
 
     monkeypatch.setenv("OPTDRIFT_DATABASE_URL", "postgresql://user:s3cret-password@db/optdrift")
     monkeypatch.setenv("OPTDRIFT_WORKER_TOKEN", "odt_s3cret-token")

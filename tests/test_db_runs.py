@@ -150,7 +150,7 @@ def test_a_baseline_corun_yields_to_queued_runs_of_its_environment(db_session, a
 
     from worker.baseline_diffs import CorunYielded
     from worker.battery import load_battery
-    from worker.engine import corun_battery
+    from worker.engine.corun import corun_battery
 
     waiting = _commit_run(db_session, api_settings, "waiting", [])
     assert runs.queued_count(session=db_session, environment="cpu") == 1

@@ -1,7 +1,7 @@
 """Kernel hosts for real: one build per subprocess; a crash, a hang or a kernel error costs one case.
 
 Faults are injected with the host's test-only OPTDRIFT_TEST_HOST_FAULT variable (see
-worker/kernel_host.py): "abort:TEXT" calls os.abort() and "hang:TEXT" sleeps when a case id
+worker/engine/host.py): "abort:TEXT" calls os.abort() and "hang:TEXT" sleeps when a case id
 contains TEXT.
 """
 
@@ -11,7 +11,7 @@ import pytest
 
 from service.results import GradientStreamSpec
 from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case
-from worker.kernel_host import FAULT_ENV, KernelHost
+from worker.engine.host import FAULT_ENV, KernelHost
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +120,7 @@ def test_no_wait_goes_past_the_run_deadline(kernels_build):
 
 
 def test_the_params_only_corun_reproduces_run_case_bit_for_bit(kernels_build, tmp_path):
-    """The co-run's kernels-only path (worker.trajectory.run_params) must step exactly as run_case:
+    """The co-run's kernels-only path (worker.engine.trajectory.run_params) must step exactly as run_case:
     the same digests every step, the same parameters written, for open- and closed-loop gradients
     and an 8-bit case; only the references are skipped."""
     from service.results import GradientStreamSpec as Stream

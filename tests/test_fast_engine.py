@@ -12,10 +12,10 @@ import torch
 
 from service.results import CaseResult, CaseSpec, Trajectory
 from service.verdicts import compare_case
-from worker import digest as od2
+from worker.engine import digest as od2
 from worker.battery import BatterySpec, load_battery
-from worker.fast_engine import ALIGN, bundle_count, plan_waves, reference_key, run_cases_fast, width_classes
-from worker.trajectory import run_case
+from worker.engine.fast import ALIGN, bundle_count, plan_waves, reference_key, run_cases_fast, width_classes
+from worker.engine.trajectory import run_case
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -34,7 +34,7 @@ GROUPED = BatterySpec.model_validate({"name": "grouped-test", "version": 1, "gro
 
 
 def _python_od2(tensors: list[torch.Tensor]) -> str:
-    """The od2 definition in plain Python integers (the docstring of worker/digest.py)."""
+    """The od2 definition in plain Python integers (the docstring of worker/engine/digest.py)."""
     mask = (1 << 64) - 1
 
     def mix(z: int) -> int:
@@ -166,7 +166,7 @@ def test_fast_equals_run_case_on_grouped_cases(kernels):
 def test_fast_equals_run_case_with_every_width_merged_into_one_class(kernels, monkeypatch):
     # The CUDA setting merges narrow rows into wide classes (padding of 1-element rows to 4608);
     # on the CPU nothing is merged by default, so force it here to check the merged layout too.
-    from worker import fast_engine
+    from worker.engine import fast as fast_engine
 
     monkeypatch.setitem(fast_engine.MERGE_PADDING_FRACTION, "cpu", 1.0)
     cases = [c for c in GROUPED.expand() if c.seed == 0]
@@ -233,7 +233,7 @@ def test_observation_capture_survives_other_threads_pinning_memory_cuda(kernels)
 
 # ----------------------------------------------------------------------------- through the kernel host
 def test_kernel_host_fast_mode_equals_one_case_at_a_time(kernels_build):
-    from worker.engine import run_battery
+    from worker.engine.corun import run_battery
 
     battery = load_battery("quick")
     cases = battery.expand()[:30]
@@ -247,8 +247,8 @@ def test_kernel_host_fast_mode_equals_one_case_at_a_time(kernels_build):
 
 
 def test_kernel_host_fast_mode_crash_falls_back_case_by_case(kernels_build, monkeypatch):
-    from worker.kernel_host import FAULT_ENV
-    from worker.engine import run_battery
+    from worker.engine.host import FAULT_ENV
+    from worker.engine.corun import run_battery
 
     battery = load_battery("quick")
     cases = battery.expand()[:6]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from service.results import GradientStreamSpec
-from worker.gradients import GradientStream, _generator, initial_parameters, spread_values
+from worker.engine.gradients import GradientStream, _generator, initial_parameters, spread_values
 
 
 def _bits(t: torch.Tensor) -> bytes:

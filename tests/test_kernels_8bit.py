@@ -2,7 +2,7 @@
 
 Teacher-forced: before every step the reference takes the kernel's own codes, absmax and
 parameter, so each step is judged on its own. Tolerances are the per-element float32 rounding
-bounds derived in worker/references_8bit.py (no fixed epsilon): the parameter within its bound,
+bounds derived in worker/references/blockwise8.py (no fixed epsilon): the parameter within its bound,
 each absmax within its bound, each code one a correct kernel may pick (the nearest code to some
 value inside the state's bound). Runs on CPU, and on CUDA when there is one.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker import references_8bit as ref8
+from worker.references import blockwise8 as ref8
 from worker.battery import OPTIMIZER_HYPER_DEFAULTS
-from worker.quant_map import dynamic_map
+from worker.references.quant_map import dynamic_map
 
 OPTIMIZERS = ["adam", "ademamix", "lion", "momentum", "rmsprop", "adagrad"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

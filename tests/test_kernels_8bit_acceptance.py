@@ -5,11 +5,11 @@ are not.
 
 Why one step: from a zero state the 8-bit state quantizes exactly and the parameter update uses the
 float32 state, so the kernel must equal the closed form p(1 - lr wd) - lr g/(|g| + eps) up to its
-float32 rounding, bounded per element in worker/references_8bit.py (here <= 8.6e-7 for |p| ~ 4).
+float32 rounding, bounded per element in worker/references/blockwise8.py (here <= 8.6e-7 for |p| ~ 4).
 The wrong ordering sits lr·wd·|lr·u| = 0.1·0.1·0.1 = 1.0e-3 away (u = g/(|g|+eps) ~ ±1), three
 orders of magnitude outside that bound.
 
-Each build runs in its own process (`python -m worker.closed_form_8bit --json`): two builds of the
+Each build runs in its own process (`python -m worker.references.closed_form_8bit --json`): two builds of the
 same op namespace cannot share one.
 """
 
@@ -29,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def closed_form_rows(csrc: Path, build_cache_dir: Path, device: str) -> dict[str, dict]:
     completed = subprocess.run(
-        [sys.executable, "-m", "worker.closed_form_8bit", "--csrc", str(csrc), "--device", device, "--json"],
+        [sys.executable, "-m", "worker.references.closed_form_8bit", "--csrc", str(csrc), "--device", device, "--json"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=1500,
         env={**__import__("os").environ, "OPTDRIFT_BUILD_CACHE": str(build_cache_dir)},
     )

@@ -1,11 +1,11 @@
-"""Properties of the dynamic quantization maps (worker/quant_map.py), checked against the
+"""Properties of the dynamic quantization maps (worker/references/quant_map.py), checked against the
 definition in its docstring rather than against a stored table."""
 
 from __future__ import annotations
 
 import torch
 
-from worker.quant_map import MAP_SIZE, dequantize, dynamic_map, dynamic_map_values, new_state, num_blocks, zero_code
+from worker.references.quant_map import MAP_SIZE, dequantize, dynamic_map, dynamic_map_values, new_state, num_blocks, zero_code
 
 
 def test_maps_are_256_strictly_increasing_float32_values_in_range():
@@ -35,7 +35,7 @@ def test_signed_map_is_symmetric_apart_from_its_extra_code_plus_one():
     assert len(negatives) == 127 and len(positives) == 128
     # Removing the extra code (+1) leaves an exactly symmetric set: float32 negation is exact.
     assert positives[:-1] == negatives and positives[-1] == 1.0
-    assert -1.0 not in values  # the dynamic map has no -1 (see worker/quant_map.py)
+    assert -1.0 not in values  # the dynamic map has no -1 (see worker/references/quant_map.py)
 
 
 def test_decades_hold_codes_halving_with_each_extra_exponent_bit():

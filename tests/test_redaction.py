@@ -1,5 +1,5 @@
 """Known secrets never stored (service/domain/redaction.py), and what is stored of submitted code's
-output stays bounded (worker/log_tail.py; service/domain/runs.py and trajectories.py clip it).
+output stays bounded (worker/sandbox/log_tail.py; service/domain/runs.py and trajectories.py clip it).
 
 Defence in depth behind the sandbox: these tests plant the secrets where the worker process knows
 them and store, through the real functions on the real PostgreSQL, text that quotes them."""
@@ -13,7 +13,7 @@ from service.domain import redaction, runs, trajectories
 from service.results import CaseResult, CaseSpec
 from service.settings import Settings
 from tests.test_db_runs import _commit_run
-from worker import log_tail
+from worker.sandbox import log_tail
 
 ADMIN = "odt_canary_admin_token_abcdefghijklmnop"
 WORKER = "odt_canary_worker_token_qrstuvwxyz012345"

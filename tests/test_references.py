@@ -12,7 +12,7 @@ import torch
 
 from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case
 from service.results import GradientStreamSpec
-from worker.references import AdEMAMixReference, LionReference, make_reference
+from worker.references.optimizers import AdEMAMixReference, LionReference, make_reference
 
 
 def _case(optimizer, **hyper):

@@ -1,5 +1,5 @@
 """What the worker takes from a submitter, bounded before anything runs (worker/tasks.py,
-worker/battery.py, worker/project_build.py): the battery a run names, the time a tree may ask for,
+worker/battery.py, worker/build/project.py): the battery a run names, the time a tree may ask for,
 and whether a verify run may run at all on a worker that cannot sandbox."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from service.domain.project_config import parse_config
 from service.settings import Settings
 from worker import sandbox
 from worker.battery import BUILTIN_BATTERIES, BatteryError, battery_from_tree
-from worker.project_build import build_project
+from worker.build.project import build_project
 from worker.tasks import RunBudget, _refusal
 
 SECRET = "odt_canary_secret_token_in_a_file_outside_the_tree"

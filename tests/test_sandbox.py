@@ -1,4 +1,4 @@
-"""The sandbox builds and kernel hosts run in (worker/sandbox.py), tested directly with real
+"""The sandbox builds and kernel hosts run in (worker/sandbox/__init__.py), tested directly with real
 processes, in both of its modes:
 
 - `bwrap`: bubblewrap (what workers run with wherever it can be made). The child sees no secret
@@ -225,7 +225,7 @@ PARENT = textwrap.dedent("""
 def test_the_box_dies_with_the_process_that_started_it(mode: str, tmp_path: Path, guard: str) -> None:
     # The worker is SIGKILLed mid-build. bwrap: --die-with-parent and the PID namespace take
     # everything. Without bwrap, PR_SET_PDEATHSIG reaches only the direct child, so the
-    # grandchildren (ninja, compilers; here two sleeps) live on unless worker.group_guard runs them.
+    # grandchildren (ninja, compilers; here two sleeps) live on unless worker.sandbox.group_guard runs them.
     marker = f"{317 + (guard == 'guard') + 2 * (mode == 'bwrap')}.{os.getpid() % 1000}"
     sleepers = f"sleep {marker}"
     parent = subprocess.Popen([sys.executable, "-c", PARENT, marker, str(_work(tmp_path)), guard],
@@ -246,7 +246,7 @@ def test_the_box_dies_with_the_process_that_started_it(mode: str, tmp_path: Path
 
 
 def test_a_folder_holding_a_secret_is_never_shown(tmp_path: Path) -> None:
-    from worker.sandbox_mounts import MountPlan
+    from worker.sandbox.mounts import MountPlan
 
     home = tmp_path / "home"
     staging = home / "builds" / "abc.staging-1"
@@ -269,7 +269,7 @@ def test_cuda_kernel_host_runs_in_the_box(mode: str, kernels_build) -> None:  # 
     """The bundled kernels, built in the box (nvcc included), run on the GPU by a host in the box:
     the GPU's device nodes are bound in and nothing else changes a result."""
     from worker.battery import load_battery
-    from worker.kernel_host import KernelHost
+    from worker.engine.host import KernelHost
 
     assert sandbox.available() == (mode == "bwrap")
     cases = [c for c in load_battery("quick").expand() if c.optimizer == "adam"][:HOST_PROBE_CASES]

@@ -41,7 +41,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
     """Store per-step |commit − baseline| for the changed cases of `run_id`; returns how many.
     `between_cases()` is called before each case and may raise CorunYielded to stop."""
     from worker import pipeline
-    from worker.engine import corun_battery
+    from worker.engine.corun import corun_battery
 
     sessions = get_sessionmaker()
     with sessions() as session:

@@ -74,7 +74,7 @@ def run_check(source: Path, baseline: Path | None, battery: str | None = None, *
     from service.domain.project_config import ProjectConfigError, load_project_config
     from worker import pipeline
     from worker.battery import BatteryError
-    from worker.engine import corun_battery
+    from worker.engine.corun import corun_battery
 
     try:
         job = pipeline.prepare(Path(source), requested_battery=battery, local_battery_file=True)

@@ -86,8 +86,8 @@ def prepare(source_dir: Path, *, project: Any | None = None, requested_battery: 
 
 
 def build(job: Job, policy: Policy) -> BuildResult:
-    """The tree built per its configuration (worker.project_build); never raises for a failed build."""
-    from worker.project_build import build_project
+    """The tree built per its configuration (worker.build.project); never raises for a failed build."""
+    from worker.build.project import build_project
 
     cap = policy.max_build_s
     if policy.deadline is not None:
@@ -113,7 +113,7 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
     before it may be reported changed (`job.config.repeats` runs in all, at least 2), and with
     repeats > 1 every case of the run is; a case that does not reproduce itself carries a
     RepeatCheck and reads `nondeterministic`, not `changed`."""
-    from worker.kernel_host import KernelHost
+    from worker.engine.host import KernelHost
 
     cases = job.cases if cases is None else cases
     with KernelHost(built.library_path, device=policy.device, case_timeout_s=policy.case_timeout_s,

@@ -26,7 +26,8 @@ from service.domain import runs, trajectories, verdict_store
 from service.domain.queueing import CORUN_TASK_NAME, RUN_TASK_NAME, corun_queue_for
 from service.domain.storage import archive_limits
 from service.settings import Settings, get_settings
-from worker import log_tail, sandbox
+from worker import sandbox
+from worker.sandbox import log_tail
 from worker.celery_app import app
 from worker.source_fetch import fetch_source
 

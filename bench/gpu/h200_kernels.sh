@@ -17,4 +17,4 @@ python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels_32bit.py tests/t
   tests/test_kernels_8bit_acceptance.py tests/test_kernels_discriminate.py tests/test_gradients.py \
   2>&1 | tee "$OUT/pytest_kernels.txt"
 python3 bench/kernel_accuracy.py --device cuda 2>&1 | tee "$OUT/kernel_accuracy.txt"
-python3 -m worker.closed_form_8bit --device all 2>&1 | tee "$OUT/closed_form_8bit.txt"
+python3 -m worker.references.closed_form_8bit --device all 2>&1 | tee "$OUT/closed_form_8bit.txt"

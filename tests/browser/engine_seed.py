@@ -74,7 +74,7 @@ def _read(path: str | None) -> str:
 def run_engine(cache_dir: Path) -> EngineRun:
     from worker.battery import load_battery
     from worker.build import build_extension
-    from worker.engine import corun_battery
+    from worker.engine.corun import corun_battery
     from worker.mutations import copy_tree, decay_after_update
 
     spec = load_battery(BATTERY)

@@ -10,7 +10,7 @@ how to load a build into the kernel host process and, per kernel family ("32bit"
         def families(self) -> Mapping[str, FamilyAdapter]: ... # {"32bit": ..., "8bit_blockwise": ...}
         def unsupported(self, case, device) -> str | None: ... # why a case cannot run here, or None
 
-A `FamilyAdapter` (worker.trajectory) has `init_states(case, param) -> dict[str, Tensor]` and
+A `FamilyAdapter` (worker.engine.trajectory) has `init_states(case, param) -> dict[str, Tensor]` and
 `step(case, param, grad, states, step)`. The engine digests `[param, *states.values()]` after every
 step, so `states` must hold every tensor the project keeps between steps (codes and absmax for
 8-bit states) and nothing that changes without being state.
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from service.results import CaseSpec
-    from worker.trajectory import FamilyAdapter
+    from worker.engine.trajectory import FamilyAdapter
 
 
 class AdapterError(RuntimeError):

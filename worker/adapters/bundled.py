@@ -1,7 +1,7 @@
 """The bundled csrc kernels (torch.ops.optdrift.*), built by worker.build.
 
-Its families are the engine's original ones (worker.trajectory.FAMILY_ADAPTERS): the 32-bit ops
-through worker.kernel_ops.step and the 8-bit blockwise ops through worker.trajectory_8bit.
+Its families are the engine's original ones (worker.engine.trajectory.FAMILY_ADAPTERS): the 32-bit ops
+through worker.engine.kernel_ops.step and the 8-bit blockwise ops through worker.engine.trajectory_8bit.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class BundledAdapter(ProjectAdapter):
         self._library: str | None = None
 
     def load(self, library: str) -> None:
-        from worker import kernel_ops
+        from worker.engine import kernel_ops
 
         try:
             kernel_ops.load_build(library)
@@ -27,7 +27,7 @@ class BundledAdapter(ProjectAdapter):
         self._library = library
 
     def families(self) -> Mapping[str, object]:
-        from worker.trajectory import FAMILY_ADAPTERS
+        from worker.engine.trajectory import FAMILY_ADAPTERS
 
         return FAMILY_ADAPTERS
 

@@ -47,7 +47,7 @@ class TorchOptimReference:
             raise ValueError(f"torch.optim has no {case.optimizer!r}")
         # torch.optim's own step body without the wrappers around it (profiler record_function,
         # step hooks, grad-mode switching): the same computation, ~half the host time per call
-        # (worker.fast_engine makes ~10^4 of them a battery). `step` below runs under no_grad,
+        # (worker.engine.fast makes ~10^4 of them a battery). `step` below runs under no_grad,
         # which is the mode the grad-mode wrapper would set for a non-differentiable optimizer.
         self._step_body = inspect.unwrap(type(self.optim).step)
 

@@ -22,7 +22,7 @@ generators", OOPSLA 2014). Why this shape:
     changes the digest.
 
 `digest_tensors` is the straightforward form (one case, one host copy of two integers per step);
-worker.fast_engine computes the same lanes for many cases at once over a padded [cases, width]
+worker.engine.fast computes the same lanes for many cases at once over a padded [cases, width]
 layout, masking the padding, and copies them to the host once per case group.
 """
 

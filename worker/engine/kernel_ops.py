@@ -285,10 +285,10 @@ def hyperparameters(optimizer: str) -> dict[str, bool]:
 # =============================================================================================
 # 8-bit blockwise ops (issue 6): csrc/cpu/blockwise8.cpp, csrc/cuda/blockwise8.cu, schemas at the
 # end of csrc/ops.cpp. Each state is a pair (uint8 codes shaped like the parameter, float32 absmax
-# per block of 256); the maps come from worker.quant_map. Everything 8-bit lives below this line.
+# per block of 256); the maps come from worker.references.quant_map. Everything 8-bit lives below this line.
 # =============================================================================================
 
-from worker import quant_map as _quant_map  # noqa: E402  (the 8-bit section is appended)
+from worker.references import quant_map as _quant_map  # noqa: E402  (the 8-bit section is appended)
 
 # State names per optimizer (as OPTIMIZER_STATES) and whether each is quantized with the signed map.
 STATE_SIGNED_8BIT: dict[str, tuple[bool, ...]] = {

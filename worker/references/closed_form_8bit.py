@@ -1,12 +1,12 @@
 """One step of every 8-bit blockwise kernel from a zero state, against its closed form.
 
-    python -m worker.closed_form_8bit [--csrc DIR] [--device cpu|cuda|all] [--json]
+    python -m worker.references.closed_form_8bit [--csrc DIR] [--device cpu|cuda|all] [--json]
 
 Builds `--csrc` (default: the bundled csrc; digest-cached in OPTDRIFT_BUILD_CACHE or
 .optdrift/test-build-cache), loads it into this process (one build per process) and prints, per
 device and optimizer, at lr=0.1, wd=0.1, fp32, 4097 elements (16 full blocks and one of 1):
   distance   max |kernel - closed form|           (should be within `bound`)
-  bound      max float32 rounding bound of the step (worker/references_8bit.py)
+  bound      max float32 rounding bound of the step (worker/references/blockwise8.py)
   ordering   max |decay-after-update - closed form| (adam/ademamix: the PR-2040 gap, lr·wd·|lr·u|)
   to_wrong   max |kernel - decay-after-update form|
   verdict    'ok' when every element is within its bound, else 'FLAGGED'
@@ -30,9 +30,9 @@ POINT = {"lr": 0.1, "weight_decay": 0.1}
 
 
 def measure(kernels, optimizer: str, device: str, seed: int = 0) -> dict:
-    from worker import references_8bit as ref8
+    from worker.references import blockwise8 as ref8
     from worker.battery import OPTIMIZER_HYPER_DEFAULTS
-    from worker.quant_map import dynamic_map
+    from worker.references.quant_map import dynamic_map
 
     h = {**OPTIMIZER_HYPER_DEFAULTS[optimizer], **POINT}
     generator = torch.Generator().manual_seed(seed)
@@ -60,15 +60,15 @@ def measure(kernels, optimizer: str, device: str, seed: int = 0) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--csrc", type=Path, default=Path(__file__).resolve().parents[1] / "csrc")
+    parser.add_argument("--csrc", type=Path, default=Path(__file__).resolve().parents[2] / "csrc")
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all")
     parser.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
     args = parser.parse_args(argv)
 
-    from worker import kernel_ops
+    from worker.engine import kernel_ops
     from worker.build import build_extension
 
-    cache = Path(os.environ.get("OPTDRIFT_BUILD_CACHE", Path(__file__).resolve().parents[1] / ".optdrift" / "test-build-cache"))
+    cache = Path(os.environ.get("OPTDRIFT_BUILD_CACHE", Path(__file__).resolve().parents[2] / ".optdrift" / "test-build-cache"))
     build = build_extension(args.csrc, cache_dir=cache)
     if not build.ok:
         print(f"building {args.csrc} failed:\n{build.error}", file=sys.stderr)

@@ -30,25 +30,15 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 from service.domain.project_config import ProjectConfig
-from worker import log_tail, sandbox
-from worker.build import (
-    LabelledHash,
-    MANIFEST,
-    MAX_KEPT_LOG_BYTES,
-    BuildResult,
-    _exclusive_lock,
-    build_extension,
-    compiler_message,
-    default_cache_dir,
-    detect_cuda_archs,
-)
+from worker import sandbox
+from worker.sandbox import log_tail
+from worker.build.cache import INSTALLED, MAX_KEPT_LOG_BYTES, BuildResult, LabelledHash, cached_build, default_cache_dir
+from worker.build.extension import build_extension, compiler_message, detect_cuda_archs
 
 COMMAND_RECIPE_VERSION = "1"
-INSTALLED = "installed"
 
 
 def build_project(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | None = None,
@@ -130,34 +120,13 @@ def _run_commands(workdir: Path, config: ProjectConfig, archs: list[str], log_pa
     return None
 
 
-def _cached(build_dir: Path, started: float) -> BuildResult | None:
-    try:
-        manifest = json.loads((build_dir / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    library = manifest.get("library_path")
-    if library != INSTALLED and not Path(library).exists():
-        return None
-    return BuildResult(**{**manifest, "cached": True, "duration_s": time.monotonic() - started})
-
-
 def build_command(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | None = None,
                   cuda_archs: list[str] | None = None) -> BuildResult:
-    started = time.monotonic()
     cache_dir = Path(cache_dir or default_cache_dir()).resolve() / "command"
     archs = detect_cuda_archs() if cuda_archs is None else list(cuda_archs)
     digest = command_digest(source_dir, config, archs)
-    build_dir = cache_dir / digest
-    hit = _cached(build_dir, started)
-    if hit is not None:
-        return hit
-    with _exclusive_lock(cache_dir / "locks" / f"{digest}.lock", timeout_s=config.build.timeout_s + 60):
-        hit = _cached(build_dir, started)
-        if hit is not None:
-            return hit
-        for stale in cache_dir.glob(f"{digest}.staging-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        staging = cache_dir / f"{digest}.staging-{uuid.uuid4().hex[:8]}"
+
+    def make(staging: Path) -> BuildResult:
         workdir = staging / "tree"
         shutil.copytree(source_dir, workdir, symlinks=True, ignore=shutil.ignore_patterns(".git"))
         log_path = staging / "build.log"
@@ -167,20 +136,10 @@ def build_command(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | 
         library = config.build.library
         if error is None and library != INSTALLED and not (workdir / library).exists():
             error = (f"the build commands succeeded but build.library {library!r} does not exist in the tree; "
-                     f"check the path in optdrift.toml (log: {build_dir / 'build.log'})")
+                     "check the path in optdrift.toml")
         if error is not None:
-            failed_dir = cache_dir / "failed" / f"{digest}-{uuid.uuid4().hex[:8]}"
-            failed_dir.mkdir(parents=True)
-            log_tail.keep_tail(log_path, MAX_KEPT_LOG_BYTES)
-            shutil.move(str(log_path), failed_dir / "build.log")
-            shutil.rmtree(staging, ignore_errors=True)
-            return base.model_copy(update={"error": error, "log_path": str(failed_dir / "build.log"),
-                                           "duration_s": time.monotonic() - started})
-        final_library = INSTALLED if library == INSTALLED else str(build_dir / "tree" / library)
-        (staging / MANIFEST).write_text(json.dumps({
-            **base.model_dump(exclude={"cached", "duration_s"}), "ok": True,
-            "library_path": final_library, "log_path": str(build_dir / "build.log")}, indent=2))
-        if build_dir.exists():
-            shutil.rmtree(build_dir)
-        os.rename(staging, build_dir)
-        return _cached(build_dir, started).model_copy(update={"cached": False})
+            return base.model_copy(update={"error": error})
+        return base.model_copy(update={"ok": True, "library_path": INSTALLED if library == INSTALLED
+                                       else str(workdir / library)})
+
+    return cached_build(cache_dir, digest, make, lock_timeout_s=config.build.timeout_s + 60)

@@ -1,9 +1,9 @@
 """Run a command inside the caller's sandboxed process group and take the whole group down when the
 process that started it dies.
 
-    python -m worker.group_guard -- COMMAND [ARG ...]
+    python -m worker.sandbox.group_guard -- COMMAND [ARG ...]
 
-Why: the sandbox (worker/sandbox.py) starts each build in its own session and sets
+Why: the sandbox (worker/sandbox/__init__.py) starts each build in its own session and sets
 PR_SET_PDEATHSIG, but that signal reaches only the direct child. When a worker is killed with
 SIGKILL mid-build, ninja and the compilers below a build child were orphaned and kept compiling
 (seen with the end-to-end benchmark). This guard is that direct child: it asks for SIGTERM when
@@ -30,7 +30,7 @@ def _kill_group(signum: int, frame: object) -> None:  # noqa: ARG001
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] != "--" or len(argv) < 2:
-        print("usage: python -m worker.group_guard -- COMMAND [ARG ...]", file=sys.stderr)
+        print("usage: python -m worker.sandbox.group_guard -- COMMAND [ARG ...]", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _kill_group)
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -1,4 +1,4 @@
-"""The fast battery runner: the same CaseResults as worker.trajectory.run_case, bit for bit, with
+"""The fast battery runner: the same CaseResults as worker.engine.trajectory.run_case, bit for bit, with
 the per-step work of a whole battery done in a few hundred launches instead of tens of thousands.
 
 Layout. A *wave* of cases (the whole standard battery is two) is laid out in padded row arenas:
@@ -55,10 +55,10 @@ from dataclasses import dataclass, field
 import torch
 
 from service.results import CaseResult, CaseSpec, Trajectory
-from worker import digest as od2
-from worker.gradients import GradientStream, initial_parameters, zero_mask
-from worker.references import make_reference
-from worker.trajectory import FAMILY_ADAPTERS, RELATIVE_ERROR_FLOOR, TORCH_DTYPES, FamilyAdapter, run_case
+from worker.engine import digest as od2
+from worker.engine.gradients import GradientStream, initial_parameters, zero_mask
+from worker.references.optimizers import make_reference
+from worker.engine.trajectory import FAMILY_ADAPTERS, RELATIVE_ERROR_FLOOR, TORCH_DTYPES, FamilyAdapter, run_case
 
 ALIGN = 512  # elements; 2 KiB for float32 rows, 1 KiB for 16-bit rows, 512 B for uint8 codes
 # Elements of parameter rows per wave (padding included): bounds memory. The standard battery's

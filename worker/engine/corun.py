@@ -17,7 +17,7 @@ import numpy as np
 
 from service.results import CaseResult, CaseSpec, RunResult
 from worker.battery import BatterySpec
-from worker.kernel_host import KernelHost
+from worker.engine.host import KernelHost
 
 Progress = Callable[[int, int, CaseResult], None]
 
@@ -42,7 +42,7 @@ def run_battery(battery: BatterySpec, library_path: str | Path, *, build_digest:
                 device: str = "auto", case_timeout_s: float = 300.0, cases: list[CaseSpec] | None = None,
                 progress: Progress | None = None, adapter: str = "bundled", fast: bool = False) -> RunResult:
     """Every case of `battery` (or the given subset) on one build, driven by `adapter` (worker.adapters).
-    `fast`: the kernel host's fast runner (worker.fast_engine; the same results, bit for bit)."""
+    `fast`: the kernel host's fast runner (worker.engine.fast; the same results, bit for bit)."""
     cases = battery.expand() if cases is None else cases
     results = []
     with KernelHost(library_path, device=device, case_timeout_s=case_timeout_s, adapter=adapter) as host:

@@ -1,13 +1,13 @@
-"""The engine's adapter for the 8-bit blockwise kernel family (worker.trajectory.FAMILY_ADAPTERS).
+"""The engine's adapter for the 8-bit blockwise kernel family (worker.engine.trajectory.FAMILY_ADAPTERS).
 
 States are exposed to the engine as a flat dict of tensors, codes and absmax side by side
 (`exp_avg_codes`, `exp_avg_absmax`, ...), so the per-step digest the engine takes over
 `[param, *states.values()]` covers every code and every block absmax: a one-code or one-ulp-of-
-absmax change is a digest change. The maps come from worker.quant_map, once per device.
+absmax change is a digest change. The maps come from worker.references.quant_map, once per device.
 
 Against the float64 torch.optim reference the engine measures, a one-step case from a zero state
 is the closed-form check: step 1 of torch.optim.AdamW from zero is p(1 - lr wd) - lr g/(|g|+eps)
-(worker/references_8bit.py), and the 8-bit kernel's step 1 is that to float32 rounding.
+(worker/references/blockwise8.py), and the 8-bit kernel's step 1 is that to float32 rounding.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class EightBitBlockwiseAdapter:
         self._maps: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def maps(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        from worker.quant_map import dynamic_map
+        from worker.references.quant_map import dynamic_map
 
         key = str(device)
         if key not in self._maps:
@@ -32,7 +32,7 @@ class EightBitBlockwiseAdapter:
         return self._maps[key]
 
     def init_states(self, case: CaseSpec, param: torch.Tensor) -> dict[str, torch.Tensor]:
-        from worker import kernel_ops
+        from worker.engine import kernel_ops
 
         signed_map, unsigned_map = self.maps(param.device)
         flat: dict[str, torch.Tensor] = {}
@@ -43,7 +43,7 @@ class EightBitBlockwiseAdapter:
 
     def step(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
              states: dict[str, torch.Tensor], step: int) -> None:
-        from worker import kernel_ops
+        from worker.engine import kernel_ops
 
         signed_map, unsigned_map = self.maps(param.device)
         pairs = {name: (states[f"{name}_codes"], states[f"{name}_absmax"])
@@ -53,8 +53,8 @@ class EightBitBlockwiseAdapter:
 
     def bind(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
              states: dict[str, torch.Tensor]) -> Callable[[int], None]:
-        """`step` on these exact tensors, checked once (worker.fast_engine)."""
-        from worker import kernel_ops
+        """`step` on these exact tensors, checked once (worker.engine.fast)."""
+        from worker.engine import kernel_ops
 
         signed_map, unsigned_map = self.maps(param.device)
         pairs = {name: (states[f"{name}_codes"], states[f"{name}_absmax"])

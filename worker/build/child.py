@@ -12,7 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from worker.build import BuildSpec
+from worker.build.extension import BuildSpec
 
 
 def loaded_libstdcxx() -> str | None:

@@ -6,9 +6,9 @@ Per step (after the step, steps 1-based) it records, at full precision:
   * the NaN/Inf count over parameters and states,
   * a digest of the parameter and state bytes (the bitwise fingerprint).
 The scalar metrics stay on the device as 0-d tensors and are copied to the host once per case, so
-a GPU run does not synchronise on every metric. Digests are worker.digest's `od2` scheme (integer
+a GPU run does not synchronise on every metric. Digests are worker.engine.digest's `od2` scheme (integer
 lanes computed on the device; this straightforward path copies two integers per step), the same
-definition worker.fast_engine computes batched, so both paths give the same digests.
+definition worker.engine.fast computes batched, so both paths give the same digests.
 
 Kernel families are dispatched through `FAMILY_ADAPTERS`: an adapter creates the family's states
 and performs one kernel step. The 8-bit blockwise family (issue 6) adds an adapter here.
@@ -24,9 +24,9 @@ from typing import BinaryIO, Protocol
 import torch
 
 from service.results import CaseResult, CaseSpec, Trajectory
-from worker.digest import digest_tensors
-from worker.gradients import GradientStream, initial_parameters
-from worker.references import make_reference
+from worker.engine.digest import digest_tensors
+from worker.engine.gradients import GradientStream, initial_parameters
+from worker.references.optimizers import make_reference
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Relative error denominators are floored at the smallest normal float32 so exact zeros stay finite.
@@ -40,34 +40,34 @@ class FamilyAdapter(Protocol):
              states: dict[str, torch.Tensor], step: int) -> None: ...
 
     # Optional: `bind(case, param, grad, states) -> Callable[[int], None]`, the same update as
-    # `step` on fixed tensors with the per-call checks done once (worker.fast_engine uses it when
+    # `step` on fixed tensors with the per-call checks done once (worker.engine.fast uses it when
     # an adapter has it; otherwise it calls `step`).
 
 
 class ThirtyTwoBitAdapter:
-    """fp32 states, one op call per step (worker.kernel_ops over torch.ops.optdrift.*)."""
+    """fp32 states, one op call per step (worker.engine.kernel_ops over torch.ops.optdrift.*)."""
 
     def init_states(self, case: CaseSpec, param: torch.Tensor) -> dict[str, torch.Tensor]:
-        from worker import kernel_ops
+        from worker.engine import kernel_ops
 
         return {name: torch.zeros(param.shape, dtype=torch.float32, device=param.device)
                 for name in kernel_ops.OPTIMIZER_STATES[case.optimizer]}
 
     def step(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
              states: dict[str, torch.Tensor], step: int) -> None:
-        from worker import kernel_ops
+        from worker.engine import kernel_ops
 
         kernel_ops.step(case.optimizer, param, grad, states, step=step, hyper=dict(case.hyper))
 
     def bind(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
              states: dict[str, torch.Tensor]) -> Callable[[int], None]:
         """`step` on these exact tensors, checked once; the fast runner calls it every step."""
-        from worker import kernel_ops
+        from worker.engine import kernel_ops
 
         return kernel_ops.bind_step(case.optimizer, param, grad, states, hyper=dict(case.hyper))
 
 
-from worker.trajectory_8bit import EightBitBlockwiseAdapter  # noqa: E402  (issue 6)
+from worker.engine.trajectory_8bit import EightBitBlockwiseAdapter  # noqa: E402  (issue 6)
 
 FAMILY_ADAPTERS: dict[str, FamilyAdapter] = {"32bit": ThirtyTwoBitAdapter(),
                                              "8bit_blockwise": EightBitBlockwiseAdapter()}
@@ -75,7 +75,7 @@ FAMILY_ADAPTERS: dict[str, FamilyAdapter] = {"32bit": ThirtyTwoBitAdapter(),
 
 def legacy_blake2b_digest(tensors: list[torch.Tensor]) -> str:
     """The digest before scheme od2 (stored without a prefix): blake2b-128 over the raw bytes of
-    each tensor in order. Kept to explain old rows; runs now use worker.digest.digest_tensors."""
+    each tensor in order. Kept to explain old rows; runs now use worker.engine.digest.digest_tensors."""
     h = hashlib.blake2b(digest_size=16)
     for tensor in tensors:
         host = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8)

@@ -1,7 +1,7 @@
 """The sandbox every build and kernel host runs in: submitted source is compiled and executed here.
 
 With bubblewrap (`bwrap`, Debian's `bubblewrap`, the sandbox Flatpak uses) a child gets
-(worker/sandbox_mounts.py has the mount plan):
+(worker/sandbox/mounts.py has the mount plan):
 - a fresh mount namespace: only the toolchain, Python/torch, the optdrift packages and the folders
   the caller names are visible (system folders read-only; the build folder and a scratch HOME
   writable); no OPTDRIFT_HOME, database file, token file, /run or /var sockets;
@@ -17,7 +17,7 @@ Where bubblewrap cannot run here (not installed, user namespaces refused), `stat
 the worker logs it at start and refuses verify runs unless the operator set
 OPTDRIFT_ALLOW_UNSANDBOXED=true (worker/tasks.py). Children then get the weaker measures this module
 had before bubblewrap: own process group, limits, a network namespace where the kernel allows one,
-the allowlisted environment, and worker.group_guard for builds.
+the allowlisted environment, and worker.sandbox.group_guard for builds.
 
 It shares the kernel and the GPU with the worker (see docs/SECURITY.md): not a VM.
 """
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from worker import sandbox_mounts as mounts
+from worker.sandbox import mounts
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ ALLOWED_ENV = (
     "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "CC", "CXX", "CUDAHOSTCXX", "NVCC_PREPEND_FLAGS",
     "NVCC_APPEND_FLAGS", "TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
     "PYTHONPATH", "VIRTUAL_ENV", "OPTDRIFT_CUDA_ARCHS", "BNB_CUDA_VERSION",
-    # test-only fault injection of the kernel host (worker/kernel_host.py); carries no secret
+    # test-only fault injection of the kernel host (worker/engine/host.py); carries no secret
     "OPTDRIFT_TEST_HOST_FAULT",
 )
 
@@ -265,7 +265,7 @@ def popen(args: list[str], *, limits: SandboxLimits, env: dict[str, str], readab
     else of the file system; its first folder (or `cwd`) is the working folder.
 
     Without bubblewrap (`status()`), the weaker measures of the module docstring; then
-    `guard_group` runs `args` under worker.group_guard, so that when this process dies the whole
+    `guard_group` runs `args` under worker.sandbox.group_guard, so that when this process dies the whole
     group goes (PR_SET_PDEATHSIG alone reaches only the direct child). `-P`: the guard module comes
     from the worker's own path, never from a submitted tree in the child's working directory."""
     if available():
@@ -281,7 +281,7 @@ def popen(args: list[str], *, limits: SandboxLimits, env: dict[str, str], readab
         return subprocess.Popen(command, env=env, start_new_session=True,
                                 preexec_fn=_make_preexec(limits, False), **kwargs)
     if guard_group:
-        args = [sys.executable, "-P", "-m", "worker.group_guard", "--", *args]
+        args = [sys.executable, "-P", "-m", "worker.sandbox.group_guard", "--", *args]
     isolate = False
     if limits.isolate_network:
         isolate, reason = network_isolation()

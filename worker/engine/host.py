@@ -3,7 +3,7 @@
 Two builds of the same library cannot share a process (one op namespace), and a kernel that
 segfaults, hangs or hits a CUDA error must cost one case, not the run. So each build runs in
 
-    python -m worker.kernel_host --library PATH --device cpu|cuda|auto [--threads N] [--adapter NAME]
+    python -m worker.engine.host --library PATH --device cpu|cuda|auto [--threads N] [--adapter NAME]
 
 (the adapter, worker.adapters, loads PATH and steps the cases; `bundled` by default)
 
@@ -14,7 +14,7 @@ answers one line on its stdout.
     <- {"result": <CaseResult>, "restart": false}
     -> {"op": "params", "case": <CaseSpec>, "params_out": "/tmp/x.f32"}   (a co-run: kernels only,
        the parameters after each step into params_out; the result's trajectory has digests only)
-    -> {"op": "run_many", "cases": [<CaseSpec>, ...]}       (fast mode: worker.fast_engine)
+    -> {"op": "run_many", "cases": [<CaseSpec>, ...]}       (fast mode: worker.engine.fast)
     <- {"index": i, "result": <CaseResult>} per case as its group finishes, then {"done": true},
        or {"stopped": "<error>", "restart": bool} after an error the fast runner could not
        attribute to a case (the parent then runs the unanswered cases one by one)
@@ -50,10 +50,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from worker import log_tail, sandbox
+from worker import sandbox
+from worker.sandbox import log_tail
 from service.results import CaseResult, CaseSpec, EnvironmentFingerprint
 
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 log = logging.getLogger(__name__)
 FAULT_ENV = "OPTDRIFT_TEST_HOST_FAULT"
 
@@ -117,8 +118,8 @@ def host_main(argv: list[str] | None = None) -> int:
     import torch
 
     from worker.adapters import get_adapter
-    from worker.environment import fingerprint, resolve_device
-    from worker.trajectory import run_case, run_params
+    from worker.engine.environment import fingerprint, resolve_device
+    from worker.engine.trajectory import run_case, run_params
 
     torch.set_num_threads(max(1, args.threads))
     adapter = get_adapter(args.adapter)
@@ -167,7 +168,7 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
     """Fast mode; False when the host must exit (a CUDA error left the context unusable)."""
     import torch
 
-    from worker.fast_engine import run_cases_fast
+    from worker.engine.fast import run_cases_fast
 
     cases = [CaseSpec.model_validate(c) for c in request["cases"]]
 
@@ -264,7 +265,7 @@ class KernelHost:
 
     # -- process management
     def start(self) -> None:
-        # Submitted code runs here, in the sandbox (worker/sandbox.py): it sees the build's output
+        # Submitted code runs here, in the sandbox (worker/sandbox/__init__.py): it sees the build's output
         # read-only, the GPU's device nodes, a scratch HOME/TMPDIR removed by close(), and talks
         # to this process only over its pipes. Its own process group: a kill takes its children too.
         env = sandbox.sandbox_env(scratch=self._scratch.path,
@@ -272,7 +273,7 @@ class KernelHost:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
         self._buffer = bytearray()
         self._process = sandbox.popen(
-            [sys.executable, "-P", "-m", "worker.kernel_host", "--library", self.library_path,
+            [sys.executable, "-P", "-m", "worker.engine.host", "--library", self.library_path,
              "--device", self.device, "--threads", str(self.threads), "--adapter", self.adapter],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
             limits=sandbox.HOST_LIMITS, readable=self._library_folders(), gpu=self.device != "cpu",
@@ -335,7 +336,7 @@ class KernelHost:
         self._scratch.remove()
 
     def stderr_tail(self, lines: int = 8) -> str:
-        """The host's last stderr lines, bounded whatever the kernel printed (worker.log_tail)."""
+        """The host's last stderr lines, bounded whatever the kernel printed (worker.sandbox.log_tail)."""
         self._stderr.flush()
         text = log_tail.tail_text(self._stderr.name, 64 * 1024)
         return log_tail.clip_lines("\n".join(text.strip().splitlines()[-lines:]))
@@ -457,7 +458,7 @@ class KernelHost:
         return self.collect()
 
     def run_many(self, cases: list[CaseSpec], on_result=None) -> list[CaseResult]:  # noqa: ANN001
-        """All `cases` through the host's fast runner (worker.fast_engine), the same results as
+        """All `cases` through the host's fast runner (worker.engine.fast), the same results as
         `run` one by one. `on_result(index, result)` as results arrive (out of order). Cases the
         fast runner did not answer (crash, hang, CUDA error) are then run one by one with `run`,
         so a faulty case is reported broken on its own."""

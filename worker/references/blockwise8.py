@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from worker.quant_map import BLOCK_SIZE, dequantize, num_blocks
+from worker.references.quant_map import BLOCK_SIZE, dequantize, num_blocks
 
 U32 = 2.0 ** -24           # unit roundoff of float32
 BOUND_SAFETY = 1.01        # second-order terms of the first-order bound

@@ -1,0 +1,251 @@
+"""The bundled kernels' build kind (`torch-extension`): a source tree compiled with
+torch.utils.cpp_extension + ninja into the digest-keyed cache (worker.build.cache).
+
+The digest covers everything that decides the compiled bits: the kernel sources (path and content
+of every .cpp/.cu/.h/.cuh/.hpp file), the compile flags, the torch and CUDA versions and the target
+architectures. The compile runs in a child process (`python -m worker.build.child`) in the sandbox
+with a wall-clock timeout; its whole output goes to the build log. A compiler error comes back as a
+`BuildResult` with `ok=False` and the compiler's message, never a traceback.
+
+For ccache hits across builds (worker.build.ccache), the build compiles a private copy of the
+sources at `<staging>/src` (only the files the digest covers, so nothing outside the digest can
+reach the compiler), and ccache's base_dir is the cache root: every path it hashes is then relative
+to the staging folder, the same for every commit tree and every build. The build log and
+`BuildResult.compiler_cache` say whether ccache was used and which files it hit or missed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from worker import sandbox
+from worker.build.cache import BuildResult, LabelledHash, cached_build, default_cache_dir
+from worker.build.ccache import (
+    EXTENSION_NAME_MACRO, ccache_env, ccache_version, find_ccache, read_ccache_stats_log,
+)
+from worker.sandbox import log_tail
+
+# Bump when the way a build is made changes, so old cache entries are not reused.
+BUILD_RECIPE_VERSION = "2"  # 2: libstdc++ linked dynamically, --fmad=false
+SOURCE_SUFFIXES = (".cpp", ".cc", ".cu", ".h", ".hpp", ".cuh")
+DEFAULT_CFLAGS = ("-O3",)
+# No --use_fast_math, and no FMA contraction (--fmad=false): the CUDA kernels compute exactly the
+# float32 operations the source writes, rounded one by one, as the CPU build does (x86-64 gcc
+# without -mfma does not contract). With contraction, nvcc fuses differently depending on how an
+# expression is written, so a reordering that is exact in real arithmetic (decay before/after the
+# update at wd=0) changed the last bit on the H200 but not on the CPU. The kernels are
+# memory-bound: FMA buys them no speed.
+DEFAULT_CUDA_CFLAGS = ("-O3", "-lineinfo", "--fmad=false")
+LIBRARY_PREFIX = "optdrift_kernels_"
+
+
+class BuildSpec(BaseModel):
+    """What the child process needs to compile one build."""
+
+    name: str
+    sources: list[str]
+    include_dirs: list[str]
+    build_directory: str
+    cuda_archs: list[str]
+    extra_cflags: list[str]
+    extra_cuda_cflags: list[str]
+    ccache: str | None = None  # the ccache executable every compile goes through; None: none
+
+
+def detect_cuda_archs() -> list[str]:
+    """Compute capabilities to build for, e.g. ["9.0"]; [] means a CPU-only build.
+
+    `OPTDRIFT_CUDA_ARCHS` ("9.0;8.6", or "" for CPU-only) overrides detection. Detection asks
+    nvidia-smi rather than torch.cuda so that the calling process (a Celery parent) never
+    initialises CUDA.
+    """
+    configured = os.environ.get("OPTDRIFT_CUDA_ARCHS")
+    if configured is not None:
+        return [a for a in re.split(r"[;,\s]+", configured) if a]
+    import torch  # local: only the build path needs torch
+
+    if torch.version.cuda is None or shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    return sorted({line.strip() for line in out.splitlines() if line.strip()})
+
+
+def kernel_source_files(source_dir: Path) -> list[Path]:
+    """Every file that goes into the compiled library, sorted by relative path."""
+    return sorted(
+        (p for p in source_dir.rglob("*") if p.is_file() and p.suffix in SOURCE_SUFFIXES),
+        key=lambda p: p.relative_to(source_dir).as_posix(),
+    )
+
+
+def build_digest(
+    source_dir: Path,
+    *,
+    cuda_archs: list[str],
+    extra_cflags: tuple[str, ...] = DEFAULT_CFLAGS,
+    extra_cuda_cflags: tuple[str, ...] = DEFAULT_CUDA_CFLAGS,
+) -> str:
+    import torch
+
+    h = LabelledHash()
+    feed = h.feed
+    feed("recipe", BUILD_RECIPE_VERSION)
+    feed("torch", torch.__version__)
+    feed("cuda", str(torch.version.cuda) if cuda_archs else "none")
+    feed("python", f"{sys.implementation.cache_tag}")
+    feed("archs", ";".join(cuda_archs))
+    feed("cflags", "\0".join(extra_cflags))
+    feed("cuda_cflags", "\0".join(extra_cuda_cflags) if cuda_archs else "")
+    for path in kernel_source_files(source_dir):
+        feed("path", path.relative_to(source_dir).as_posix())
+        feed("content", path.read_bytes())
+    return h.hexdigest()
+
+
+_ERROR_LINE = re.compile(r"(\berror\b|\bError\b|undefined reference|FAILED:)")
+
+
+def compiler_message(log: str, *, context_lines: int = 4, max_lines: int = 60) -> str:
+    """The part of a build log a person needs: each compiler error with a little context.
+
+    Python tracebacks that torch's extension loader prints around a failed ninja run are dropped:
+    the compiler's own words are what say what is wrong.
+    """
+    lines = log.splitlines()
+    keep: list[int] = []
+    for index, line in enumerate(lines):
+        if _ERROR_LINE.search(line) and not line.startswith(("Traceback", "  File ", "RuntimeError")):
+            keep.extend(range(index, min(index + context_lines + 1, len(lines))))
+    picked = [lines[i] for i in sorted(set(keep)) if not lines[i].startswith(("Traceback", "  File "))]
+    if not picked:
+        picked = [line for line in lines[-max_lines:] if not line.startswith(("Traceback", "  File "))]
+    # Lines are the submitted code's: one of them can be 100 MB.
+    message = log_tail.clip_lines("\n".join(picked[:max_lines]).strip())
+    return message or "the build failed without a compiler message; see the log"
+
+
+def build_extension(
+    source_dir: Path,
+    *,
+    cache_dir: Path | None = None,
+    cuda_archs: list[str] | None = None,
+    extra_cflags: tuple[str, ...] = DEFAULT_CFLAGS,
+    extra_cuda_cflags: tuple[str, ...] = DEFAULT_CUDA_CFLAGS,
+    timeout_s: float = 900.0,
+    trusted: bool = True,
+) -> BuildResult:
+    """Compile `source_dir` (every .cpp, plus every .cu when building for CUDA) into the cache.
+
+    `trusted`: whether this build may write to the shared compiler cache. An untrusted build (a
+    verify run: a contributor's code) reads it and adds nothing, so it cannot plant an object that
+    a later trusted build of other sources would take as a hit."""
+    source_dir = Path(source_dir).resolve()
+    if not source_dir.is_dir():
+        raise FileNotFoundError(f"kernel source folder {source_dir} does not exist")
+    cache_dir = Path(cache_dir or default_cache_dir()).resolve()
+    archs = detect_cuda_archs() if cuda_archs is None else list(cuda_archs)
+    digest = build_digest(source_dir, cuda_archs=archs, extra_cflags=extra_cflags, extra_cuda_cflags=extra_cuda_cflags)
+    return cached_build(cache_dir, digest, lambda staging: _compile(
+        source_dir, staging, digest, archs, extra_cflags, extra_cuda_cflags, timeout_s, trusted=trusted),
+        lock_timeout_s=timeout_s + 60)
+
+
+def _compile(
+    source_dir: Path,
+    staging: Path,
+    digest: str,
+    archs: list[str],
+    extra_cflags: tuple[str, ...],
+    extra_cuda_cflags: tuple[str, ...],
+    timeout_s: float,
+    *,
+    trusted: bool,
+) -> BuildResult:
+    # Compile a private copy of exactly the digested files, at a path that is the same relative
+    # to the staging folder in every build (see the module docstring: ccache hits across trees).
+    copy_root = staging / "src"
+    copied = []
+    for path in kernel_source_files(source_dir):
+        target = copy_root / path.relative_to(source_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+        copied.append(target)
+    compiled = [p for p in copied if p.suffix in (".cpp", ".cc") or (archs and p.suffix == ".cu")]
+    name = f"{LIBRARY_PREFIX}{digest[:16]}"
+    log_path = staging / "build.log"
+    try:
+        ccache = find_ccache()
+    except FileNotFoundError as exc:  # OPTDRIFT_CCACHE names one that does not run: say so, build nothing
+        log_path.write_text(f"{exc}\n")
+        return BuildResult(ok=False, digest=digest, log_path=str(log_path), cuda_archs=archs, error=str(exc))
+    spec = BuildSpec(
+        name=name,
+        sources=[str(p) for p in compiled],
+        include_dirs=[str(copy_root)],
+        build_directory=str(staging),
+        cuda_archs=archs,
+        extra_cflags=list(extra_cflags),
+        extra_cuda_cflags=list(extra_cuda_cflags),
+        ccache=str(ccache) if ccache else None,
+    )
+    stats_log = staging / "ccache-stats.log"
+    scratch = sandbox.Scratch(prefix="optdrift-build-scratch-")
+    extra_env = {"TORCH_CUDA_ARCH_LIST": ";".join(archs)} if archs else {}
+    if ccache:
+        names_extension = any(EXTENSION_NAME_MACRO.encode() in p.read_bytes() for p in copied)
+        extra_env.update(ccache_env(cache_dir=staging.parent, stats_log=stats_log,
+                                    sources_name_extension=names_extension))
+        if not trusted:
+            extra_env.update({"CCACHE_READONLY": "1", "CCACHE_TEMPDIR": str(scratch.path / "ccache-tmp")})
+    # Submitted code is compiled here: allowlisted environment (no secrets), limits, no network.
+    env = sandbox.sandbox_env(scratch=scratch.path, extra=extra_env)
+    env.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
+    base = BuildResult(ok=False, digest=digest, log_path=str(log_path), cuda_archs=archs)
+    with open(log_path, "wb") as log, scratch:
+        if not ccache:
+            reason = "OPTDRIFT_CCACHE turns it off" if os.environ.get("OPTDRIFT_CCACHE") else \
+                "no ccache on PATH or beside this Python; set OPTDRIFT_CCACHE to one"
+            log.write(f"compiler cache: none ({reason}); every file compiles\n".encode())
+            log.flush()
+        # In the sandbox the child sees its staging folder (the copied sources, the output) and,
+        # read-only unless this build is trusted, the compiler cache; nothing else of the cache.
+        ccache_dir = staging.parent / "ccache"
+        if ccache:
+            ccache_dir.mkdir(exist_ok=True)
+        child = sandbox.popen(
+            [sys.executable, "-P", "-m", "worker.build.child", spec.model_dump_json()],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            cwd=staging if sandbox.available() else Path(__file__).resolve().parents[2],
+            limits=sandbox.BUILD_LIMITS, guard_group=True, writable=[staging] + ([ccache_dir] if ccache and trusted else []),
+            readable=[ccache_dir] if ccache and not trusted else [],
+        )
+        try:
+            returncode = child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            return base.model_copy(update={"error": f"the build took longer than {timeout_s:.0f} s and was stopped"})
+    if ccache:
+        stats = read_ccache_stats_log(stats_log, f"{ccache_version(str(ccache))} ({ccache})")
+        base = base.model_copy(update={"compiler_cache": stats})
+        with open(log_path, "a") as log:
+            log.write(f"compiler cache: {stats.summary()}\n")
+    log_text = log_path.read_text(errors="replace")
+    library = staging / f"{name}.so"
+    if returncode != 0 or not library.is_file():
+        return base.model_copy(update={"error": compiler_message(log_text)})
+    return base.model_copy(update={"ok": True, "library_path": str(library)})

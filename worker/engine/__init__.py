@@ -1,0 +1,12 @@
+"""The engine: cases run on one build in a kernel host.
+
+    host.py             the kernel host subprocess (one build, JSON lines over pipes) and its parent
+    fast.py             the fast battery runner (waves of padded arenas, CUDA graphs)
+    trajectory.py       one case the straightforward way (and the co-run's kernels-only path)
+    trajectory_8bit.py  the 8-bit blockwise family
+    kernel_ops.py       the bundled kernels' ops, loaded from a build
+    gradients.py        deterministic gradient streams
+    digest.py           the per-step od2 digest
+    environment.py      the environment fingerprint
+    corun.py            a battery on one build, or commit and baseline builds side by side
+"""

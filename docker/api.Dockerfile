@@ -2,9 +2,8 @@
 FROM python:3.11-slim
 RUN apt-get update && apt-get install -y --no-install-recommends git && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
-COPY pyproject.toml README.md alembic.ini ./
+COPY pyproject.toml README.md ./
 COPY service ./service
-COPY migrations ./migrations
 COPY worker/__init__.py ./worker/__init__.py
 RUN pip install --no-cache-dir ".[server]"
 ENV OPTDRIFT_HOME=/data

@@ -8,10 +8,9 @@ RUN python3.11 -m venv /venv
 ENV PATH=/venv/bin:$PATH
 RUN pip install --no-cache-dir torch==2.8.0 --index-url https://download.pytorch.org/whl/cu128
 WORKDIR /app
-COPY pyproject.toml README.md alembic.ini ./
+COPY pyproject.toml README.md ./
 COPY service ./service
 COPY worker ./worker
-COPY migrations ./migrations
 COPY csrc ./csrc
 RUN pip install --no-cache-dir ".[worker]"
 # The worker runs as an unprivileged user: bubblewrap then maps the sandbox's uid 65534 to it

@@ -34,12 +34,13 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from service.cli_report import make_console
+
 app = typer.Typer(help="optdrift: did this commit change a training trajectory?", no_args_is_help=True)
-console = Console()
+# At a terminal its width; in a CI log full-width lines (rich would cut tables at 80 columns).
+console = make_console()
 DEFAULT_URL = os.environ.get("OPTDRIFT_URL", "http://127.0.0.1:8000")
 UrlOption = Annotated[str, typer.Option("--url", help="the optdrift API (env OPTDRIFT_URL)")]
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +58,50 @@ _EXIT_PRECEDENCE = (EXIT_OPTDRIFT_ERROR, EXIT_BROKEN, EXIT_NONDETERMINISTIC, EXI
 VERDICT_EXIT_CODES = ("Exit codes: 0 unchanged / no baseline / acknowledged; 1 changed; 2 bad input "
                       "or usage; 3 broken commit; 4 optdrift or service error; 5 nondeterministic.")
 SERVER_EXIT_CODES = "Exit codes: 0 done; 2 bad input or usage; 4 optdrift error."
+
+
+# Which extra a command needs, and the modules that tell whether it is installed (looked up, not
+# imported: the check costs nothing). The client install (`pip install optdrift`) has none.
+SERVER_MODULES = ("fastapi", "uvicorn", "sqlalchemy", "alembic", "celery", "psycopg")
+WORKER_MODULES = (*SERVER_MODULES, "torch", "numpy")
+FormatOption = Annotated[str, typer.Option("--format", help="text (tables) or json (one JSON document "
+                                                              "on stdout, progress on stderr)")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"optdrift {version('optdrift')}")
+        except PackageNotFoundError:  # a source tree on PYTHONPATH, not installed
+            print("optdrift (not installed)")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def main(_version_option: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="print the version and exit")] = False) -> None:
+    """optdrift: did this commit change a training trajectory?"""
+
+
+def _needs_extra(command: str, extra: str, modules: tuple[str, ...]) -> None:
+    """A server-side command run from the client install: one line naming the extra, exit 2."""
+    import importlib.util
+
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        raise _fail(f"`optdrift {command}` runs on the server side and needs the {extra} packages "
+                    f"(missing: {', '.join(missing)}); install them with: pip install 'optdrift[{extra}]'",
+                    EXIT_USAGE)
+
+
+def _needs_bundled_kernels(command: str) -> Path:
+    csrc = REPO_ROOT / "csrc"
+    if not csrc.is_dir():
+        raise _fail(f"`optdrift {command}` submits the bundled kernels, which only a checkout of optdrift "
+                    f"has ({csrc} is missing); run it from a clone: pip install -e '.[worker]'", EXIT_USAGE)
+    return csrc
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -93,6 +138,7 @@ def _source_folder(source: Path | None) -> None:
 @app.command(epilog=SERVER_EXIT_CODES)
 def migrate() -> None:
     """Create or upgrade the database schema (alembic upgrade head)."""
+    _needs_extra("migrate", "server", SERVER_MODULES)
     from service.db.migrate import upgrade_to_head
     from service.settings import get_settings
 
@@ -112,6 +158,7 @@ def worker(
              "queue gpu.sm<cc> of its compute capability")] = None,
 ) -> None:
     """Run a Celery worker consuming OPTDRIFT_WORKER_ENVIRONMENT's queue (cpu, gpu.sm90, ...)."""
+    _needs_extra("worker", "worker", WORKER_MODULES)
     if gpus is not None:
         from worker.gpu_workers import run_gpu_workers
 
@@ -140,6 +187,14 @@ def serve(
 ) -> None:
     """Start the API (and a local worker) on the configured database and broker; the embedded
     default needs no servers: data lives in OPTDRIFT_HOME (~/.local/share/optdrift)."""
+    _needs_extra("serve", "server", SERVER_MODULES)
+    if with_worker:
+        _needs_extra("serve (with its local worker; --no-worker serves the API alone)", "worker",
+                     WORKER_MODULES)
+    if demo:
+        _needs_bundled_kernels("serve --demo")
+    # First, before minutes of anything: a port someone else holds is the commonest failure.
+    _port_free_or_fail(host, port)
     import uvicorn
 
     from service.db.migrate import upgrade_to_head
@@ -158,29 +213,77 @@ def serve(
     settings.api_url_file.write_text(public_url + "\n")
     console.print(f"optdrift data in [bold]{settings.home}[/]; database "
                   f"{settings.resolved_database_url.split('@')[-1]}; broker "
-                  f"{settings.resolved_broker_url.split('@')[-1]}")
+                  f"{settings.resolved_broker_url.split('@')[-1]}", highlight=False)
     worker_process = None
+    worker_log = settings.home / "logs" / "worker.log"
     if with_worker:
-        worker_process = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "worker", "--pool", "solo", "--loglevel", "WARNING"],
-            env={**os.environ, "OPTDRIFT_PUBLIC_URL": settings.public_url,
-                 # the worker imports this checkout's packages even when run from another folder
-                 "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))})
-    if demo:
-        threading.Thread(target=_demo_when_ready, args=(settings.public_url,), daemon=True).start()
+        # Celery's banner and warnings go to the log file, not the console: the console is for
+        # the one line a person needs (where the dashboard is).
+        worker_log.parent.mkdir(parents=True, exist_ok=True)
+        with worker_log.open("ab") as log:
+            worker_process = subprocess.Popen(
+                [sys.executable, "-m", "service.cli", "worker", "--pool", "solo", "--loglevel", "WARNING"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "OPTDRIFT_PUBLIC_URL": settings.public_url,
+                     # the worker imports this checkout's packages even when run from another folder
+                     "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))})
+    server = uvicorn.Server(uvicorn.Config("service.api.main:create_app", factory=True, host=host, port=port,
+                                           log_level="warning"))
+    threading.Thread(target=_announce_when_listening,
+                     args=(server, public_url, worker_log if with_worker else None, demo), daemon=True).start()
     # uvicorn shuts down gracefully on SIGTERM and then re-raises it with the handler that was there
     # before; with the default one the process would die on the spot, skipping the `finally` below
     # and orphaning the worker (seen: `kill <serve>` left the worker running). As an exception the
     # signal unwinds through it instead.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        uvicorn.run("service.api.main:create_app", factory=True, host=host, port=port,
-                    log_level="warning")
+        try:
+            server.run()
+        except SystemExit:
+            if not server.started:  # the port was taken between our check and uvicorn's bind
+                raise _fail(_busy_port_message(host, port), EXIT_USAGE) from None
+            raise
     finally:
         _remove_api_url_file(settings.api_url_file, public_url)
         if worker_process is not None:
             worker_process.terminate()
             worker_process.wait(timeout=30)
+
+
+def _busy_port_message(host: str, port: int) -> str:
+    return (f"port {port} on {host} is already in use (another `optdrift serve`, or another program); "
+            f"pick another with `optdrift serve --port {port + 1}`, or stop what listens there "
+            f"(`ss -ltnp 'sport = :{port}'` shows it)")
+
+
+def _port_free_or_fail(host: str, port: int) -> None:
+    """Bind the address once, as uvicorn will: a taken port is one line and exit 2, not Errno 98."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise _fail(_busy_port_message(host, port), EXIT_USAGE) from None
+            raise _fail(f"cannot listen on {host}:{port}: {exc.strerror}; check --host and --port",
+                        EXIT_USAGE) from None
+
+
+def _announce_when_listening(server, public_url: str, worker_log: Path | None, demo: bool) -> None:  # noqa: ANN001
+    """The one line a person looks for, printed as soon as uvicorn accepts connections."""
+    while not server.started:
+        if server.should_exit:
+            return
+        time.sleep(0.05)
+    worker = f"; worker log {worker_log}" if worker_log is not None else ""
+    print(f"optdrift serving {public_url}/ (dashboard; API docs {public_url}/docs{worker}); "
+          "Ctrl-C stops it", flush=True)
+    if demo:
+        _demo(public_url)
 
 
 def _remove_api_url_file(path: Path, public_url: str) -> None:
@@ -219,6 +322,12 @@ token_app = typer.Typer(help="API tokens: create (shown once), list, revoke. Run
 app.add_typer(token_app, name="token")
 
 
+@token_app.callback()
+def token_main() -> None:
+    """API tokens: create (shown once), list, revoke."""
+    _needs_extra("token", "server", SERVER_MODULES)
+
+
 @token_app.command("create", epilog=SERVER_EXIT_CODES)
 def token_create(
     name: Annotated[str, typer.Option(help="who or what holds it (e.g. 'ci-bitsandbytes')")],
@@ -231,8 +340,19 @@ def token_create(
     """Create a token and print it ONCE (only its sha256 is stored)."""
     from service.db.session import get_sessionmaker
     from service.domain.auth import create_token
+    from service.domain.errors import NotFoundError
+    from service.domain.projects import get_by_name
 
     with get_sessionmaker()() as session:
+        if project:
+            try:
+                get_by_name(session=session, name=project)
+            except NotFoundError:
+                # Made anyway (an admin may create the project next), but never silently: a
+                # misspelt name would otherwise give a token that is refused on every request.
+                print(f"warning: project {project!r} does not exist (yet); the token is refused until "
+                      f"an admin creates it (POST /api/v1/projects {{\"name\": \"{project}\"}}); "
+                      "`optdrift token revoke ID` if the name is misspelt", file=sys.stderr)
         try:
             row, token = create_token(session=session, name=name, scope=scope, project=project,
                                       expires_in_days=expires_days, daily_quota=daily_quota)
@@ -241,7 +361,7 @@ def token_create(
             raise typer.Exit(2) from exc
         session.commit()
     # stderr for the words, stdout for the token alone: `optdrift token create ... > file` works.
-    Console(stderr=True).print(f"token {row.id} ({scope}{' for ' + project if project else ''}); "
+    make_console(stderr=True).print(f"token {row.id} ({scope}{' for ' + project if project else ''}); "
                                "shown once, store it now:")
     print(token)
 
@@ -280,19 +400,27 @@ def token_revoke(token_id: Annotated[int, typer.Argument(help="the id `optdrift 
     console.print(f"token {row.id} ({row.name}) revoked at {row.revoked_at.isoformat()}")
 
 
-def _demo_when_ready(url: str) -> None:
-    import httpx
-
-    for _ in range(120):
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.5)
+def _demo(url: str) -> None:
+    """serve --demo: submit the demo commits, then say how they go until their verdicts."""
     try:
-        load_demo(url)
+        submitted = load_demo(url)
+        watch_demo(url, [run["id"] for answer in submitted for run in answer["runs"]])
     except Exception as exc:  # noqa: BLE001
-        console.print(f"[red]demo failed:[/] {exc}")
+        print(f"demo failed: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
+
+
+def watch_demo(url: str, run_ids: list[int]) -> None:
+    """Progress lines (the first build takes minutes on a small machine), then the verdicts."""
+    from service.cli_report import ProgressLines
+    from service.client import OptdriftClient
+
+    client = OptdriftClient(url)
+    lines = ProgressLines(lambda text: print(text, flush=True), interval_s=15.0, prefix="demo: ")
+    final = client.wait(run_ids, on_update=lines.update, poll_s=2.0)
+    for run in final:
+        outcome = (run.get("verdict") or {}).get("outcome", run["status"])
+        print(f"demo: {run['commit_sha']}: {outcome} {client.dashboard_url(run['id'])}", flush=True)
+    print(f"demo: done; the commits and their verdicts: {url}/projects/bundled", flush=True)
 
 
 def load_demo(url: str, project: str = "bundled") -> list[dict]:
@@ -305,7 +433,7 @@ def load_demo(url: str, project: str = "bundled") -> list[dict]:
 
     client = OptdriftClient(url)
     client.ensure_project(project)
-    csrc = Path(__file__).resolve().parents[1] / "csrc"
+    csrc = _needs_bundled_kernels("demo")
     submitted = []
     with tempfile.TemporaryDirectory(prefix="optdrift-demo-") as tmp:
         buggy = decay_after_update(copy_tree(csrc, Path(tmp) / "decay-after-update"))
@@ -320,52 +448,17 @@ def load_demo(url: str, project: str = "bundled") -> list[dict]:
             answer = client.submit_commit(project=project, sha=sha, parents=parents,
                                           source_dir=tree, message=message)
             submitted.append(answer)
-            console.print(f"demo: submitted {sha} -> run(s) {[r['id'] for r in answer['runs']]}")
-    console.print(f"demo: watch {url}/api/v1/projects/{project}/commits")
+            print(f"demo: submitted {sha} -> run(s) {[r['id'] for r in answer['runs']]}", flush=True)
+    print(f"demo: follow them on {url}/projects/{project}", flush=True)
     return submitted
 
 
 @app.command("demo", epilog=SERVER_EXIT_CODES)
 def demo_command(url: UrlOption = DEFAULT_URL, project: str = "bundled") -> None:
     """Submit the demo commits to a running service (see `serve --demo`)."""
+    _needs_bundled_kernels("demo")
     with _expected_failures(url):
         load_demo(url, project)
-
-
-def _verdict_table(runs: list[dict]) -> Table:
-    table = Table(title="optdrift verdict")
-    for column in ("run", "commit", "environment", "status", "verdict", "changed cases",
-                   "first step", "summary"):
-        table.add_column(column)
-    for run in runs:
-        verdict = run.get("verdict") or {}
-        outcome = verdict.get("outcome", "-")
-        style = "red" if verdict.get("flagged") else ("green" if outcome == "unchanged" else "")
-        table.add_row(str(run["id"]), run.get("commit_sha") or f"verify vs {run.get('base_sha')}",
-                      run["environment"], run["status"], f"[{style}]{outcome}[/]" if style else outcome,
-                      str(verdict.get("changed_cases", "-")),
-                      str(verdict.get("first_divergent_step") or "-"),
-                      (verdict.get("summary") or run.get("error") or "").splitlines()[0:1][0]
-                      if (verdict.get("summary") or run.get("error")) else "")
-    return table
-
-
-def _changed_cases_table(runs: list[dict]) -> Table | None:
-    rows = [(run["id"], case) for run in runs for case in
-            ((run.get("verdict") or {}).get("detail", {}).get("cases", []))
-            if case["verdict"] in ("changed", "broken", "nondeterministic")]
-    if not rows:
-        return None
-    table = Table(title="changed cases")
-    for column in ("run", "case", "verdict", "first step", "direction", "message"):
-        table.add_column(column)
-    for run_id, case in rows[:40]:
-        table.add_row(str(run_id), case["case_id"], case["verdict"],
-                      str(case.get("first_divergent_step") or "-"), case.get("direction") or "-",
-                      (case.get("message") or "")[:80])
-    if len(rows) > 40:
-        table.caption = f"... and {len(rows) - 40} more"
-    return table
 
 
 def run_exit_code(run: dict) -> int:
@@ -384,50 +477,25 @@ def run_exit_code(run: dict) -> int:
     return EXIT_OK
 
 
-def wait_and_report(client, run_ids: list[int]) -> int:  # noqa: ANN001
-    """Progress bar while the runs go; then the verdict tables. Returns the exit code."""
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console) as progress:
-        tasks = {run_id: progress.add_task(f"run {run_id}", total=None) for run_id in run_ids}
+def wait_and_report(client, run_ids: list[int], *, output: str = "text") -> int:  # noqa: ANN001
+    """Progress while the runs go (a bar at a terminal, lines in a log, stderr for `--format
+    json`); then the verdict tables or the JSON document. Returns the exit code."""
+    from service.cli_report import json_report, print_report, wait_with_progress
 
-        def update(current: list[dict]) -> None:
-            for run in current:
-                done, total = run["progress"]["cases_done"], run["progress"]["cases_total"]
-                progress.update(tasks[run["id"]], completed=done, total=total,
-                                description=f"run {run['id']} {run['status']}")
-
-        final = client.wait(run_ids, on_update=update)
-    console.print(_verdict_table(final))
-    changed = _changed_cases_table(final)
-    if changed is not None:
-        console.print(changed)
-    not_applicable = _not_applicable_table(final)
-    if not_applicable is not None:
-        console.print(not_applicable)
+    final = wait_with_progress(client, run_ids, make_console(stderr=True) if output == "json" else console)
     codes = {run["id"]: run_exit_code(run) for run in final}
+    exit_code = next(code for code in _EXIT_PRECEDENCE if code in codes.values())
+    if output == "json":
+        print(json_report(final, exit_code,
+                          dashboard_urls={run["id"]: client.dashboard_url(run["id"]) for run in final}))
+    else:
+        print_report(console, final)
     for run in final:
         if run["status"] == "error":  # not the commit's fault: say so, and how to run it again
             print(f"error: run {run['id']} failed in optdrift, not in the commit: "
                   f"{' '.join((run.get('error') or 'no detail').split())}; "
                   f"`optdrift retry {run['id']}` runs it again", file=sys.stderr)
-    return next(code for code in _EXIT_PRECEDENCE if code in codes.values())
-
-
-def _not_applicable_table(runs: list[dict]) -> Table | None:
-    """Cases the adapter cannot run on that device: listed with the reason, never judged."""
-    rows = [(run["id"], case) for run in runs for case in
-            ((run.get("verdict") or {}).get("detail", {}).get("cases", []))
-            if case["verdict"] == "not_applicable"]
-    if not rows:
-        return None
-    table = Table(title="not applicable on this device (not judged)")
-    for column in ("run", "case", "reason"):
-        table.add_column(column)
-    for run_id, case in rows[:40]:
-        table.add_row(str(run_id), case["case_id"], (case.get("message") or "")[:100])
-    if len(rows) > 40:
-        table.caption = f"... and {len(rows) - 40} more"
-    return table
+    return exit_code
 
 
 @app.command(epilog=VERDICT_EXIT_CODES)
@@ -442,11 +510,13 @@ def submit(
     battery: Optional[str] = None,
     wait: Annotated[bool, typer.Option(help="wait for the verdict and exit with it")] = False,
     url: UrlOption = DEFAULT_URL,
+    output: FormatOption = "text",
 ) -> None:
     """CI: submit a commit. With --wait, show progress and exit with the verdict's code."""
     from service.client import OptdriftClient
     from service.domain.archives import ArchiveError
 
+    _format(output)
     _source_folder(source)
     client = OptdriftClient(url)
     with _expected_failures(url):
@@ -458,12 +528,27 @@ def submit(
         except ArchiveError as exc:
             raise _fail(f"--source {source}: {exc}", EXIT_USAGE) from None
         run_ids = [run["id"] for run in answer["runs"]]
-        console.print(f"{'submitted' if answer['created'] else 'already submitted'} {commit}: "
-                      f"run(s) {run_ids}")
+        # With --format json stdout is the JSON document alone; the words go to stderr.
+        say = print if output == "text" else _to_stderr
+        say(f"{'submitted' if answer['created'] else 'already submitted'} {commit}: run(s) {run_ids}")
         for run_id in run_ids:
-            print(f"run {run_id}: {client.dashboard_url(run_id)}")
+            say(f"run {run_id}: {client.dashboard_url(run_id)}")
         if wait:
-            raise typer.Exit(wait_and_report(client, run_ids))
+            raise typer.Exit(wait_and_report(client, run_ids, output=output))
+        if output == "json":
+            from service.cli_report import json_report
+
+            print(json_report(answer["runs"], EXIT_OK, created=answer["created"],
+                              dashboard_urls={run_id: client.dashboard_url(run_id) for run_id in run_ids}))
+
+
+def _format(output: str) -> None:
+    if output not in ("text", "json"):
+        raise _fail(f"--format {output}: use text or json", EXIT_USAGE)
+
+
+def _to_stderr(text: str) -> None:
+    print(text, file=sys.stderr)
 
 
 @app.command(epilog=VERDICT_EXIT_CODES)
@@ -476,11 +561,13 @@ def verify(
     battery: Optional[str] = None,
     wait: Annotated[bool, typer.Option(help="wait for the verdict")] = True,
     url: UrlOption = DEFAULT_URL,
+    output: FormatOption = "text",
 ) -> None:
     """A contributor without a GPU: run your tree (or patch) on the service's workers against --base."""
     from service.client import OptdriftClient
     from service.domain.archives import ArchiveError
 
+    _format(output)
     if (source is None) == (patch is None):
         raise _fail("give exactly one of --source DIR or --patch FILE", EXIT_USAGE)
     _source_folder(source)
@@ -493,11 +580,16 @@ def verify(
             run = client.verify(project=project, base=base, source_dir=source, patch=patch, battery=battery)
         except ArchiveError as exc:
             raise _fail(f"--source {source}: {exc}", EXIT_USAGE) from None
+        say = print if output == "text" else _to_stderr
         if run.get("patch_layout"):
-            console.print(run["patch_layout"])
-        print(f"verify run {run['id']}: {client.dashboard_url(run['id'])}")
+            say(run["patch_layout"])
+        say(f"verify run {run['id']}: {client.dashboard_url(run['id'])}")
         if wait:
-            raise typer.Exit(wait_and_report(client, [run["id"]]))
+            raise typer.Exit(wait_and_report(client, [run["id"]], output=output))
+        if output == "json":
+            from service.cli_report import json_report
+
+            print(json_report([run], EXIT_OK, dashboard_urls={run["id"]: client.dashboard_url(run["id"])}))
 
 
 @app.command(epilog=VERDICT_EXIT_CODES)
@@ -517,6 +609,28 @@ def retry(
             raise typer.Exit(wait_and_report(client, [run["id"]]))
 
 
+@app.command(epilog="Exit codes: 0 acknowledged; 2 bad input or a refused request (not admin, "
+                    "no verdict yet); 4 optdrift or service error.")
+def ack(
+    run_id: Annotated[int, typer.Argument(help="the run whose change is intended (submit prints it)")],
+    note: Annotated[str, typer.Option(help="why the change is intended (kept with the verdict)")],
+    by: Annotated[Optional[str], typer.Option(help="who acknowledges (default: the token's name)")] = None,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """A maintainer (admin token) acknowledges a changed verdict as intended: CI then exits 0 for
+    it and later commits compare with this run."""
+    from service.client import OptdriftClient
+
+    if not note.strip():
+        raise _fail("--note is empty; say why the change is intended", EXIT_USAGE)
+    client = OptdriftClient(url)
+    with _expected_failures(url):
+        verdict = client.acknowledge(run_id, note=note, by=by)
+    print(f"run {run_id}: {verdict['outcome']} acknowledged"
+          f"{' by ' + verdict['acknowledged_by'] if verdict.get('acknowledged_by') else ''}: "
+          f"{verdict.get('acknowledgement_note')}; {client.dashboard_url(run_id)}")
+
+
 def _cuda_visible() -> bool:
     """Asked in a child process: the CLI process itself stays clear of CUDA (the kernel hosts it
     starts use the GPU), and the answer takes seconds, not the minutes a run of broken cases does."""
@@ -532,15 +646,30 @@ def check(
     device: Annotated[str, typer.Option(help="auto (cuda when a GPU is visible), cpu or cuda")] = "auto",
     json_out: Annotated[Optional[Path], typer.Option(help="write both runs and the verdict as JSON")] = None,
     show_unchanged: bool = False,
+    output: FormatOption = "text",
 ) -> None:
     """No server: build SOURCE (and BASELINE), run a battery, print the verdict and exit with it."""
+    _needs_extra("check", "worker", ("torch", "numpy"))
     from worker.check import run_check
 
     if device.startswith("cuda") and not _cuda_visible():
         raise _fail(f"--device {device}: no CUDA GPU is visible on this machine (torch.cuda.is_available() "
                     "is False); use --device cpu, or run on a machine with a GPU", EXIT_USAGE)
-    raise typer.Exit(run_check(source, baseline, battery, device=device, json_out=json_out,
-                               show_unchanged=show_unchanged))
+    _format(output)
+    if output == "text":
+        raise typer.Exit(run_check(source, baseline, battery, device=device, json_out=json_out,
+                                   show_unchanged=show_unchanged, console=console))
+    # JSON: the tables go to stderr, the document (both runs and the verdict) to stdout.
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="optdrift-check-") as tmp:
+        document = json_out or Path(tmp) / "check.json"
+        code = run_check(source, baseline, battery, device=device, json_out=document,
+                         show_unchanged=show_unchanged, console=make_console(stderr=True))
+        body = json.loads(document.read_text()) if document.is_file() else {}
+    print(json.dumps({"exit_code": code, **body}, indent=2))
+    raise typer.Exit(code)
 
 
 if __name__ == "__main__":

@@ -135,6 +135,11 @@ class OptdriftClient:
         """Re-queue a run whose status is `error` (409 for any other status)."""
         return self._check(self.http.post(f"/api/v1/runs/{run_id}/retry"))
 
+    def acknowledge(self, run_id: int, *, note: str, by: str | None = None) -> dict:
+        """A maintainer (admin token) marks a run's changed verdict as intended; returns the verdict."""
+        body = {"note": note, **({"by": by} if by else {})}
+        return self._check(self.http.post(f"/api/v1/runs/{run_id}/acknowledge", json=body))
+
     def run(self, run_id: int) -> dict:
         return self._check(self.http.get(f"/api/v1/runs/{run_id}"))
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sqlalchemy_exc
 
-from service.api import maintenance
+from service.api import docs, maintenance
 from service.api.auth import install_error_handlers, read_access
 from service.api.request_guard import RequestGuard
 from service.api.routes import commits, health, projects, runs, sources, verify
@@ -30,15 +30,28 @@ async def lifespan(app: FastAPI):  # noqa: ANN201
         stop.set()
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("optdrift")
+    except PackageNotFoundError:
+        return "0+source"
+
+
 def create_app() -> FastAPI:
     app = FastAPI(
         title="optdrift",
         description="Did this commit change a training trajectory? Per-step trajectory "
                     "regression for optimizer kernels.",
-        version="0.1.0",
+        version=_version(),
         lifespan=lifespan,
         dependencies=[Depends(read_access)],
+        # Swagger UI and ReDoc from packaged files (service/api/docs.py), not FastAPI's CDN.
+        docs_url=None,
+        redoc_url=None,
     )
+    docs.install(app)
     # Token and size checks before any body is read (FastAPI parses bodies before dependencies).
     app.add_middleware(RequestGuard)
     app.include_router(api_router)

@@ -64,7 +64,7 @@ class Principal:
             limited = f" (limited to project {self.project!r})" if self.project else ""
             raise ScopeDenied(
                 f"token {self.name!r} has scope {self.scope!r}{limited}; this request needs "
-                f"{' or '.join(repr(s) for s in (*scopes, ADMIN))}{where}")
+                f"{' or '.join(repr(s) for s in dict.fromkeys((*scopes, ADMIN)))}{where}")
 
 
 def hash_token(token: str) -> str:

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
-from sqlalchemy import func, select, text
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
 
 from service.api.deps import SessionDep, SettingsDep
-from service.db.models import Run, Verdict
+from service.api.metrics import build_registry
 from service.domain.queueing import producer_app
 
 router = APIRouter(tags=["health"])
@@ -45,19 +45,7 @@ def readyz(session: SessionDep, settings: SettingsDep) -> JSONResponse:
 
 @router.get("/metrics", response_class=Response)
 def metrics(session: SessionDep) -> Response:
-    """Prometheus metrics read from the database at scrape time (so every API replica agrees)."""
-    registry = CollectorRegistry()
-    runs_gauge = Gauge("optdrift_runs", "Runs by status", ["status"], registry=registry)
-    for status, count in session.execute(select(Run.status, func.count()).group_by(Run.status)):
-        runs_gauge.labels(status=status).set(count)
-    verdicts_gauge = Gauge("optdrift_verdicts", "Verdicts by outcome", ["outcome", "flagged"],
-                           registry=registry)
-    for outcome, flagged, count in session.execute(
-        select(Verdict.outcome, Verdict.flagged, func.count()).group_by(Verdict.outcome, Verdict.flagged)
-    ):
-        verdicts_gauge.labels(outcome=outcome, flagged=str(bool(flagged)).lower()).set(count)
-    undispatched = session.scalar(
-        select(func.count()).select_from(Run).where(Run.status == "queued", Run.dispatched_at.is_(None)))
-    Gauge("optdrift_runs_undispatched", "Queued runs the broker has not taken yet",
-          registry=registry).set(undispatched or 0)
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    """Prometheus metrics read from the database at scrape time (so every API replica agrees):
+    runs and verdicts, queue depth and live workers per environment, phase-time histograms,
+    cases per second, build-cache hits (service/api/metrics.py)."""
+    return Response(generate_latest(build_registry(session)), media_type=CONTENT_TYPE_LATEST)

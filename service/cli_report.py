@@ -1,0 +1,187 @@
+"""What `optdrift submit --wait`, `verify`, `retry --wait` and `serve --demo` print while runs go
+and when they end: progress, the verdict tables, the JSON for machines.
+
+Two audiences: a person at a terminal (a live progress bar, tables as wide as the terminal) and a
+CI log (no terminal: one progress line per change of phase or every `LINE_INTERVAL_S`, tables at
+their full width instead of rich's default 80 columns, which cut case ids and summaries)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+# A CI log line: at most one per run this often, sooner when the run changes phase.
+LINE_INTERVAL_S = 10.0
+# Wide enough for any case id and summary line; no terminal means nothing to fit.
+LOG_WIDTH = 1000
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A terminal's own width; in a log (stdout not a terminal, no COLUMNS) full-width lines."""
+    stream = sys.stderr if stderr else sys.stdout
+    is_terminal = hasattr(stream, "isatty") and stream.isatty()
+    width = None if is_terminal or os.environ.get("COLUMNS") else LOG_WIDTH
+    return Console(stderr=stderr, width=width)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def run_phase(run: dict) -> str:
+    """Where a run is, in words: queued (and why it waits), building, running the battery..."""
+    status = run["status"]
+    if status == "queued":
+        return f"queued ({run['waiting_for']})" if run.get("waiting_for") else "queued"
+    if status == "running":
+        return "building" if run["progress"]["cases_total"] is None else "running the battery"
+    if status in ("done", "failed") and run.get("verdict") is None:
+        return "judging"
+    return status
+
+
+def change_size(cases: list[dict]) -> tuple[float | None, float | None, float | None]:
+    """The size of a change over its changed cases: the largest |commit - baseline| of any step
+    (known once the baseline co-run has filled it in), and the largest peak distance to the
+    float64 reference before (baseline) and after (commit)."""
+    changed = [case for case in cases if case["verdict"] == "changed"]
+    diffs = [max(case["max_abs_diff_per_step"]) for case in changed if case.get("max_abs_diff_per_step")]
+    before = [case["baseline_peak_ref64_distance"] for case in changed
+              if case.get("baseline_peak_ref64_distance") is not None]
+    after = [case["commit_peak_ref64_distance"] for case in changed
+             if case.get("commit_peak_ref64_distance") is not None]
+    return (max(diffs) if diffs else None, max(before) if before else None, max(after) if after else None)
+
+
+def _distance_text(before: float | None, after: float | None) -> str:
+    return "-" if before is None and after is None else f"{_number(before)} → {_number(after)}"
+
+
+def _cases(run: dict) -> list[dict]:
+    return (run.get("verdict") or {}).get("detail", {}).get("cases", [])
+
+
+def verdict_table(runs: list[dict]) -> Table:
+    table = Table(title="optdrift verdict")
+    for column in ("run", "commit", "environment", "status", "verdict", "changed cases", "first step",
+                   "max |Δ|", "to float64 before → after", "summary"):
+        table.add_column(column)
+    for run in runs:
+        verdict = run.get("verdict") or {}
+        outcome = verdict.get("outcome", "-")
+        style = "red" if verdict.get("flagged") else ("green" if outcome == "unchanged" else "")
+        largest_diff, before, after = change_size(_cases(run))
+        text = verdict.get("summary") or run.get("error") or ""
+        table.add_row(str(run["id"]), run.get("commit_sha") or f"verify vs {run.get('base_sha')}",
+                      run["environment"], run["status"], f"[{style}]{outcome}[/]" if style else outcome,
+                      str(verdict.get("changed_cases", "-")),
+                      str(verdict.get("first_divergent_step") or "-"),
+                      _number(largest_diff), _distance_text(before, after),
+                      text.splitlines()[0] if text else "")
+    return table
+
+
+def changed_cases_table(runs: list[dict]) -> Table | None:
+    rows = [(run["id"], case) for run in runs for case in _cases(run)
+            if case["verdict"] in ("changed", "broken", "nondeterministic")]
+    if not rows:
+        return None
+    table = Table(title="changed cases")
+    for column in ("run", "case", "verdict", "first step", "direction", "max |Δ|",
+                   "to float64 before → after", "message"):
+        table.add_column(column)
+    for run_id, case in rows[:40]:
+        diffs = case.get("max_abs_diff_per_step")
+        table.add_row(str(run_id), case["case_id"], case["verdict"],
+                      str(case.get("first_divergent_step") or "-"), case.get("direction") or "-",
+                      _number(max(diffs) if diffs else None),
+                      _distance_text(case.get("baseline_peak_ref64_distance"),
+                                     case.get("commit_peak_ref64_distance")),
+                      (case.get("message") or "")[:80])
+    if len(rows) > 40:
+        table.caption = f"... and {len(rows) - 40} more"
+    return table
+
+
+def not_applicable_table(runs: list[dict]) -> Table | None:
+    """Cases the adapter cannot run on that device: listed with the reason, never judged."""
+    rows = [(run["id"], case) for run in runs for case in _cases(run) if case["verdict"] == "not_applicable"]
+    if not rows:
+        return None
+    table = Table(title="not applicable on this device (not judged)")
+    for column in ("run", "case", "reason"):
+        table.add_column(column)
+    for run_id, case in rows[:40]:
+        table.add_row(str(run_id), case["case_id"], (case.get("message") or "")[:100])
+    if len(rows) > 40:
+        table.caption = f"... and {len(rows) - 40} more"
+    return table
+
+
+def print_report(console: Console, runs: list[dict]) -> None:
+    console.print(verdict_table(runs))
+    for table in (changed_cases_table(runs), not_applicable_table(runs)):
+        if table is not None:
+            console.print(table)
+
+
+def _elapsed(seconds: float) -> str:
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
+class ProgressLines:
+    """Progress for a log: `run 7: running the battery, 12/40 cases, elapsed 0:01:05`, printed
+    when a run's phase changes and at most every LINE_INTERVAL_S otherwise."""
+
+    def __init__(self, write: Callable[[str], None], *, interval_s: float = LINE_INTERVAL_S,
+                 prefix: str = ""):
+        self.write, self.interval_s, self.prefix = write, interval_s, prefix
+        self.started = time.monotonic()
+        self.last: dict[int, tuple[str, float, int]] = {}
+
+    def update(self, runs: list[dict]) -> None:
+        now = time.monotonic()
+        for run in runs:
+            phase, done = run_phase(run), run["progress"]["cases_done"]
+            previous = self.last.get(run["id"])
+            if previous is not None:
+                same_phase, quiet = previous[0] == phase, now - previous[1] < self.interval_s
+                if same_phase and (quiet or previous[2] == done):
+                    continue
+            self.last[run["id"]] = (phase, now, done)
+            total = run["progress"]["cases_total"]
+            cases = f", {done}/{total} cases" if total else ""
+            self.write(f"{self.prefix}run {run['id']}: {phase}{cases}, elapsed {_elapsed(now - self.started)}")
+
+
+def wait_with_progress(client, run_ids: list[int], console: Console) -> list[dict]:  # noqa: ANN001
+    """Poll the runs until final: a live bar at a terminal, progress lines in a log."""
+    if not console.is_terminal:
+        lines = ProgressLines(lambda text: console.print(text, highlight=False, soft_wrap=True))
+        return client.wait(run_ids, on_update=lines.update)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as progress:
+        tasks = {run_id: progress.add_task(f"run {run_id}", total=None) for run_id in run_ids}
+
+        def update(current: list[dict]) -> None:
+            for run in current:
+                progress.update(tasks[run["id"]], completed=run["progress"]["cases_done"],
+                                total=run["progress"]["cases_total"],
+                                description=f"run {run['id']} {run_phase(run)}")
+
+        return client.wait(run_ids, on_update=update)
+
+
+def json_report(runs: list[dict], exit_code: int, **extra: Any) -> str:  # noqa: ANN401
+    """One JSON document on stdout for `--format json`: the final runs (as the API gives them,
+    verdicts with every case) and the exit code the command ends with."""
+    return json.dumps({"exit_code": exit_code, **extra, "runs": runs}, indent=2, default=str)

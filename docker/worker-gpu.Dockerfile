@@ -2,6 +2,8 @@
 FROM nvidia/cuda:12.8.1-devel-ubuntu22.04
 # bubblewrap: the sandbox every build and kernel host runs in (worker/sandbox.py); util-linux has
 # setpriv. Without them the worker refuses verify runs (docs/SECURITY.md).
+# distribution packages follow the base image's release:
+# hadolint ignore=DL3008
 RUN apt-get update && apt-get install -y --no-install-recommends python3.11 python3.11-venv \
         python3-pip git ninja-build bubblewrap util-linux && rm -rf /var/lib/apt/lists/*
 RUN python3.11 -m venv /venv
@@ -12,11 +14,14 @@ COPY pyproject.toml README.md ./
 COPY service ./service
 COPY worker ./worker
 COPY csrc ./csrc
+# this project from its own tree; pyproject.toml bounds its dependencies:
+# hadolint ignore=DL3013
 RUN pip install --no-cache-dir ".[worker]"
 # The worker runs as an unprivileged user: bubblewrap then maps the sandbox's uid 65534 to it
 # through a user namespace, and submitted code never runs as root inside the container.
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin optdrift \
     && mkdir -p /data/builds && chown -R optdrift:optdrift /data
 ENV OPTDRIFT_HOME=/data
-USER optdrift
+# numeric: the uid the compose file's token provisioning and bubblewrap's mapping expect
+USER 10001:10001
 CMD ["optdrift", "worker"]

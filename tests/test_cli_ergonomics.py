@@ -14,9 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rich.console import Console
-
-from service.cli_report import ProgressLines, print_report
+from service.cli_report import ProgressLines, make_console, print_report
 from service.client import ApiError, OptdriftClient
 from service.settings import Settings
 from tests.service_fixtures import REPO_ROOT, free_port
@@ -147,10 +145,12 @@ FINAL_RUN = {
 }
 
 
-def test_verdict_tables_in_a_log_are_full_width_with_the_change_size() -> None:
-    log = Console(file=__import__("io").StringIO(), width=1000)  # what make_console gives without a terminal
-    print_report(log, [FINAL_RUN])
-    text = log.file.getvalue()
+def test_verdict_tables_in_a_log_are_full_width_with_the_change_size(capsys, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.delenv("COLUMNS", raising=False)
+    console = make_console()  # stdout is captured here: not a terminal, as in CI
+    assert not console.is_terminal
+    print_report(console, [FINAL_RUN])
+    text = capsys.readouterr().out
     assert LONG_CASE in text and "unchang…" not in text and "…" not in text
     assert FINAL_RUN["verdict"]["summary"] in text
     assert "1.9e-06" in text and "1.25e-05 → 0.015" in text  # max |Δ|, float64 distance before → after

@@ -65,9 +65,10 @@ def test_metrics_per_environment_from_run_timestamps(api, db_session) -> None:  
     # gpu.sm90: two queued runs and no live worker
     for _ in range(2):
         make_run(db_session, project, environment="gpu.sm90", status="queued", created_s_ago=5)
-    db_session.add_all([WorkerPresence(name="w1", environment="cpu", seen_at=NOW),
-                        WorkerPresence(name="w2", environment="cpu", seen_at=NOW),
-                        WorkerPresence(name="gone", environment="gpu.sm90", seen_at=NOW - timedelta(hours=1))])
+    now = datetime.now(timezone.utc)  # not NOW: the presence window is seconds, collection may be longer ago
+    db_session.add_all([WorkerPresence(name="w1", environment="cpu", seen_at=now),
+                        WorkerPresence(name="w2", environment="cpu", seen_at=now),
+                        WorkerPresence(name="gone", environment="gpu.sm90", seen_at=now - timedelta(hours=1))])
     db_session.flush()
 
     text = api.get("/metrics").text

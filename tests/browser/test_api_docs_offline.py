@@ -81,6 +81,7 @@ def test_redoc_renders_the_api_with_the_network_off(api_url: str, browser) -> No
         menu = page.inner_text(".menu-content")
         assert {"projects", "commits", "runs", "health"} <= set(menu.split()), menu[:500]
         assert "Acknowledge Run" in page.content()  # an operation, drawn (collapsed) under its tag
+        page.wait_for_load_state("networkidle")  # the footer's logo and any late request too
         assert not blocked, f"/redoc asked other hosts: {blocked}"
         assert not errors, errors
     finally:

@@ -1,14 +1,48 @@
-"""The bundled csrc kernels (torch.ops.optdrift.*), built by worker.build.
-
-Its families are the engine's original ones (worker.engine.trajectory.FAMILY_ADAPTERS): the 32-bit ops
-through worker.engine.kernel_ops.step and the 8-bit blockwise ops through worker.engine.trajectory_8bit.
+"""The bundled csrc kernels (torch.ops.optdrift.*), built by worker.build, and their families: the
+32-bit ops through worker.engine.kernel_ops.step (`ThirtyTwoBitAdapter`) and the 8-bit blockwise ops
+(worker/adapters/bundled_8bit.py). The engines default to these families.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from worker.adapters.base import AdapterError, ProjectAdapter
+from worker.adapters.bundled_8bit import EightBitBlockwiseAdapter
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from service.results import CaseSpec
+
+
+class ThirtyTwoBitAdapter:
+    """fp32 states, one op call per step (worker.engine.kernel_ops over torch.ops.optdrift.*)."""
+
+    def init_states(self, case: "CaseSpec", param: "torch.Tensor") -> dict[str, "torch.Tensor"]:
+        import torch
+
+        from worker.engine import kernel_ops
+
+        return {name: torch.zeros(param.shape, dtype=torch.float32, device=param.device)
+                for name in kernel_ops.OPTIMIZER_STATES[case.optimizer]}
+
+    def step(self, case: "CaseSpec", param: "torch.Tensor", grad: "torch.Tensor",
+             states: dict[str, "torch.Tensor"], step: int) -> None:
+        from worker.engine import kernel_ops
+
+        kernel_ops.step(case.optimizer, param, grad, states, step=step, hyper=dict(case.hyper))
+
+    def bind(self, case: "CaseSpec", param: "torch.Tensor", grad: "torch.Tensor",
+             states: dict[str, "torch.Tensor"]) -> Callable[[int], None]:
+        """`step` on these exact tensors, checked once; the fast runner calls it every step."""
+        from worker.engine import kernel_ops
+
+        return kernel_ops.bind_step(case.optimizer, param, grad, states, hyper=dict(case.hyper))
+
+
+FAMILIES: dict[str, object] = {"32bit": ThirtyTwoBitAdapter(), "8bit_blockwise": EightBitBlockwiseAdapter()}
 
 
 class BundledAdapter(ProjectAdapter):
@@ -27,9 +61,7 @@ class BundledAdapter(ProjectAdapter):
         self._library = library
 
     def families(self) -> Mapping[str, object]:
-        from worker.engine.trajectory import FAMILY_ADAPTERS
-
-        return FAMILY_ADAPTERS
+        return FAMILIES
 
     def describe(self) -> dict[str, str]:
         return {"adapter": self.name, "library": str(self._library)}

@@ -3,7 +3,6 @@
     host.py             the kernel host subprocess (one build, JSON lines over pipes) and its parent
     fast.py             the fast battery runner (waves of padded arenas, CUDA graphs)
     trajectory.py       one case the straightforward way (and the co-run's kernels-only path)
-    trajectory_8bit.py  the 8-bit blockwise family
     kernel_ops.py       the bundled kernels' ops, loaded from a build
     gradients.py        deterministic gradient streams
     digest.py           the per-step od2 digest

@@ -58,7 +58,7 @@ from service.results import CaseResult, CaseSpec, Trajectory
 from worker.engine import digest as od2
 from worker.engine.gradients import GradientStream, initial_parameters, zero_mask
 from worker.references.optimizers import make_reference
-from worker.engine.trajectory import FAMILY_ADAPTERS, RELATIVE_ERROR_FLOOR, TORCH_DTYPES, FamilyAdapter, run_case
+from worker.engine.trajectory import RELATIVE_ERROR_FLOOR, TORCH_DTYPES, FamilyAdapter, bundled_families, run_case
 
 ALIGN = 512  # elements; 2 KiB for float32 rows, 1 KiB for 16-bit rows, 512 B for uint8 codes
 # Elements of parameter rows per wave (padding included): bounds memory. The standard battery's
@@ -655,7 +655,7 @@ def run_cases_fast(cases: list[CaseSpec], device: torch.device, *, use_graphs: b
         batch_low_precision_refs = device.type == "cuda"
     if max_wave_elements is None:
         max_wave_elements = DEFAULT_MAX_WAVE_ELEMENTS.get(device.type, DEFAULT_MAX_WAVE_ELEMENTS["cpu"])
-    families = FAMILY_ADAPTERS if families is None else families
+    families = bundled_families() if families is None else families
     unknown = sorted({c.family for c in cases} - set(families))
     if unknown:
         raise ValueError(f"kernel families {unknown} have no adapter (known: {sorted(families)})")

@@ -10,15 +10,16 @@ a GPU run does not synchronise on every metric. Digests are worker.engine.digest
 lanes computed on the device; this straightforward path copies two integers per step), the same
 definition worker.engine.fast computes batched, so both paths give the same digests.
 
-Kernel families are dispatched through `FAMILY_ADAPTERS`: an adapter creates the family's states
-and performs one kernel step. The 8-bit blockwise family (issue 6) adds an adapter here.
+Kernel families are dispatched through a project adapter's family table (worker.adapters): a family
+adapter creates the family's states and performs one kernel step. The bundled kernels' families live
+with the bundled adapter (worker/adapters/bundled.py) and are the default.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import BinaryIO, Protocol
 
 import torch
@@ -33,6 +34,13 @@ TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": 
 RELATIVE_ERROR_FLOOR = 2.0 ** -126
 
 
+def bundled_families() -> Mapping[str, "FamilyAdapter"]:
+    """The bundled csrc kernels' families, the default of the engines (worker.adapters.bundled)."""
+    from worker.adapters.bundled import FAMILIES
+
+    return FAMILIES
+
+
 class FamilyAdapter(Protocol):
     def init_states(self, case: CaseSpec, param: torch.Tensor) -> dict[str, torch.Tensor]: ...
 
@@ -42,35 +50,6 @@ class FamilyAdapter(Protocol):
     # Optional: `bind(case, param, grad, states) -> Callable[[int], None]`, the same update as
     # `step` on fixed tensors with the per-call checks done once (worker.engine.fast uses it when
     # an adapter has it; otherwise it calls `step`).
-
-
-class ThirtyTwoBitAdapter:
-    """fp32 states, one op call per step (worker.engine.kernel_ops over torch.ops.optdrift.*)."""
-
-    def init_states(self, case: CaseSpec, param: torch.Tensor) -> dict[str, torch.Tensor]:
-        from worker.engine import kernel_ops
-
-        return {name: torch.zeros(param.shape, dtype=torch.float32, device=param.device)
-                for name in kernel_ops.OPTIMIZER_STATES[case.optimizer]}
-
-    def step(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
-             states: dict[str, torch.Tensor], step: int) -> None:
-        from worker.engine import kernel_ops
-
-        kernel_ops.step(case.optimizer, param, grad, states, step=step, hyper=dict(case.hyper))
-
-    def bind(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
-             states: dict[str, torch.Tensor]) -> Callable[[int], None]:
-        """`step` on these exact tensors, checked once; the fast runner calls it every step."""
-        from worker.engine import kernel_ops
-
-        return kernel_ops.bind_step(case.optimizer, param, grad, states, hyper=dict(case.hyper))
-
-
-from worker.engine.trajectory_8bit import EightBitBlockwiseAdapter  # noqa: E402  (issue 6)
-
-FAMILY_ADAPTERS: dict[str, FamilyAdapter] = {"32bit": ThirtyTwoBitAdapter(),
-                                             "8bit_blockwise": EightBitBlockwiseAdapter()}
 
 
 def legacy_blake2b_digest(tensors: list[torch.Tensor]) -> str:
@@ -89,7 +68,7 @@ def _nonfinite(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 def _start(case: CaseSpec, device: torch.device, families: Mapping[str, FamilyAdapter] | None):  # noqa: ANN202
     """(adapter, parameters, states, gradient stream) of a case before its first step."""
-    families = FAMILY_ADAPTERS if families is None else families
+    families = bundled_families() if families is None else families
     if case.family not in families:
         raise ValueError(f"case {case.case_id}: kernel family {case.family!r} has no adapter yet "
                          f"(known: {sorted(families)})")

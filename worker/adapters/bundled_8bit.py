@@ -1,4 +1,4 @@
-"""The engine's adapter for the 8-bit blockwise kernel family (worker.engine.trajectory.FAMILY_ADAPTERS).
+"""The bundled kernels' 8-bit blockwise family (worker.adapters.bundled.FAMILIES).
 
 States are exposed to the engine as a flat dict of tensors, codes and absmax side by side
 (`exp_avg_codes`, `exp_avg_absmax`, ...), so the per-step digest the engine takes over

@@ -6,6 +6,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends git && rm -rf /
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY service ./service
+COPY migrations ./migrations
 COPY worker/__init__.py ./worker/__init__.py
 # this project from its own tree; pyproject.toml bounds its dependencies:
 # hadolint ignore=DL3013

@@ -12,6 +12,7 @@ RUN pip install --no-cache-dir torch==2.8.0 --index-url https://download.pytorch
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY service ./service
+COPY migrations ./migrations
 COPY worker ./worker
 COPY csrc ./csrc
 # this project from its own tree; pyproject.toml bounds its dependencies:

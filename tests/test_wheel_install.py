@@ -24,7 +24,7 @@ from tests.service_fixtures import PG_ADMIN_URL, REPO_ROOT, create_database, dro
 pytestmark = pytest.mark.slow
 
 # What the images' build context holds of the project (docker/*.Dockerfile COPY lines).
-PACKAGE_FILES = ("pyproject.toml", "README.md", "service", "worker")
+PACKAGE_FILES = ("pyproject.toml", "README.md", "service", "worker", "migrations")
 
 
 def build_wheel(out: Path) -> Path:
@@ -53,9 +53,10 @@ def fresh_venv_with_wheel(wheel: Path, venv: Path) -> Path:
     # The dependencies (fastapi, alembic, psycopg...) from the test venv, appended after the
     # fresh venv's own site-packages.
     (purelib / "_optdrift_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--target", str(purelib), str(wheel)], check=True)
-    # pip --target writes no console script: make the one `pip install` would.
+    # --prefix: the scheme a venv's own `pip install` uses, data files (the migrations) included.
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    "--prefix", str(venv), str(wheel)], check=True)
+    # The console script pip wrote names this interpreter: make the one the venv's pip would.
     script = venv / "bin" / "optdrift"
     script.write_text(f"#!{venv_python}\nimport sys\nfrom service.cli import app\nsys.exit(app())\n")
     script.chmod(0o755)
@@ -92,7 +93,7 @@ def test_the_wheel_installed_alone_migrates_a_fresh_postgres_database(tmp_path: 
                 "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
             head = conn.execute("SELECT version_num FROM alembic_version").fetchone()[0]
         assert {"projects", "commits", "runs", "api_tokens", "worker_presence"} <= tables, tables
-        newest = sorted(p.stem for p in (REPO_ROOT / "service/db/migrations/versions").glob("0*.py"))[-1]
+        newest = sorted(p.stem for p in (REPO_ROOT / "migrations/versions").glob("0*.py"))[-1]
         assert head == newest, (head, newest)  # every migration ran, up to the newest
     finally:
         drop_database(name)

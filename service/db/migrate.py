@@ -1,18 +1,38 @@
 """Run Alembic migrations programmatically (`optdrift migrate`, `optdrift serve`, the tests).
 
-The migrations ship inside the package (service/db/migrations, package data), so an installed
+The migrations live in the repository's top-level `migrations/` folder and ship with the
+distribution as data files (<prefix>/share/optdrift/migrations, pyproject.toml), so an installed
 wheel (the Docker images, `pip install optdrift[server]`) migrates without the source tree; the
-repository's alembic.ini points at the same folder for `alembic upgrade head` from a checkout.
+repository's alembic.ini points at the folder for `alembic upgrade head` from a checkout.
 """
 
 from __future__ import annotations
 
+from importlib import metadata
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+def migrations_dir() -> Path:
+    """The checkout's migrations/ (an editable install, the tests), else the copy installed with
+    the distribution (found through its file list, whatever the install scheme put it)."""
+    checkout = Path(__file__).resolve().parents[2] / "migrations"
+    if (checkout / "env.py").is_file():
+        return checkout
+    try:
+        files = metadata.distribution("optdrift").files or []
+    except metadata.PackageNotFoundError:
+        files = []
+    for file in files:
+        if file.as_posix().endswith("share/optdrift/migrations/env.py"):
+            return Path(file.locate()).resolve().parent
+    raise FileNotFoundError("optdrift's migrations are neither in a checkout nor installed with the "
+                            "package (share/optdrift/migrations); reinstall optdrift")
+
+
+MIGRATIONS_DIR = migrations_dir()
 
 
 def alembic_config(database_url: str | None = None) -> Config:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import time
 from pathlib import Path
 
 from sqlalchemy import select
@@ -43,6 +44,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
     from worker import pipeline
     from worker.engine.corun import corun_battery
 
+    started = time.monotonic()
     sessions = get_sessionmaker()
     with sessions() as session:
         run = session.get(Run, run_id)
@@ -106,6 +108,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
             log.error("run %s: recomputed verdict %s != stored %s; diffs not stored",
                       run_id, comparison.verdict, verdict.outcome)
             return 0
-        verdict.detail = comparison.model_dump(mode="json")
+        # corun_seconds: the co-run's own time (fetch, builds, kernels), for /metrics' histogram.
+        verdict.detail = {**comparison.model_dump(mode="json"), "corun_seconds": time.monotonic() - started}
         session.commit()
     return len(diffs)

@@ -49,7 +49,10 @@ class BuildResult(BaseModel):
 
 
 def default_cache_dir() -> Path:
-    configured = os.environ.get("OPTDRIFT_BUILD_CACHE")
+    """Where a build goes when its caller names no cache: OPTDRIFT_BUILD_CACHE_DIR (the workers'
+    setting), else OPTDRIFT_BUILD_CACHE (the older name the tests and `check` set), else the
+    user's cache folder."""
+    configured = os.environ.get("OPTDRIFT_BUILD_CACHE_DIR") or os.environ.get("OPTDRIFT_BUILD_CACHE")
     if configured:
         return Path(configured)
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "optdrift" / "builds"

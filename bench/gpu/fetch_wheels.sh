@@ -25,7 +25,7 @@ grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/e
 # name==version; compiled ones (pydantic_core, SQLAlchemy, MarkupSafe, wcwidth) come as cp312 /
 # abi3 manylinux wheels through the --platform flags below.
 PACKAGES=(
-  fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 python-multipart==0.0.34
+  fastapi==0.165.0 fastapi-offline==1.7.7 starlette==1.10.0 uvicorn==0.54.0 python-multipart==0.0.34
   opentelemetry-api==1.45.2 annotated-doc==0.0.7
   SQLAlchemy==2.1.9 alembic==1.20.1 Mako==1.4.3 MarkupSafe==3.0.4 Jinja2==3.1.6
   celery==5.7.0 kombu==5.7.0 billiard==4.3.2 vine==5.1.0 amqp==5.4.2 tzlocal==5.4.5

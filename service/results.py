@@ -102,6 +102,8 @@ class EnvironmentFingerprint(_Model):
     device_name: str
     compute_capability: str | None = None
     cpu_capability: str | None = Field(None, description="torch's CPU vector ISA (AVX2, AVX512...)")
+    cpu_isa: str | None = Field(None, description="digest of the CPU's instruction-set features, what a "
+                                "-march=native build compiles for (worker.build.host_cpu)")
     driver_version: str | None = None
     cuda_version: str | None = None
     torch_version: str

@@ -18,12 +18,16 @@ user's guide.
     library = "build/libtinyopt.so"  # what the adapter loads: a file or folder in the tree
     env = { CMAKE_BUILD_PARALLEL_LEVEL = "2" }
     source_dir = "csrc"              # torch-extension: the folder to compile ("." by default)
+    cflags = ["-march=native"]       # torch-extension: added to the host compiler's flags (-O3)
+    cuda_cflags = []                 # torch-extension: added to nvcc's flags
+    defines = { USE_AVX2 = "1" }     # torch-extension: -DNAME=value for both compilers
 
 No torch, no worker imports: the service validates configurations too.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import tomllib
 from pathlib import Path, PurePosixPath
@@ -37,6 +41,19 @@ BuildKind = Literal["torch-extension", "command"]
 
 class ProjectConfigError(ValueError):
     """The configuration is invalid; the message names the file and the field."""
+
+
+_DEFINE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# One compiler argument each: torch writes them into a ninja file unquoted, so whitespace would
+# split an argument and `$` is ninja's escape character.
+_FLAG_FORBIDDEN = re.compile(r"[\s\x00$]")
+
+
+def _compiler_argument(value: str, field: str) -> str:
+    if not value or _FLAG_FORBIDDEN.search(value):
+        raise ValueError(f"{field} {value!r} must be one non-empty compiler argument without whitespace, "
+                         "newlines, NUL or '$' (write two list items for '-include foo.h')")
+    return value
 
 
 def _relative_inside(value: str, field: str) -> str:
@@ -55,6 +72,29 @@ class BuildConfig(BaseModel):
     library: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     source_dir: str = "."
+    # torch-extension only: added to the recipe's flags, part of the build digest.
+    cflags: list[str] = Field(default_factory=list)
+    cuda_cflags: list[str] = Field(default_factory=list)
+    defines: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("cflags", "cuda_cflags")
+    @classmethod
+    def _flags_are_arguments(cls, flags: list[str], info) -> list[str]:  # noqa: ANN001
+        return [_compiler_argument(flag, f"build.{info.field_name}[{i}]") for i, flag in enumerate(flags)]
+
+    @field_validator("defines")
+    @classmethod
+    def _defines_are_identifiers(cls, defines: dict[str, str]) -> dict[str, str]:
+        for name, value in defines.items():
+            if not _DEFINE_NAME.match(name):
+                raise ValueError(f"build.defines: {name!r} is not a C identifier (letters, digits, '_', "
+                                 "not starting with a digit)")
+            _compiler_argument(f"-D{name}={value}", f"build.defines.{name}")
+        return defines
+
+    def define_flags(self) -> list[str]:
+        """`defines` as compiler arguments, in a stable (sorted) order."""
+        return [f"-D{name}={value}" for name, value in sorted(self.defines.items())]
 
     @field_validator("commands")
     @classmethod
@@ -79,6 +119,10 @@ class BuildConfig(BaseModel):
         if self.kind == "command" and not self.library:
             raise ValueError("build kind 'command' needs build.library: the built file or folder the adapter "
                              "loads, relative to the tree (e.g. 'build/libfoo.so'), or 'installed'")
+        if self.kind == "command" and (self.cflags or self.cuda_cflags or self.defines):
+            raise ValueError("build.cflags, build.cuda_cflags and build.defines are for build kind "
+                             "'torch-extension'; a 'command' build sets its flags in its own commands "
+                             "(e.g. -DCMAKE_CXX_FLAGS=...) or through build.env")
         return self
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from pydantic import BaseModel
 
 from worker import sandbox
 from worker.build.cache import BuildResult, LabelledHash, cached_build, default_cache_dir
+from worker.build.host_cpu import depends_on_host, isa_digest
 from worker.build.ccache import (
     EXTENSION_NAME_MACRO, ccache_env, ccache_version, find_ccache, read_ccache_stats_log,
 )
@@ -98,7 +100,11 @@ def build_digest(
     cuda_archs: list[str],
     extra_cflags: tuple[str, ...] = DEFAULT_CFLAGS,
     extra_cuda_cflags: tuple[str, ...] = DEFAULT_CUDA_CFLAGS,
+    cpu_features: tuple[str, ...] | None = None,
 ) -> str:
+    """`cpu_features`: the host's ISA features (worker.build.host_cpu; None: this machine's), in the
+    digest only when the flags make code for the compiling CPU (-march=native ...): such a library
+    is not reused on a CPU that would have built it differently. Tests pass other feature sets."""
     import torch
 
     h = LabelledHash()
@@ -110,6 +116,8 @@ def build_digest(
     feed("archs", ";".join(cuda_archs))
     feed("cflags", "\0".join(extra_cflags))
     feed("cuda_cflags", "\0".join(extra_cuda_cflags) if cuda_archs else "")
+    if depends_on_host([*extra_cflags, *(extra_cuda_cflags if cuda_archs else ())]):
+        feed("host_isa", isa_digest(cpu_features))
     for path in kernel_source_files(source_dir):
         feed("path", path.relative_to(source_dir).as_posix())
         feed("content", path.read_bytes())
@@ -147,6 +155,7 @@ def build_extension(
     extra_cuda_cflags: tuple[str, ...] = DEFAULT_CUDA_CFLAGS,
     timeout_s: float = 900.0,
     trusted: bool = True,
+    cpu_features: tuple[str, ...] | None = None,
 ) -> BuildResult:
     """Compile `source_dir` (every .cpp, plus every .cu when building for CUDA) into the cache.
 
@@ -158,7 +167,8 @@ def build_extension(
         raise FileNotFoundError(f"kernel source folder {source_dir} does not exist")
     cache_dir = Path(cache_dir or default_cache_dir()).resolve()
     archs = detect_cuda_archs() if cuda_archs is None else list(cuda_archs)
-    digest = build_digest(source_dir, cuda_archs=archs, extra_cflags=extra_cflags, extra_cuda_cflags=extra_cuda_cflags)
+    digest = build_digest(source_dir, cuda_archs=archs, extra_cflags=tuple(extra_cflags),
+                          extra_cuda_cflags=tuple(extra_cuda_cflags), cpu_features=cpu_features)
     return cached_build(cache_dir, digest, lambda staging: _compile(
         source_dir, staging, digest, archs, extra_cflags, extra_cuda_cflags, timeout_s, trusted=trusted),
         lock_timeout_s=timeout_s + 60)
@@ -216,6 +226,12 @@ def _compile(
     env.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
     base = BuildResult(ok=False, digest=digest, log_path=str(log_path), cuda_archs=archs)
     with open(log_path, "wb") as log, scratch:
+        log.write(f"compile flags: host {shlex.join(extra_cflags)}"
+                  f"{f'; nvcc {shlex.join(extra_cuda_cflags)}' if archs else ''}\n".encode())
+        if depends_on_host([*extra_cflags, *(extra_cuda_cflags if archs else ())]):
+            log.write(f"native flags: the library is built for this CPU ({isa_digest()}), "
+                      "which is part of its digest\n".encode())
+        log.flush()  # before the child writes to the same file
         if not ccache:
             reason = "OPTDRIFT_CCACHE turns it off" if os.environ.get("OPTDRIFT_CCACHE") else \
                 "no ccache on PATH or beside this Python; set OPTDRIFT_CCACHE to one"

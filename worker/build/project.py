@@ -8,7 +8,8 @@
 
 A command build is cached like an extension build: the key is the sha256 of every file of the
 tree (path and bytes, `.git` excluded), the commands, the environment overrides, the CUDA
-architectures and the recipe version; the cache entry is the built copy of the tree, renamed into
+architectures, the host CPU's ISA features (worker.build.host_cpu: a tree's CMake may compile with
+-march=native, and nothing outside the commands says whether it does) and the recipe version; the cache entry is the built copy of the tree, renamed into
 place only when complete, under an flock that a killed build cannot leave behind (worker.build).
 Commands are split with shlex and run without a shell, in their own process group, killed as a
 whole at the timeout. Environment given to each command:
@@ -17,7 +18,14 @@ whole at the timeout. Environment given to each command:
     TORCH_CUDA_ARCH_LIST  "9.0;8.6" (torch.utils.cpp_extension)
     OPTDRIFT_SOURCE_DIR   the folder the commands run in
     OPTDRIFT_PYTHON       the worker's interpreter (its folder is also first on PATH)
-plus build.env from the configuration.
+    CMAKE_C_COMPILER_LAUNCHER, CMAKE_CXX_COMPILER_LAUNCHER, CMAKE_CUDA_COMPILER_LAUNCHER
+                          the ccache (worker.build.ccache), with its CCACHE_* settings; CMake
+                          >= 3.17 takes them as the launcher defaults (build.env may override)
+plus build.env from the configuration. The compiler cache is read-only for an untrusted build (a
+verify run): the sandbox shows it read-only and CCACHE_READONLY is set. The build log says whether
+ccache was used and its hits and misses (also `BuildResult.compiler_cache`). Build systems other
+than CMake get no launcher (CC="ccache cc" breaks those that take CC as one executable); they can
+name $CMAKE_CXX_COMPILER_LAUNCHER themselves.
 """
 
 from __future__ import annotations
@@ -36,26 +44,37 @@ from service.domain.project_config import ProjectConfig
 from worker import sandbox
 from worker.sandbox import log_tail
 from worker.build.cache import INSTALLED, MAX_KEPT_LOG_BYTES, BuildResult, LabelledHash, cached_build, default_cache_dir
-from worker.build.extension import build_extension, compiler_message, detect_cuda_archs
+from worker.build.ccache import CompilerCacheStats, ccache_env, ccache_version, find_ccache, read_ccache_stats_log
+from worker.build.extension import (
+    DEFAULT_CFLAGS, DEFAULT_CUDA_CFLAGS, build_extension, compiler_message, detect_cuda_archs,
+)
+from worker.build.host_cpu import isa_digest
 
-COMMAND_RECIPE_VERSION = "1"
+COMMAND_RECIPE_VERSION = "2"  # 2: the host CPU's ISA features in the key; ccache as CMake's launcher
+LAUNCHER_VARIABLES = ("CMAKE_C_COMPILER_LAUNCHER", "CMAKE_CXX_COMPILER_LAUNCHER", "CMAKE_CUDA_COMPILER_LAUNCHER")
 
 
 def build_project(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | None = None,
                   cuda_archs: list[str] | None = None, trusted: bool = True,
-                  max_timeout_s: float | None = None) -> BuildResult:
+                  max_timeout_s: float | None = None, cpu_features: tuple[str, ...] | None = None) -> BuildResult:
     """Build `source_dir` (an extracted commit) per `config.build`; never raises for a failed build.
 
     `trusted`: whether the build may write to the shared compiler cache (worker.build).
+    `cpu_features`: the host CPU's ISA features for the key of a host-dependent build (None: this
+    machine's; tests pass others, worker.build.host_cpu).
     `max_timeout_s`: the operator's cap; the tree's build.timeout_s may ask for less, never more."""
     source_dir = Path(source_dir).resolve()
     if max_timeout_s is not None and config.build.timeout_s > max_timeout_s:
         config = config.model_copy(update={"build": config.build.model_copy(update={"timeout_s": max_timeout_s})})
     build = config.build
     if build.kind == "torch-extension":
+        defines = build.define_flags()
         return build_extension(source_dir / build.source_dir, cache_dir=cache_dir, cuda_archs=cuda_archs,
-                               timeout_s=build.timeout_s, trusted=trusted)
-    return build_command(source_dir, config, cache_dir=cache_dir, cuda_archs=cuda_archs)
+                               extra_cflags=(*DEFAULT_CFLAGS, *build.cflags, *defines),
+                               extra_cuda_cflags=(*DEFAULT_CUDA_CFLAGS, *build.cuda_cflags, *defines),
+                               timeout_s=build.timeout_s, trusted=trusted, cpu_features=cpu_features)
+    return build_command(source_dir, config, cache_dir=cache_dir, cuda_archs=cuda_archs, trusted=trusted,
+                         cpu_features=cpu_features)
 
 
 def tree_files(tree: Path) -> list[Path]:
@@ -63,12 +82,14 @@ def tree_files(tree: Path) -> list[Path]:
                   key=lambda p: p.relative_to(tree).as_posix())
 
 
-def command_digest(tree: Path, config: ProjectConfig, cuda_archs: list[str]) -> str:
+def command_digest(tree: Path, config: ProjectConfig, cuda_archs: list[str],
+                   cpu_features: tuple[str, ...] | None = None) -> str:
     h = LabelledHash()
     feed = h.feed
     feed("recipe", COMMAND_RECIPE_VERSION)
     feed("build", json.dumps(config.build.model_dump(mode="json"), sort_keys=True))
     feed("archs", ";".join(cuda_archs))
+    feed("host_isa", isa_digest(cpu_features))
     for path in tree_files(tree):
         feed("path", path.relative_to(tree).as_posix())
         feed("content", path.read_bytes())
@@ -88,43 +109,93 @@ def _environment(config: ProjectConfig, archs: list[str], workdir: Path, scratch
     return env
 
 
-def _run_commands(workdir: Path, config: ProjectConfig, archs: list[str], log_path: Path) -> str | None:
-    """Run the commands in `workdir`; None on success, else what went wrong (for BuildResult.error)."""
+def _compiler_cache(env: dict[str, str], config: ProjectConfig, staging: Path, scratch: Path, *,
+                    trusted: bool) -> tuple[Path | None, str]:
+    """Route CMake's compiles through ccache: sets the launchers and CCACHE_* in `env`; returns the
+    ccache (None: none) and the line the build log gets."""
+    ccache = find_ccache()  # FileNotFoundError: OPTDRIFT_CCACHE names one that does not run
+    if ccache is None:
+        reason = "OPTDRIFT_CCACHE turns it off" if os.environ.get("OPTDRIFT_CCACHE") else \
+            "no ccache on PATH or beside this Python; set OPTDRIFT_CCACHE to one"
+        return None, f"compiler cache: none ({reason})"
+    # The cache root (staging.parent) is ccache's base_dir: every path in a compile command is
+    # hashed relative to the build folder inside the staging copy, the same in every build.
+    # The stats log goes to the scratch folder: the sandbox lets the commands write only the tree,
+    # the scratch folder and (trusted) the compiler cache.
+    env.update(ccache_env(cache_dir=staging.parent, stats_log=scratch / "ccache-stats.log"))
+    if not trusted:
+        env.update({"CCACHE_READONLY": "1", "CCACHE_TEMPDIR": str(scratch / "ccache-tmp")})
+    for variable in LAUNCHER_VARIABLES:
+        if variable not in config.build.env:
+            env[variable] = str(ccache)
+    mode = "read-write" if trusted else "read-only (untrusted build)"
+    return ccache, (f"compiler cache: {ccache_version(str(ccache))} ({ccache}), {mode}, as CMake's compiler "
+                    f"launcher ({', '.join(LAUNCHER_VARIABLES)}); CCACHE_DIR={env['CCACHE_DIR']}")
+
+
+def _run_commands(workdir: Path, config: ProjectConfig, archs: list[str], log_path: Path, *,
+                  trusted: bool = True) -> tuple[str | None, CompilerCacheStats | None]:
+    """Run the commands in `workdir`: (None on success, else what went wrong, for
+    BuildResult.error; ccache's counts, None without ccache)."""
     deadline = time.monotonic() + config.build.timeout_s
     scratch = sandbox.Scratch(prefix="optdrift-command-build-scratch-")
     env = _environment(config, archs, workdir, scratch.path)
+    staging = log_path.parent
+    try:
+        ccache, cache_line = _compiler_cache(env, config, staging, scratch.path, trusted=trusted)
+    except FileNotFoundError as error:
+        scratch.remove()
+        with open(log_path, "a") as log:
+            log.write(f"{error}\n")
+        return str(error), None
+    ccache_dir = Path(env["CCACHE_DIR"]) if ccache else None
+    if ccache_dir is not None:
+        ccache_dir.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log, scratch:
-        for command in config.build.commands:
-            log.write(f"$ {command}\n".encode())
-            log.flush()
-            argv = shlex.split(command)
-            try:
-                # Submitted build commands run like csrc builds: own process group, limits, no network.
-                child = sandbox.popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                      stderr=subprocess.STDOUT, limits=sandbox.BUILD_LIMITS, guard_group=True,
-                                      writable=[workdir])
-            except OSError as error:
-                return f"build command {command!r} could not start: {error}"
-            try:
-                code = child.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
-                return (f"the build took longer than build.timeout_s = {config.build.timeout_s:g} s and was "
-                        f"stopped during {command!r}")
-            if code != 0:
-                log_tail.keep_tail(log_path, MAX_KEPT_LOG_BYTES)
-                tail = compiler_message(log_path.read_text(errors="replace"))
-                return f"build command {command!r} exited with status {code}:\n{tail}"
+        log.write(f"{cache_line}\n".encode())
+        error = _run_each(config, workdir, env, log, log_path, deadline, trusted=trusted, ccache_dir=ccache_dir)
+        stats = None
+        if ccache is not None:
+            stats = read_ccache_stats_log(Path(env["CCACHE_STATSLOG"]), f"{ccache_version(str(ccache))} ({ccache})")
+            log.write(f"compiler cache: {stats.summary()}\n".encode())
     log_tail.keep_tail(log_path, MAX_KEPT_LOG_BYTES)
+    return error, stats
+
+
+def _run_each(config: ProjectConfig, workdir: Path, env: dict[str, str], log, log_path: Path,  # noqa: ANN001
+              deadline: float, *, trusted: bool, ccache_dir: Path | None) -> str | None:
+    for command in config.build.commands:
+        log.write(f"$ {command}\n".encode())
+        log.flush()
+        argv = shlex.split(command)
+        try:
+            # Submitted build commands run like csrc builds: own process group, limits, no network.
+            child = sandbox.popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                  stderr=subprocess.STDOUT, limits=sandbox.BUILD_LIMITS, guard_group=True,
+                                  writable=[workdir] + ([ccache_dir] if ccache_dir and trusted else []),
+                                  readable=[ccache_dir] if ccache_dir and not trusted else [])
+        except OSError as error:
+            return f"build command {command!r} could not start: {error}"
+        try:
+            code = child.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            return (f"the build took longer than build.timeout_s = {config.build.timeout_s:g} s and was "
+                    f"stopped during {command!r}")
+        if code != 0:
+            log_tail.keep_tail(log_path, MAX_KEPT_LOG_BYTES)
+            tail = compiler_message(log_path.read_text(errors="replace"))
+            return f"build command {command!r} exited with status {code}:\n{tail}"
     return None
 
 
 def build_command(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | None = None,
-                  cuda_archs: list[str] | None = None) -> BuildResult:
+                  cuda_archs: list[str] | None = None, trusted: bool = True,
+                  cpu_features: tuple[str, ...] | None = None) -> BuildResult:
     cache_dir = Path(cache_dir or default_cache_dir()).resolve() / "command"
     archs = detect_cuda_archs() if cuda_archs is None else list(cuda_archs)
-    digest = command_digest(source_dir, config, archs)
+    digest = command_digest(source_dir, config, archs, cpu_features)
 
     def make(staging: Path) -> BuildResult:
         workdir = staging / "tree"
@@ -132,7 +203,8 @@ def build_command(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | 
         log_path = staging / "build.log"
         log_path.write_bytes(b"")
         base = BuildResult(ok=False, digest=digest, log_path=str(log_path), cuda_archs=archs)
-        error = _run_commands(workdir, config, archs, log_path)
+        error, stats = _run_commands(workdir, config, archs, log_path, trusted=trusted)
+        base = base.model_copy(update={"compiler_cache": stats})
         library = config.build.library
         if error is None and library != INSTALLED and not (workdir / library).exists():
             error = (f"the build commands succeeded but build.library {library!r} does not exist in the tree; "

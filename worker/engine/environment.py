@@ -11,6 +11,7 @@ import re
 import torch
 
 from service.results import EnvironmentFingerprint
+from worker.build.host_cpu import isa_digest
 
 
 def _slug(text: str) -> str:
@@ -27,10 +28,13 @@ def resolve_device(device: str) -> torch.device:
     return resolved
 
 
-def fingerprint(device: torch.device) -> EnvironmentFingerprint:
+def fingerprint(device: torch.device, *, cpu_features: tuple[str, ...] | None = None) -> EnvironmentFingerprint:
+    """`cpu_features`: the CPU's ISA features (None: this machine's; tests pass others)."""
     cpu_capability = torch.backends.cpu.get_cpu_capability()
+    cpu_isa = isa_digest(cpu_features)
     common = {"torch_version": torch.__version__, "python_version": platform.python_version(),
-              "platform": f"{platform.system()}-{platform.machine()}", "cpu_capability": cpu_capability}
+              "platform": f"{platform.system()}-{platform.machine()}", "cpu_capability": cpu_capability,
+              "cpu_isa": cpu_isa}
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
@@ -45,7 +49,9 @@ def fingerprint(device: torch.device) -> EnvironmentFingerprint:
                                       driver_version=driver, cuda_version=torch.version.cuda,
                                       class_key=key, **common)
     # CPU results depend on the ISA torch dispatches its vector kernels to (and the kernels' own
-    # vectorisation), so the capability is part of the class.
-    key = f"cpu-{platform.machine()}-{cpu_capability}-torch{torch.__version__}"
+    # vectorisation), so the capability is part of the class; and a project built with
+    # -march=native compiles for every ISA feature of the CPU, so those are too (cpu_isa: two CPUs
+    # with the same torch capability can still build a native library differently).
+    key = f"cpu-{platform.machine()}-{cpu_capability}-{cpu_isa}-torch{torch.__version__}"
     return EnvironmentFingerprint(device_kind="cpu", device_name=platform.processor() or platform.machine(),
                                   class_key=key, **common)

@@ -101,6 +101,7 @@ def build(job: Job, policy: Policy) -> BuildResult:
 class Ran:
     results: list[CaseResult]
     environment: EnvironmentFingerprint | None
+    adapter: dict[str, str] | None = None  # the adapter's describe() from the kernel host
 
 
 def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | None = None,
@@ -117,7 +118,8 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
 
     cases = job.cases if cases is None else cases
     with KernelHost(built.library_path, device=policy.device, case_timeout_s=policy.case_timeout_s,
-                    adapter=job.config.adapter, deadline=policy.deadline) as host:
+                    adapter=job.config.adapter, deadline=policy.deadline,
+                    adapter_paths=[job.source_dir / folder for folder in job.config.adapter_path]) as host:
         if policy.fast_engine:
             results = host.run_many(cases, on_result=on_result)
         else:
@@ -127,7 +129,7 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
                 if on_result:
                     on_result(index, results[-1])
         _check_repeats(host, cases, results, policy, job.config.repeats, baseline_digests or {}, on_result)
-        return Ran(results=results, environment=host.environment)
+        return Ran(results=results, environment=host.environment, adapter=host.adapter_description)
 
 
 def _needs_repeat(result: CaseResult, repeats: int, baseline_digests: dict[str, list[str]]) -> int:

@@ -321,6 +321,9 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
         detail = {**job.record(), "battery_version": job.battery.version, "build_ok": built.ok,
                   "build_error": built.error, "cuda_archs": built.cuda_archs,
                   "sandbox": what if available else f"none: {what}"}
+        if job.config.build.kind == "torch-extension":  # the tree's own flags (docs/PROJECTS.md)
+            detail["build_flags"] = {"cflags": job.config.build.cflags, "cuda_cflags": job.config.build.cuda_cflags,
+                                     "defines": job.config.build.defines}
         if not runs.heartbeat(session=session, run_id=run_id, worker=worker,
                               build_log=_read_log(built.log_path), build_digest=built.digest,
                               build_cached=built.cached, battery_hash=job.battery.digest,
@@ -353,6 +356,8 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
             return fail(str(exceeded))
         if ran.environment is not None:
             fingerprint = ran.environment.model_dump(mode="json")
+        if ran.adapter:  # what the kernel host loaded (the adapter's describe(): version, path)
+            detail["adapter"] = ran.adapter
         runs.set_status(session=session, run_id=run_id, worker=worker, status=DONE,
                         environment_detail={**detail, **({"fingerprint": fingerprint} if fingerprint else {})})
         return DONE

@@ -70,9 +70,13 @@ def run_page(request: Request, run_id: RunIdPath, session: SessionDep) -> HTMLRe
 def _run_page(request: Request, session: SessionDep, run_id: int) -> HTMLResponse:
     data = queries.run_page(session=session, run_id=run_id)
     fingerprint = (data.run.environment_detail or {}).get("fingerprint") or {}
+    # The adapter's describe() as the kernel host reported it ({"adapter", "module", "version"...});
+    # a run from before it was recorded has only the adapter's name.
+    adapter = (data.run.environment_detail or {}).get("adapter")
+    adapter = adapter if isinstance(adapter, dict) else ({"adapter": adapter} if adapter else {})
     first_plot = data.changed[0].case_id if data.changed and data.changed[0].verdict == "changed" else None
     return _page(request, "run.html", page=data, run=data.run, project=data.run.project,
-                 sentence=wording.verdict_sentence(data), fingerprint=fingerprint,
+                 sentence=wording.verdict_sentence(data), fingerprint=fingerprint, adapter=adapter,
                  first_plot=first_plot, final=data.run.status in FINAL_STATUSES)
 
 

@@ -7,7 +7,8 @@ as defaults for whatever the file leaves out or when there is no file. docs/PROJ
 user's guide.
 
     [project]
-    adapter = "tinyopt"              # bundled | bitsandbytes | tinyopt | a module path
+    adapter = "tinyopt"              # bundled | bitsandbytes | tinyopt | any importable module name
+    adapter_path = ["tools"]         # folders of the tree the adapter module is imported from
     battery = "battery.json"         # built-in name or a JSON file in the tree
     environments = ["cpu"]
     repeats = 1                      # runs of every case (changed cases: at least 2)
@@ -130,6 +131,9 @@ class ProjectConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     adapter: str = Field("bundled", min_length=1)
+    # Folders of the tree the kernel host imports the adapter module from (first on sys.path), for
+    # an adapter that lives with the library it drives (docs/PROJECTS.md).
+    adapter_path: list[str] = Field(default_factory=list)
     battery: str = Field("quick", min_length=1)
     environments: list[str] = Field(default_factory=lambda: ["cpu"], min_length=1)
     # Runs of every case on a new build (1: once). Cases that differ from their baseline are always
@@ -137,6 +141,19 @@ class ProjectConfig(BaseModel):
     # reproduce itself is `nondeterministic`, not `changed`.
     repeats: int = Field(1, ge=1, le=10)
     build: BuildConfig = BuildConfig()
+
+    @field_validator("adapter")
+    @classmethod
+    def _adapter_is_a_module_name(cls, adapter: str) -> str:
+        if not all(part.isidentifier() for part in adapter.split(".")):
+            raise ValueError(f"adapter {adapter!r} must be a built-in adapter or an importable module name "
+                             "(identifiers separated by dots, e.g. 'myproject_optdrift' or 'myproject.adapter')")
+        return adapter
+
+    @field_validator("adapter_path")
+    @classmethod
+    def _adapter_path_inside(cls, folders: list[str]) -> list[str]:
+        return [_relative_inside(folder, f"adapter_path[{i}]") for i, folder in enumerate(folders)]
 
 
 def _defaults(project: Any | None) -> dict[str, Any]:

@@ -57,5 +57,9 @@ class ProjectAdapter(ABC):
         return None
 
     def describe(self) -> dict[str, str]:
-        """What was loaded (version, path), for logs and the environment detail."""
-        return {"adapter": self.name}
+        """What was loaded, as short strings: the adapter, its module and, when an override says
+        so, the library's version and the path it was loaded from. Called once in the kernel host
+        after `load()`; the host's ready line carries it, every run stores it
+        (`environment_detail["adapter"]`) and the run page shows it, so a result says which
+        library version produced it. Override to add `version` and `library`."""
+        return {"adapter": self.name, "module": type(self).__module__}

@@ -19,7 +19,10 @@ answers one line on its stdout.
        or {"stopped": "<error>", "restart": bool} after an error the fast runner could not
        attribute to a case (the parent then runs the unanswered cases one by one)
     -> {"op": "exit"}
-On start the host answers {"ready": true, "environment": <EnvironmentFingerprint>}.
+On start the host answers {"ready": true, "environment": <EnvironmentFingerprint>, "adapter":
+<the adapter's describe()>}, or, when the adapter cannot be imported or cannot load the build,
+{"ready": false, "error": <the whole message>} and exits. `--adapter-path DIR` (repeatable) puts
+DIR first on sys.path, for an adapter module that lives in the project's tree.
 
 The protocol gets a private copy of the original stdout; fd 1 is pointed at stderr so anything a
 kernel or library prints cannot corrupt it. A kernel error (RuntimeError) answers a `broken` case;
@@ -104,6 +107,8 @@ def host_main(argv: list[str] | None = None) -> int:
                         help="the build's output the adapter loads (a .so, a built tree, or 'installed')")
     parser.add_argument("--adapter", default="bundled",
                         help="project adapter (worker.adapters): bundled, bitsandbytes, tinyopt or a module path")
+    parser.add_argument("--adapter-path", action="append", default=[],
+                        help="a folder to import the adapter module from (first on sys.path); repeatable")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads. 1 by default: the engine co-runs two hosts, and "
@@ -117,16 +122,25 @@ def host_main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from worker.adapters import get_adapter
+    from worker.adapters import AdapterError, get_adapter
     from worker.engine.environment import fingerprint, resolve_device
     from worker.engine.trajectory import run_case, run_params
 
     torch.set_num_threads(max(1, args.threads))
-    adapter = get_adapter(args.adapter)
-    adapter.load(args.library)
-    families = adapter.families()
+    sys.path[:0] = [str(Path(folder).resolve()) for folder in args.adapter_path]
+    try:
+        adapter = get_adapter(args.adapter)
+        adapter.load(args.library)
+        families = adapter.families()
+        description = {str(k): str(v) for k, v in adapter.describe().items()}
+    except Exception as error:  # noqa: BLE001 - the adapter's fault, said whole to the parent
+        message = str(error) if isinstance(error, AdapterError) else \
+            f"adapter {args.adapter!r} failed to load {args.library}: {type(error).__name__}: {error}"
+        protocol.write(json.dumps({"ready": False, "error": message}) + "\n")
+        raise
     device = resolve_device(args.device)
-    protocol.write(json.dumps({"ready": True, "environment": fingerprint(device).model_dump(mode="json")}) + "\n")
+    protocol.write(json.dumps({"ready": True, "environment": fingerprint(device).model_dump(mode="json"),
+                               "adapter": description}) + "\n")
 
     for line in sys.stdin:
         request = json.loads(line)
@@ -239,11 +253,16 @@ class KernelHost:
 
     def __init__(self, library_path: str | Path, *, device: str = "auto", case_timeout_s: float = 300.0,
                  startup_timeout_s: float = 120.0, env: dict[str, str] | None = None, threads: int = 1,
-                 adapter: str = "bundled", deadline: float | None = None):
+                 adapter: str = "bundled", deadline: float | None = None,
+                 adapter_paths: list[str | Path] | tuple = ()):
         """`deadline` (time.monotonic()): the run's time budget; no wait goes past it, and cases
-        asked for after it are answered `broken` without being run."""
+        asked for after it are answered `broken` without being run. `adapter_paths`: folders the
+        adapter module is imported from (shown read-only in the sandbox)."""
         self.library_path = str(library_path)
         self.adapter = adapter
+        self.adapter_paths = [Path(p).resolve() for p in adapter_paths]
+        # The adapter's describe() from the ready line: what was loaded (version, path).
+        self.adapter_description: dict[str, str] | None = None
         self.device = device
         self.case_timeout_s = case_timeout_s
         self.startup_timeout_s = startup_timeout_s
@@ -274,9 +293,11 @@ class KernelHost:
         self._buffer = bytearray()
         self._process = sandbox.popen(
             [sys.executable, "-P", "-m", "worker.engine.host", "--library", self.library_path,
-             "--device", self.device, "--threads", str(self.threads), "--adapter", self.adapter],
+             "--device", self.device, "--threads", str(self.threads), "--adapter", self.adapter,
+             *(arg for folder in self.adapter_paths for arg in ("--adapter-path", str(folder)))],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
-            limits=sandbox.HOST_LIMITS, readable=self._library_folders(), gpu=self.device != "cpu",
+            limits=sandbox.HOST_LIMITS, readable=self._library_folders() + self.adapter_paths,
+            gpu=self.device != "cpu",
             cwd=self._scratch.path,
         )
         try:
@@ -287,7 +308,15 @@ class KernelHost:
             self._kill()
             raise KernelHostError(f"kernel host for {self.library_path} did not start: {self._death_note()}")
         try:
-            self.environment = EnvironmentFingerprint.model_validate(parse_answer(line)["environment"])
+            answer = parse_answer(line)
+            if answer.get("ready") is False and isinstance(answer.get("error"), str):
+                self._kill()
+                raise KernelHostError(f"kernel host for {self.library_path} did not start: "
+                                      f"{log_tail.clip_lines(answer['error'], max_line_chars=4000)}")
+            self.environment = EnvironmentFingerprint.model_validate(answer["environment"])
+            described = answer.get("adapter")
+            self.adapter_description = ({str(k): str(v) for k, v in described.items()}
+                                        if isinstance(described, dict) else None)
         except (KeyError, ValueError) as error:
             self._kill()
             raise HostProtocolError(f"kernel host for {self.library_path} did not start: its first answer "

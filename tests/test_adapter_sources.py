@@ -1,0 +1,102 @@
+"""Adapters from anywhere (issue 20): any importable module name (no dot needed), a folder of the
+project's tree named by `adapter_path`, whole import errors, and the adapter's describe() carried
+by the kernel host's ready line, stored with the run and shown on the run page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.domain.project_config import ProjectConfigError, parse_config
+from worker.adapters import AdapterError, get_adapter
+
+TREE_ADAPTER = '''
+from worker.adapters.base import ProjectAdapter
+
+class FromTheTree(ProjectAdapter):
+    name = "from_tree"
+    def load(self, library):
+        self.library = library
+    def families(self):
+        return {}
+    def describe(self):
+        return {**super().describe(), "version": "1.2.3", "library": self.library}
+'''
+LONG_REASON = "the library's Python bindings need libfoo >= 2.4, found 2.1 at /opt/foo/lib/libfoo.so " * 3
+BROKEN_ADAPTER = f"raise ImportError({LONG_REASON!r})\n"
+
+
+@pytest.fixture
+def adapter_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "tree" / "tools"
+    folder.mkdir(parents=True)
+    (folder / "from_tree_adapter.py").write_text(TREE_ADAPTER)
+    (folder / "broken_adapter.py").write_text(BROKEN_ADAPTER)
+    (folder / "typo_adapter.py").write_text("def oops(:\n")
+    return folder
+
+
+def test_a_module_name_without_a_dot_is_an_adapter(adapter_folder: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(adapter_folder))
+    adapter = get_adapter("from_tree_adapter")
+    adapter.load("installed")
+    assert adapter.describe() == {"adapter": "from_tree", "module": "from_tree_adapter", "version": "1.2.3",
+                                  "library": "installed"}
+    with pytest.raises(AdapterError, match="unknown adapter 'nowhere_adapter'.*adapter_path"):
+        get_adapter("nowhere_adapter")
+
+
+def test_import_errors_are_whole_and_say_where(adapter_folder: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(adapter_folder))
+    with pytest.raises(AdapterError) as broken:
+        get_adapter("broken_adapter")
+    assert LONG_REASON in str(broken.value) and "broken_adapter.py:1" in str(broken.value)
+    with pytest.raises(AdapterError, match=r"SyntaxError.*typo_adapter.py:1"):
+        get_adapter("typo_adapter")
+
+
+def test_adapter_names_and_paths_are_validated():
+    config = parse_config('[project]\nadapter = "from_tree_adapter"\nadapter_path = ["tools"]\n')
+    assert config.adapter == "from_tree_adapter" and config.adapter_path == ["tools"]
+    with pytest.raises(ProjectConfigError, match="adapter_path"):
+        parse_config('[project]\nadapter_path = ["../outside"]\n')
+    with pytest.raises(ProjectConfigError, match="importable module name"):
+        parse_config('[project]\nadapter = "my-adapter.py"\n')
+
+
+@pytest.mark.slow
+def test_the_kernel_host_reports_the_adapters_description(adapter_folder: Path):
+    pytest.importorskip("torch")
+    from worker.engine.host import KernelHost
+
+    with KernelHost("installed", device="cpu", adapter="from_tree_adapter", adapter_paths=[adapter_folder],
+                    startup_timeout_s=120) as host:
+        host.start()
+        assert host.adapter_description == {"adapter": "from_tree", "module": "from_tree_adapter",
+                                            "version": "1.2.3", "library": "installed"}
+
+
+@pytest.mark.slow
+def test_a_host_whose_adapter_fails_to_import_says_why_in_full(adapter_folder: Path):
+    pytest.importorskip("torch")
+    from worker.engine.host import KernelHost, KernelHostError
+
+    with KernelHost("installed", device="cpu", adapter="broken_adapter", adapter_paths=[adapter_folder]) as host:
+        with pytest.raises(KernelHostError) as failed:
+            host.start()
+    assert LONG_REASON in str(failed.value)
+
+
+def test_the_run_page_shows_the_adapters_description(db_session, api_settings, api):  # noqa: ANN001
+    from service.domain import runs
+    from tests.test_db_runs import _commit_run
+
+    run = _commit_run(db_session, api_settings, "adaptersha", [])
+    assert runs.claim(session=db_session, run_id=run.id, worker="w")
+    runs.set_status(session=db_session, run_id=run.id, worker="w", status="done", environment_detail={
+        "adapter": {"adapter": "from_tree", "module": "from_tree_adapter", "version": "1.2.3"}})
+    db_session.expire_all()  # set_status wrote with an UPDATE; the page reads through this session
+    page = api.get(f"/runs/{run.id}")
+    assert page.status_code == 200
+    assert 'id="adapter"' in page.text and "version: <code>1.2.3</code>" in page.text

@@ -62,7 +62,9 @@ SERVER_EXIT_CODES = "Exit codes: 0 done; 2 bad input or usage; 4 optdrift error.
 
 # Which extra a command needs, and the modules that tell whether it is installed (looked up, not
 # imported: the check costs nothing). The client install (`pip install optdrift`) has none.
-SERVER_MODULES = ("fastapi", "uvicorn", "sqlalchemy", "alembic", "celery", "psycopg")
+# psycopg is not among them: the embedded default (SQLite) runs without it, and a PostgreSQL URL
+# without it fails with SQLAlchemy's own message naming the driver.
+SERVER_MODULES = ("fastapi", "uvicorn", "sqlalchemy", "alembic", "celery")
 WORKER_MODULES = (*SERVER_MODULES, "torch", "numpy")
 FormatOption = Annotated[str, typer.Option("--format", help="text (tables) or json (one JSON document "
                                                               "on stdout, progress on stderr)")]

@@ -14,7 +14,7 @@ export OPTDRIFT_BWRAP=/tmp/bwrap-root/usr/bin/bwrap
 source "$(dirname "$0")/carried_wheels.sh"
 install_carried_wheels || exit 1
 stamp "co-run speed" | tee "$OUT/corun_speed.txt"
-timeout 200 python3 bench/corun_speed.py --battery standard --device cuda 2>&1 | tee -a "$OUT/corun_speed.txt"
+timeout 240 python3 bench/corun_speed.py --battery standard --device cuda 2>&1 | tee -a "$OUT/corun_speed.txt"
 stamp "end to end (sandboxed worker)"
-E2E_DEADLINE_S=300 E2E_TIMEOUT_S=340 bash "$(dirname "$0")/h200_e2e.sh"
+E2E_DEADLINE_S=260 E2E_TIMEOUT_S=300 bash "$(dirname "$0")/h200_e2e.sh"
 stamp "done"

@@ -26,8 +26,10 @@ def per_step_max_abs_diff(commit_file: Path, baseline_file: Path, steps: int, si
     """max_i |commit_i - baseline_i| per step from two (steps x size) float32 files, in float64."""
     commit = np.memmap(commit_file, dtype="<f4", mode="r", shape=(steps, size))
     baseline = np.memmap(baseline_file, dtype="<f4", mode="r", shape=(steps, size))
-    diffs = [float(np.max(np.abs(commit[s].astype(np.float64) - baseline[s].astype(np.float64))))
-             for s in range(steps)]
+    # A non-finite parameter on both sides (a float16 case gone to inf) has no difference: NaN, kept.
+    with np.errstate(invalid="ignore"):
+        diffs = [float(np.max(np.abs(commit[s].astype(np.float64) - baseline[s].astype(np.float64))))
+                 for s in range(steps)]
     del commit, baseline
     return diffs
 

@@ -275,7 +275,8 @@ def optdrift(*args: str, env: dict[str, str], timeout_s: float = 600) -> subproc
     script = Path(sys.executable).with_name("optdrift")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "service.cli"]
     # Wide, so a table never folds a case id across lines.
-    return subprocess.run([*command, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s,
+    return subprocess.run([*command, *args], check=False, cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=timeout_s,
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "400", **env})
 
 
@@ -317,7 +318,9 @@ def submit(service: Service, history: History, name: str, *, wait: bool = True) 
             "--message", name, "--url", service.url]
     if commit.parent:
         args += ["--parent", commit.parent]
-    answer = optdrift(*args, "--wait" if wait else "--no-wait", env={"OPTDRIFT_TOKEN": service.token})
+    # A run of this battery takes seconds; minutes mean a lost task, not a slow one.
+    answer = optdrift(*args, "--wait" if wait else "--no-wait", env={"OPTDRIFT_TOKEN": service.token},
+                      timeout_s=240)
     if wait:
         service.exits[name] = answer.returncode
         service.runs[name] = service.commit_run(commit.sha)

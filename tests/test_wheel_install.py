@@ -50,12 +50,14 @@ def fresh_venv_with_wheel(wheel: Path, venv: Path) -> Path:
     venv_python = venv / "bin" / "python"
     purelib = Path(subprocess.run([str(venv_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                   capture_output=True, text=True, check=True).stdout.strip())
-    # The dependencies (fastapi, alembic, psycopg...) from the test venv, appended after the
-    # fresh venv's own site-packages.
+    # The venv's own pip, as a user would (data files, the migrations, land in its prefix). Not this
+    # interpreter's pip with --prefix: that uninstalls the checkout's editable install first.
+    subprocess.run([str(venv_python), "-m", "ensurepip", "--default-pip"], check=True, capture_output=True)
+    subprocess.run([str(venv_python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    str(wheel)], check=True)
+    # Then the dependencies (fastapi, alembic, psycopg...) from the test venv, appended after the
+    # fresh venv's own site-packages (after the install, so its pip never saw the checkout's copy).
     (purelib / "_optdrift_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    # --prefix: the scheme a venv's own `pip install` uses, data files (the migrations) included.
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                    "--prefix", str(venv), str(wheel)], check=True)
     # The console script pip wrote names this interpreter: make the one the venv's pip would.
     script = venv / "bin" / "optdrift"
     script.write_text(f"#!{venv_python}\nimport sys\nfrom service.cli import app\nsys.exit(app())\n")

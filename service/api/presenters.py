@@ -53,7 +53,11 @@ def run_public(run: Run, waiting_cache: dict | None = None) -> RunPublic:
         id=run.id, project=run.project.name, kind=run.kind,
         commit_sha=run.commit.sha if run.commit else None,
         base_sha=run.base_commit.sha if run.base_commit else None,
-        source_digest=run.source_digest, battery=run.battery, battery_hash=run.battery_hash,
+        # The battery that ran (the tree's optdrift.toml may name its own, worker/pipeline.py), and
+        # where its name came from; the one the submission asked for until the worker has read it.
+        source_digest=run.source_digest, battery=(run.environment_detail or {}).get("battery") or run.battery,
+        battery_requested=run.battery, battery_origin=(run.environment_detail or {}).get("battery_origin"),
+        battery_hash=run.battery_hash,
         environment=run.environment, status=run.status, fault=FAULT_BY_STATUS.get(run.status),
         attempt=run.attempt, worker=run.worker,
         progress=Progress(cases_done=run.cases_done, cases_total=run.cases_total),

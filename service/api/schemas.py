@@ -114,7 +114,10 @@ class RunPublic(BaseModel):
     commit_sha: str | None
     base_sha: str | None
     source_digest: str
-    battery: str
+    battery: str = Field(description="the battery that ran (once the worker has read the tree), else the one asked for")
+    battery_requested: str = Field(description="the battery the submission asked for (or the project's default)")
+    battery_origin: str | None = Field(None, description="where the battery that ran was named: the submission, "
+                                                         "the tree's optdrift.toml, or the project's default")
     battery_hash: str | None
     environment: str
     status: str

@@ -16,27 +16,25 @@ from pathlib import Path
 import torch
 
 from service.results import CaseSpec
+from worker.adapters import c_abi
 from worker.adapters.base import AdapterError, ProjectAdapter
+from worker.adapters.c_abi import F32, F32P, I64
 
+PROJECT = "capiopt"
 ABI_VERSION = 1
-_F32P, _I64, _F32 = ctypes.POINTER(ctypes.c_float), ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     "capiopt_abi_version": [],
     # param, grad, exp_avg, exp_avg_sq, n, step, lr, beta1, beta2, eps, weight_decay
-    "capiopt_adamw_f32": [_F32P, _F32P, _F32P, _F32P, _I64, _I64, _F32, _F32, _F32, _F32, _F32],
+    "capiopt_adamw_f32": [F32P, F32P, F32P, F32P, I64, I64, F32, F32, F32, F32, F32],
     # param, grad, exp_avg, n, lr, beta1, beta2, weight_decay
-    "capiopt_lion_f32": [_F32P, _F32P, _F32P, _I64, _F32, _F32, _F32, _F32],
+    "capiopt_lion_f32": [F32P, F32P, F32P, I64, F32, F32, F32, F32],
 }
 # Every tensor capiopt keeps between steps, per optimizer (the engine digests them all).
 STATES = {"adam": ("exp_avg", "exp_avg_sq"), "lion": ("exp_avg",)}
 
 
-def _ptr(tensor: torch.Tensor):
-    # The C functions walk n contiguous floats from this address.
-    if tensor.dtype != torch.float32 or not tensor.is_contiguous() or tensor.device.type != "cpu":
-        raise ValueError(f"capiopt takes contiguous float32 CPU tensors, got {tensor.dtype} on "
-                         f"{tensor.device} (contiguous: {tensor.is_contiguous()})")
-    return ctypes.cast(tensor.data_ptr(), _F32P)
+def _ptr(tensor: torch.Tensor):  # noqa: ANN202
+    return c_abi.float_pointer(tensor, PROJECT)
 
 
 class ThirtyTwoBit:
@@ -46,7 +44,7 @@ class ThirtyTwoBit:
         self.lib = library
 
     def init_states(self, case: CaseSpec, param: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {name: torch.zeros_like(param, dtype=torch.float32) for name in STATES[case.optimizer]}
+        return c_abi.fp32_states(case, param, STATES)
 
     def step(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
              states: dict[str, torch.Tensor], step: int) -> None:
@@ -58,8 +56,7 @@ class ThirtyTwoBit:
         else:
             code = self.lib.capiopt_lion_f32(_ptr(param), _ptr(grad), _ptr(states["exp_avg"]), n, h["lr"],
                                              h["beta1"], h["beta2"], h["weight_decay"])
-        if code != 0:
-            raise RuntimeError(f"capiopt {case.optimizer} returned error code {code} for case {case.case_id}")
+        c_abi.check_code(code, PROJECT, case)
 
 
 class CapiAdapter(ProjectAdapter):
@@ -70,18 +67,7 @@ class CapiAdapter(ProjectAdapter):
         self._path: Path | None = None
 
     def load(self, library: str) -> None:
-        path = Path(library).resolve()
-        if not path.is_file():
-            raise AdapterError(f"capiopt library {path} does not exist; check build.library in optdrift.toml")
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError as error:
-            raise AdapterError(f"cannot load capiopt library {path}: {error}") from error
-        for symbol, argtypes in _SIGNATURES.items():
-            function = getattr(lib, symbol, None)
-            if function is None:
-                raise AdapterError(f"{path} does not export {symbol}; is it a capiopt build?")
-            function.argtypes, function.restype = argtypes, ctypes.c_int
+        lib, path = c_abi.load_library(library, PROJECT, _SIGNATURES)
         version = lib.capiopt_abi_version()
         if version != ABI_VERSION:
             raise AdapterError(f"{path} has capiopt ABI version {version}; this adapter drives version "

@@ -15,18 +15,20 @@ from pathlib import Path
 import torch
 
 from service.results import CaseSpec
-from worker.adapters.base import AdapterError, ProjectAdapter
+from worker.adapters import c_abi
+from worker.adapters.base import ProjectAdapter
+from worker.adapters.c_abi import F32, F32P, I64
 
-_F32P, _I64, _F32 = ctypes.POINTER(ctypes.c_float), ctypes.c_int64, ctypes.c_float
+PROJECT = "tinyopt"
 _SIGNATURES = {
-    "tinyopt_adamw_f32": [_F32P, _F32P, _F32P, _F32P, _I64, _I64, _F32, _F32, _F32, _F32, _F32],
-    "tinyopt_sgd_momentum_f32": [_F32P, _F32P, _F32P, _I64, _I64, _F32, _F32, _F32],
+    "tinyopt_adamw_f32": [F32P, F32P, F32P, F32P, I64, I64, F32, F32, F32, F32, F32],
+    "tinyopt_sgd_momentum_f32": [F32P, F32P, F32P, I64, I64, F32, F32, F32],
 }
 STATES = {"adam": ("exp_avg", "exp_avg_sq"), "momentum": ("momentum_buffer",)}
 
 
-def _ptr(tensor: torch.Tensor):
-    return ctypes.cast(tensor.data_ptr(), _F32P)
+def _ptr(tensor: torch.Tensor):  # noqa: ANN202
+    return c_abi.float_pointer(tensor, PROJECT)
 
 
 class ThirtyTwoBit:
@@ -34,7 +36,7 @@ class ThirtyTwoBit:
         self.lib = library
 
     def init_states(self, case: CaseSpec, param: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {name: torch.zeros_like(param, dtype=torch.float32) for name in STATES[case.optimizer]}
+        return c_abi.fp32_states(case, param, STATES)
 
     def step(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
              states: dict[str, torch.Tensor], step: int) -> None:
@@ -46,8 +48,7 @@ class ThirtyTwoBit:
         else:
             code = self.lib.tinyopt_sgd_momentum_f32(_ptr(param), _ptr(grad), _ptr(states["momentum_buffer"]),
                                                      n, step, h["lr"], h["momentum"], h["weight_decay"])
-        if code != 0:
-            raise RuntimeError(f"tinyopt {case.optimizer} returned error code {code} for case {case.case_id}")
+        c_abi.check_code(code, PROJECT, case)
 
 
 class TinyoptAdapter(ProjectAdapter):
@@ -58,19 +59,8 @@ class TinyoptAdapter(ProjectAdapter):
         self._path: Path | None = None
 
     def load(self, library: str) -> None:
-        path = Path(library).resolve()
-        if not path.is_file():
-            raise AdapterError(f"tinyopt library {path} does not exist; check build.library in optdrift.toml")
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError as error:
-            raise AdapterError(f"cannot load tinyopt library {path}: {error}") from error
-        for symbol, argtypes in _SIGNATURES.items():
-            function = getattr(lib, symbol, None)
-            if function is None:
-                raise AdapterError(f"{path} does not export {symbol}; is it a tinyopt build?")
-            function.argtypes, function.restype = argtypes, ctypes.c_int
-        self._families, self._path = {"32bit": ThirtyTwoBit(lib)}, path
+        lib, self._path = c_abi.load_library(library, PROJECT, _SIGNATURES)
+        self._families = {"32bit": ThirtyTwoBit(lib)}
 
     def families(self) -> Mapping[str, ThirtyTwoBit]:
         return self._families or {"32bit": None}

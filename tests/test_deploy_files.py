@@ -38,6 +38,8 @@ def _optdrift_invocations() -> list[list[str]]:
     for command in commands:
         for piece in re.split(r"&&|;|\|\|", command):
             words = shlex.split(piece)
+            if words[:1] == ["exec"]:  # `exec optdrift serve`: the shell hands its process over
+                words = words[1:]
             if words and words[0] == "optdrift":
                 invocations.append(words[1:])
     return invocations

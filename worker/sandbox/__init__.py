@@ -197,6 +197,8 @@ def _give_to_sandbox_user(paths: list[Path]) -> None:
     """As root the child runs as uid 65534: hand it the folders it may write (whole trees: a build
     writes next to the sources it was given)."""
     for top in paths:
+        if os.lstat(top).st_uid == mounts.SANDBOX_UID:
+            continue  # handed over before (the shared compiler cache, every trusted build): no walk
         os.lchown(top, mounts.SANDBOX_UID, mounts.SANDBOX_GID)
         for folder, dirs, files in os.walk(top):
             for name in dirs + files:

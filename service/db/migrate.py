@@ -45,4 +45,4 @@ def alembic_config(database_url: str | None = None) -> Config:
 
 
 def upgrade_to_head(database_url: str | None = None) -> None:
-    command.upgrade(alembic_config(database_url), "head")
+    command.upgrade(alembic_config(database_url), "heads")

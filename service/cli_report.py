@@ -22,6 +22,8 @@ from rich.table import Table
 LINE_INTERVAL_S = 10.0
 # Wide enough for any case id and summary line; no terminal means nothing to fit.
 LOG_WIDTH = 1000
+# A message cell's characters; the whole message follows the tables (`full_messages`).
+CELL_CHARS = 80
 
 
 def make_console(*, stderr: bool = False) -> Console:
@@ -105,7 +107,7 @@ def changed_cases_table(runs: list[dict]) -> Table | None:
                       _number(max(diffs) if diffs else None),
                       _distance_text(case.get("baseline_peak_ref64_distance"),
                                      case.get("commit_peak_ref64_distance")),
-                      (case.get("message") or "")[:80])
+                      _clipped(case.get("message"), CELL_CHARS))
     if len(rows) > 40:
         table.caption = f"... and {len(rows) - 40} more"
     return table
@@ -120,10 +122,42 @@ def not_applicable_table(runs: list[dict]) -> Table | None:
     for column in ("run", "case", "reason"):
         table.add_column(column)
     for run_id, case in rows[:40]:
-        table.add_row(str(run_id), case["case_id"], (case.get("message") or "")[:100])
+        table.add_row(str(run_id), case["case_id"], _clipped(case.get("message"), CELL_CHARS))
     if len(rows) > 40:
         table.caption = f"... and {len(rows) - 40} more"
     return table
+
+
+def _clipped(text: str | None, limit: int) -> str:
+    """A table cell: the first line, at most `limit` characters; `…` says the details below have it whole."""
+    text = text or ""
+    first = text.splitlines()[0] if text else ""
+    if len(first) > limit:
+        return first[:limit - 1] + "…"
+    return first if first == text else first + " …"
+
+
+def full_messages(runs: list[dict]) -> list[str]:
+    """Every message a table cut short, whole: a run's error (a build log's tail, an adapter's
+    import error with its file and line), a broken or nondeterministic case's message, and each
+    distinct not-applicable reason once with the number of cases it sets aside."""
+    lines: list[str] = []
+    for run in runs:
+        error = run.get("error") or ""
+        if error and _clipped(error, CELL_CHARS) != error:
+            lines.append(f"run {run['id']} ({run['status']}): {error}")
+        reasons: dict[str, int] = {}
+        for case in _cases(run):
+            message = case.get("message") or ""
+            if case["verdict"] == "not_applicable":
+                reasons[message] = reasons.get(message, 0) + 1
+            elif message and _clipped(message, CELL_CHARS) != message:
+                lines.append(f"run {run['id']} {case['case_id']} ({case['verdict']}): {message}")
+        for reason, count in reasons.items():
+            if _clipped(reason, CELL_CHARS) != reason:
+                lines.append(f"run {run['id']}: not applicable ({count} {'case' if count == 1 else 'cases'}): "
+                             f"{reason}")
+    return lines
 
 
 def print_report(console: Console, runs: list[dict]) -> None:
@@ -131,6 +165,11 @@ def print_report(console: Console, runs: list[dict]) -> None:
     for table in (changed_cases_table(runs), not_applicable_table(runs)):
         if table is not None:
             console.print(table)
+    details = full_messages(runs)
+    if details:
+        console.print("details (in full):", highlight=False)
+        for line in details:  # plain text, not wrapped into a cell: a log keeps it greppable
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _elapsed(seconds: float) -> str:

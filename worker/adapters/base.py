@@ -1,8 +1,8 @@
-"""The adapter interface: how the engine drives one kernel project's optimizer ops.
+"""The adapter interface: how the engines drive one kernel project's optimizer ops.
 
 A project adapter is one short module (see `tinyopt.py` for the smallest complete one). It says
 how to load a build into the kernel host process and, per kernel family ("32bit",
-"8bit_blockwise"), how to allocate a case's optimizer states and perform one in-place step:
+"8bit_blockwise"), how to run one case of that family:
 
     class MyProject(ProjectAdapter):
         name = "myproject"
@@ -10,10 +10,40 @@ how to load a build into the kernel host process and, per kernel family ("32bit"
         def families(self) -> Mapping[str, FamilyAdapter]: ... # {"32bit": ..., "8bit_blockwise": ...}
         def unsupported(self, case, device) -> str | None: ... # why a case cannot run here, or None
 
-A `FamilyAdapter` (worker.engine.trajectory) has `init_states(case, param) -> dict[str, Tensor]` and
-`step(case, param, grad, states, step)`. The engine digests `[param, *states.values()]` after every
-step, so `states` must hold every tensor the project keeps between steps (codes and absmax for
-8-bit states) and nothing that changes without being state.
+The case lifecycle (`FamilyAdapter`, docs/PROJECTS.md "The adapter contract"), the same in both
+engines (worker.engine.trajectory.run_case, one case at a time; worker.engine.fast, many cases
+open at once with their steps interleaved):
+
+    handle = family.open(case, param, device)     # once per case: the library's optimizer, its state
+    try:
+        for step in 1..case.steps:
+            family.step(handle, param, grad, step)  # in place on param (and the library's state)
+            digest([param, *family.state_for_digest(handle)])
+    finally:
+        family.close(handle)                      # always, also when open's caller or a step failed
+
+* The handle is the adapter's per-case object; the engine keeps it and gives it back, nothing
+  else. Every open case has its own handle: an adapter that returns a handle another case still
+  has (or had: a handle is never reused) fails the run with an error naming the adapter and both
+  cases (`AdapterContractError`) instead of stepping one case with another's optimizer.
+* `param` is the same tensor at open and at every step of the case (a library may keep it);
+  `grad` is this step's gradient, not necessarily the same tensor each step.
+* `state_for_digest(handle)` is what the library really updates between steps, read from the
+  library itself: its state tensors and its internal scalars (step counters, bias-correction
+  powers) as 0-d tensors, the same number, dtypes and shapes at every step, no two open cases
+  sharing memory. The engines digest `[param, *state_for_digest(handle)]` after every step.
+* Where the state lives (`states_movable`):
+    - True ("handed over"): state_for_digest returns a dict of plain tensors the adapter hands
+      to the engine; the fast engine copies them into its state arenas and calls
+      `adopt_states(handle, views)`; from then on the adapter steps those views.
+      `HandedOverStates` implements the lifecycle over `init_states` / `step_states`.
+    - False ("library-owned", the default): the library keeps its state; the fast engine only
+      reads state_for_digest after each step (copied into its digest arenas).
+* `fast_engine = False` says the family cannot have several cases open and stepped interleaved
+  (a global singleton in the library, state whose shape changes): the fast engine runs its cases
+  one at a time with run_case.
+* `bind(handle, param, grad) -> step_fn` (optional) is `step` on fixed tensors with per-call checks
+  done once; the fast engine calls it when the adapter overrides it.
 
 This module does not import torch: the registry is read by processes that must not (the Celery
 parent, the service).
@@ -22,18 +52,110 @@ parent, the service).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from service.results import CaseSpec
-    from worker.engine.trajectory import FamilyAdapter
 
 
 class AdapterError(RuntimeError):
     """A build cannot be loaded by its adapter (missing file, wrong package, wrong version)."""
+
+
+class AdapterContractError(RuntimeError):
+    """A family adapter broke the lifecycle contract (a handle shared by two cases, state two open
+    cases share, state whose layout changed): the run cannot trust its trajectories."""
+
+
+class FamilyAdapter(ABC):
+    """One kernel family of a project, driven through the per-case lifecycle (module docstring)."""
+
+    # False: the library owns its state (the engines only read state_for_digest). True: the
+    # state is plain tensors the fast engine may move into its arenas (see adopt_states).
+    states_movable: ClassVar[bool] = False
+    # False: never several cases open at once; the fast engine hands this family to run_case.
+    fast_engine: ClassVar[bool] = True
+
+    @abstractmethod
+    def open(self, case: "CaseSpec", param: "torch.Tensor", device: "torch.device") -> Any:
+        """Set up one case before its first step (the library's optimizer over `param`, its
+        state) and return its handle: an object of this case alone, never reused."""
+
+    @abstractmethod
+    def step(self, handle: Any, param: "torch.Tensor", grad: "torch.Tensor", step: int) -> None:
+        """One optimizer step of the handle's case, in place on `param`; `step` is 1-based."""
+
+    @abstractmethod
+    def state_for_digest(self, handle: Any) -> "Sequence[torch.Tensor] | Mapping[str, torch.Tensor]":
+        """Every tensor the library updates between steps, read from the library (internal
+        scalars such as step counters as 0-d tensors), in a fixed order; digested after each step."""
+
+    def close(self, handle: Any) -> None:
+        """Tear the case down (free library objects). Always called once per opened handle, also
+        after an error. The default does nothing."""
+
+    def adopt_states(self, handle: Any, states: "dict[str, torch.Tensor]") -> None:
+        """states_movable only: the engine moved the tensors of state_for_digest(handle) (same
+        names, shapes, dtypes, values) into its arenas; step these from now on."""
+        raise AdapterContractError(f"{type(self).__qualname__} declares states_movable but has no adopt_states")
+
+    def bind(self, handle: Any, param: "torch.Tensor", grad: "torch.Tensor") -> Callable[[int], None]:
+        """`step` on these fixed tensors as a function of the step number. Override to check the
+        arguments once instead of on every call (the fast engine's kernel loop)."""
+        return lambda step: self.step(handle, param, grad, step)
+
+
+@dataclass(eq=False)
+class CaseStates:
+    """The handle of a `HandedOverStates` family: the case and its state tensors by name."""
+
+    case: "CaseSpec"
+    states: "dict[str, torch.Tensor]" = field(default_factory=dict)
+
+
+class HandedOverStates(FamilyAdapter):
+    """A family whose state is plain tensors made up front and handed to the engine (the bundled
+    kernels, bitsandbytes' functional API, a C ABI library): implement `init_states` and
+    `step_states` (and optionally `bind_states`); the lifecycle is done here."""
+
+    states_movable = True
+
+    @abstractmethod
+    def init_states(self, case: "CaseSpec", param: "torch.Tensor") -> "dict[str, torch.Tensor]":
+        """Zeroed (or initial) state tensors of the case, by name."""
+
+    @abstractmethod
+    def step_states(self, case: "CaseSpec", param: "torch.Tensor", grad: "torch.Tensor",
+                    states: "dict[str, torch.Tensor]", step: int) -> None:
+        """One step, in place on `param` and `states`."""
+
+    def bind_states(self, case: "CaseSpec", param: "torch.Tensor", grad: "torch.Tensor",
+                    states: "dict[str, torch.Tensor]") -> Callable[[int], None] | None:
+        """`step_states` on fixed tensors, checked once; None: call step_states every step."""
+        return None
+
+    def open(self, case: "CaseSpec", param: "torch.Tensor", device: "torch.device") -> CaseStates:
+        return CaseStates(case, self.init_states(case, param))
+
+    def step(self, handle: CaseStates, param: "torch.Tensor", grad: "torch.Tensor", step: int) -> None:
+        self.step_states(handle.case, param, grad, handle.states, step)
+
+    def state_for_digest(self, handle: CaseStates) -> "dict[str, torch.Tensor]":
+        return handle.states
+
+    def adopt_states(self, handle: CaseStates, states: "dict[str, torch.Tensor]") -> None:
+        handle.states = dict(states)
+
+    def close(self, handle: CaseStates) -> None:
+        handle.states = {}
+
+    def bind(self, handle: CaseStates, param: "torch.Tensor", grad: "torch.Tensor") -> Callable[[int], None]:
+        bound = self.bind_states(handle.case, param, grad, handle.states)
+        return bound if bound is not None else super().bind(handle, param, grad)
 
 
 class ProjectAdapter(ABC):
@@ -44,8 +166,8 @@ class ProjectAdapter(ABC):
         """Load one build into this process (the kernel host). Called once, before any case."""
 
     @abstractmethod
-    def families(self) -> Mapping[str, "FamilyAdapter"]:
-        """Kernel family name -> the object that initialises states and steps a case."""
+    def families(self) -> Mapping[str, FamilyAdapter]:
+        """Kernel family name -> the `FamilyAdapter` that runs its cases (open, step, state_for_digest, close)."""
 
     def unsupported(self, case: "CaseSpec", device: "torch.device") -> str | None:
         """Why this project cannot run `case` on `device` (a kernel the library does not have),

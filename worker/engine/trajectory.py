@@ -20,11 +20,12 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Mapping
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
 
 import torch
 
 from service.results import CaseResult, CaseSpec, Trajectory
+from worker.adapters.base import FamilyAdapter  # noqa: F401 - re-exported: the engines' family type
 from worker.engine.digest import digest_tensors
 from worker.engine.gradients import GradientStream, initial_parameters
 from worker.references.optimizers import make_reference
@@ -41,15 +42,9 @@ def bundled_families() -> Mapping[str, "FamilyAdapter"]:
     return FAMILIES
 
 
-class FamilyAdapter(Protocol):
-    def init_states(self, case: CaseSpec, param: torch.Tensor) -> dict[str, torch.Tensor]: ...
-
-    def step(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
-             states: dict[str, torch.Tensor], step: int) -> None: ...
-
-    # Optional: `bind(case, param, grad, states) -> Callable[[int], None]`, the same update as
-    # `step` on fixed tensors with the per-call checks done once (worker.engine.fast uses it when
-    # an adapter has it; otherwise it calls `step`).
+# The per-case lifecycle both engines follow (open -> step* -> state_for_digest -> close) is
+# written down with the base class, worker.adapters.base.FamilyAdapter (docs/PROJECTS.md, "The
+# adapter contract"); it is imported above and re-exported, where the engines take family tables.
 
 
 def legacy_blake2b_digest(tensors: list[torch.Tensor]) -> str:

@@ -55,6 +55,12 @@ class Settings(BaseSettings):
     # Run batteries through worker.fast_engine (grouped references, device-side metrics and
     # digests): bit-identical results, many times faster on a GPU. False: one case at a time.
     fast_engine: bool = True
+    # The kernels' own speed per commit (worker/speed, docs/PERFORMANCE.md): seconds a run may
+    # spend timing its kernels after the battery. None: 120 on a CUDA worker, off on a CPU worker;
+    # 0: off. A project turns it off with `kernel_speed = false` in its optdrift.toml [project].
+    speed_budget_s: float | None = None
+    speed_sizes: list[int] = [1 << 20, 1 << 26]
+    speed_repeats: int = 50
 
     heartbeat_interval_s: float = 10.0
     # A running run whose heartbeat is older than this is presumed dead and re-queued.

@@ -358,6 +358,13 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
             fingerprint = ran.environment.model_dump(mode="json")
         if ran.adapter:  # what the kernel host loaded (the adapter's describe(): version, path)
             detail["adapter"] = ran.adapter
+        _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
+        from worker.speed.record import time_and_store  # the kernels' own speed (GPU workers by default)
+
+        speed_note = time_and_store(session=session, run_id=run_id, job=job, built=built, policy=policy,
+                                    settings=settings)
+        if speed_note:
+            detail["kernel_speed"] = speed_note
         runs.set_status(session=session, run_id=run_id, worker=worker, status=DONE,
                         environment_detail={**detail, **({"fingerprint": fingerprint} if fingerprint else {})})
         return DONE

@@ -12,6 +12,7 @@ user's guide.
     battery = "battery.json"         # built-in name or a JSON file in the tree
     environments = ["cpu"]
     repeats = 1                      # runs of every case (changed cases: at least 2)
+    kernel_speed = true              # time the kernels' speed where the worker does (GPU)
     [build]
     kind = "command"                 # torch-extension | command
     commands = ["cmake -S . -B build -G Ninja", "cmake --build build"]
@@ -140,6 +141,9 @@ class ProjectConfig(BaseModel):
     # run at least twice before a change is reported (worker/pipeline.py): a kernel that does not
     # reproduce itself is `nondeterministic`, not `changed`.
     repeats: int = Field(1, ge=1, le=10)
+    # Time the kernels' own speed after the battery where the worker does (worker/speed; GPU
+    # workers by default). false: never for this project's runs.
+    kernel_speed: bool = True
     build: BuildConfig = BuildConfig()
 
     @field_validator("adapter")

@@ -18,6 +18,8 @@ answers one line on its stdout.
     <- {"index": i, "result": <CaseResult>} per case as its group finishes, then {"done": true},
        or {"stopped": "<error>", "restart": bool} after an error the fast runner could not
        attribute to a case (the parent then runs the unanswered cases one by one)
+    -> {"op": "time_kernels", "plan": {...}}   (worker/speed/timing.py: each kernel's step timed)
+    <- {"timings": [...], "not_applicable": n, "not_timed": n, "seconds": s, "device": name, "restart": bool}
     -> {"op": "exit"}
 On start the host answers {"ready": true, "environment": <EnvironmentFingerprint>, "adapter":
 <the adapter's describe()>}, or, when the adapter cannot be imported or cannot load the build,
@@ -148,6 +150,14 @@ def host_main(argv: list[str] | None = None) -> int:
             return 0
         if request.get("op") == "run_many":
             if not _run_many(request, device, protocol, adapter, families):
+                return 3
+            continue
+        if request.get("op") == "time_kernels":  # the kernels' own speed (worker/speed/timing.py)
+            from worker.speed import timing
+
+            timed = timing.answer(request, device, adapter, families)
+            protocol.write(json.dumps(timed) + "\n")
+            if timed.get("restart"):
                 return 3
             continue
         case = CaseSpec.model_validate(request["case"])
@@ -485,6 +495,22 @@ class KernelHost:
     def run(self, case: CaseSpec, params_out: str | Path | None = None) -> CaseResult:
         self.submit(case, params_out)
         return self.collect()
+
+    def ask(self, request: dict, timeout_s: float) -> dict | None:
+        """One request of another kind (worker/speed's `time_kernels`) and its one answer, checked
+        only to be a JSON object; None when the host cannot start, dies or misses `timeout_s`."""
+        if self.out_of_time() or self._ensure_running() is not None:
+            return None
+        try:
+            self._process.stdin.write((json.dumps(request) + "\n").encode())
+            self._process.stdin.flush()
+            line = self._read_line(time.monotonic() + timeout_s)
+            answer = parse_answer(line) if line is not None else None
+        except (OSError, HostProtocolError):
+            answer = None
+        if answer is None or answer.get("restart"):
+            self._kill()
+        return answer
 
     def run_many(self, cases: list[CaseSpec], on_result=None) -> list[CaseResult]:  # noqa: ANN001
         """All `cases` through the host's fast runner (worker.engine.fast), the same results as

@@ -21,6 +21,7 @@ BUILTIN_ADAPTERS: dict[str, str] = {
     "bundled": "worker.adapters.bundled",
     "bitsandbytes": "worker.adapters.bitsandbytes",
     "tinyopt": "worker.adapters.tinyopt",
+    "lion_pytorch": "worker.adapters.lion_pytorch",  # a real PyPI library (lion-pytorch), issue 20
 }
 
 __all__ = ["AdapterError", "BUILTIN_ADAPTERS", "ProjectAdapter", "get_adapter"]

@@ -1,0 +1,65 @@
+"""What a run's verdict means on GitHub: the check run's conclusion and title.
+
+GitHub's conclusions: success, neutral, failure, action_required, cancelled, skipped, timed_out
+(stale is GitHub's own). A required check passes on success, neutral and skipped.
+
+- unchanged → success: every digest equals the baseline's.
+- acknowledged → success: a maintainer accepted the change; `optdrift submit --wait` exits 0 too,
+  and children compare with this run.
+- no-baseline → neutral: nothing to compare with, so no claim either way (the CLI exits 0: it must
+  not block the first commit of a project or of a new battery).
+- changed → failure: a trajectory moved; CI fails until someone acknowledges it (CLI exit 1).
+- broken → failure: the commit does not build or its kernels crash / go NaN (CLI exit 3).
+- nondeterministic → failure: the kernel does not reproduce itself; a finding to fix (CLI exit 5).
+- error (run status error: optdrift's failure, not the commit's) → action_required: calling it
+  failure would blame the commit, neutral would let an unchecked commit pass a required check;
+  action_required blocks the merge and says a person must act (`optdrift retry RUN`, on the page
+  details_url opens).
+- cancelled → cancelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SUCCESS, NEUTRAL, FAILURE, ACTION_REQUIRED, CANCELLED = (
+    "success", "neutral", "failure", "action_required", "cancelled")
+
+_BY_STATE: dict[str, tuple[str, str]] = {
+    "unchanged": (SUCCESS, "unchanged: every trajectory equals the baseline's"),
+    "acknowledged": (SUCCESS, "changed, acknowledged by a maintainer"),
+    "no-baseline": (NEUTRAL, "no baseline to compare with"),
+    "changed": (FAILURE, "changed: a trajectory differs from the baseline's"),
+    "broken": (FAILURE, "broken: the commit does not build or its kernels fail"),
+    "nondeterministic": (FAILURE, "nondeterministic: a kernel does not reproduce itself"),
+    "error": (ACTION_REQUIRED, "optdrift error, not a verdict on the commit: retry the run"),
+    "cancelled": (CANCELLED, "cancelled"),
+}
+STATES = tuple(_BY_STATE)
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    state: str
+    conclusion: str
+    title: str
+
+
+def state_of(*, run_status: str, outcome: str | None, acknowledged: bool) -> str | None:
+    """The one word a finished run is described by; None while it has no final state."""
+    if run_status == "error":
+        return "error"
+    if run_status == "cancelled":
+        return "cancelled"
+    if outcome is None:
+        return None
+    if acknowledged:
+        return "acknowledged"
+    return outcome
+
+
+def conclusion_for(state: str) -> Conclusion:
+    if state not in _BY_STATE:
+        raise ValueError(f"no GitHub conclusion for state {state!r}; known: {', '.join(STATES)}")
+    conclusion, title = _BY_STATE[state]
+    return Conclusion(state=state, conclusion=conclusion, title=title)

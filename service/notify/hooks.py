@@ -1,0 +1,186 @@
+"""Where notifications start: `run_changed(run_id)` after a run starts, after its verdict is
+stored (and its dependants'), after an acknowledgement, after the co-run adds the magnitudes.
+
+It returns at once: the notification runs in a thread of its own, with its own database session,
+after the caller's transaction committed — so a slow or failing GitHub never holds a run, a worker
+slot or an API request, and never touches a verdict. Why a thread rather than a Celery task on the
+run's queue: a task there waits behind every queued run (a worker takes one task at a time), so
+"in progress" would appear only after the run finished, and the verdict after the whole queue.
+
+`notify_run` is the work itself, state-driven and idempotent: it compares what GitHub and each
+webhook were last sent with the run's state now and sends only the difference. Its failures are
+recorded on the notification rows (github_check_runs.error, webhook_deliveries.error), scrubbed of
+the credentials, and logged; they are never raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from service.db.models import ACTIVE_STATUSES, Run
+from service.db.notify_models import GitHubCheckRun, GitHubIntegration, Webhook
+from service.domain.dashboard_queries import run_page
+from service.domain.redaction import clip, scrub
+from service.notify import github, report
+from service.notify.conclusions import conclusion_for, state_of
+from service.notify.github_client import NotifyRetry, make_client
+from service.notify.webhooks import DeliveryPolicy, deliver, verdict_payload
+from service.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+MAX_ERROR_CHARS = 2000
+# pg_advisory_xact_lock's key space for "editing this project's PR comments" (one at a time, so two
+# environments finishing together cannot both post a first comment).
+_COMMENT_LOCK_BASE = 0x6F7464_0000
+
+
+def run_changed(run_id: int, *, settings: Settings | None = None) -> threading.Thread | None:
+    """Notify about `run_id` in the background. Never raises."""
+    try:
+        thread = threading.Thread(target=_notify_in_own_session, args=(run_id, settings),
+                                  name=f"optdrift-notify-{run_id}", daemon=True)
+        thread.start()
+        return thread
+    except Exception:  # noqa: BLE001  (a notification must never fail its caller)
+        log.exception("run %s: could not start its notification", run_id)
+        return None
+
+
+def _notify_in_own_session(run_id: int, settings: Settings | None) -> None:
+    from service.db.session import get_sessionmaker
+
+    try:
+        with get_sessionmaker()() as session:
+            notify_run(session=session, run_id=run_id, settings=settings or get_settings())
+            session.commit()
+    except Exception:  # noqa: BLE001
+        log.exception("run %s: notification failed", run_id)
+
+
+def _run_url(base: str, run_id: int) -> str:
+    return f"{base.rstrip('/')}/runs/{run_id}"
+
+
+def notify_run(*, session: Session, run_id: int, settings: Settings,
+               retry: NotifyRetry | None = None, delivery: DeliveryPolicy | None = None) -> None:
+    """Send the run's current state to its project's GitHub integration and webhooks."""
+    run = session.get(Run, run_id)
+    # Verify runs (a contributor's tree, no commit in the lineage) have no check or PR to report to.
+    if run is None or run.kind != "commit" or run.commit is None:
+        return
+    integration = session.scalar(select(GitHubIntegration).where(GitHubIntegration.project_id == run.project_id))
+    if integration is not None:
+        notify_github(session=session, run=run, integration=integration, settings=settings, retry=retry)
+    webhooks = list(session.scalars(select(Webhook).where(Webhook.project_id == run.project_id,
+                                                          Webhook.active.is_(True))))
+    if webhooks:
+        notify_webhooks(session=session, run=run, webhooks=webhooks, settings=settings, policy=delivery)
+
+
+def _state(run: Run) -> str | None:
+    verdict = run.verdict
+    return state_of(run_status=run.status, outcome=verdict.outcome if verdict else None,
+                    acknowledged=bool(verdict and verdict.acknowledged))
+
+
+def notify_webhooks(*, session: Session, run: Run, webhooks: list[Webhook], settings: Settings,
+                    policy: DeliveryPolicy | None = None) -> None:
+    state = _state(run)
+    subscribed = [hook for hook in webhooks if state in (hook.events or [])]
+    if not subscribed:
+        return
+    page = run_page(session=session, run_id=run.id)
+    document = verdict_payload(event=state, project=run.project.name, page=page,
+                               run_url=_run_url(settings.resolved_public_url(), run.id))
+    for hook in subscribed:
+        try:
+            deliver(session=session, webhook=hook, run_id=run.id, event=state, document=document,
+                    policy=policy)
+        except Exception:  # noqa: BLE001  (one receiver's failure must not stop the others)
+            log.exception("webhook %s: delivering %s for run %s failed", hook.id, state, run.id)
+
+
+def _record_error(row: GitHubCheckRun, exc: Exception, integration: GitHubIntegration) -> None:
+    secrets = tuple(s for s in (integration.token, integration.private_key) if s)
+    row.attempts += 1
+    row.error = clip(scrub(f"{type(exc).__name__}: {exc}", secrets), MAX_ERROR_CHARS)
+    log.warning("run %s: GitHub notification failed (%s)", row.run_id, row.error)
+
+
+def notify_github(*, session: Session, run: Run, integration: GitHubIntegration, settings: Settings,
+                  retry: NotifyRetry | None = None) -> None:
+    row = session.scalar(select(GitHubCheckRun).where(GitHubCheckRun.run_id == run.id))
+    if row is None:
+        row = GitHubCheckRun(run_id=run.id, attempts=0, comment_ids=[])
+        session.add(row)
+        session.flush()
+    state = _state(run)
+    if state is None and (run.status not in ACTIVE_STATUSES or row.check_run_id is not None):
+        return  # queued, or already shown in progress
+    try:
+        with make_client(integration, retry=retry) as gh:
+            _send_github(session=session, gh=gh, run=run, row=row, state=state,
+                         integration=integration, settings=settings)
+    except Exception as exc:  # noqa: BLE001  (recorded; never the run's or the verdict's concern)
+        _record_error(row, exc, integration)
+    session.flush()
+
+
+def _send_github(*, session: Session, gh, run: Run, row: GitHubCheckRun, state: str | None,  # noqa: ANN001
+                 integration: GitHubIntegration, settings: Settings) -> None:
+    owner, repo = integration.repository.split("/", 1)
+    base = integration.dashboard_url or settings.resolved_public_url()
+    run_url = _run_url(base, run.id)
+    name = f"{integration.check_name} ({run.environment})"
+    if state is None:
+        row.check_run_id = github.create_check_run(
+            gh, owner=owner, repo=repo, name=name, head_sha=run.commit.sha, details_url=run_url,
+            external_id=str(run.id),
+            output=report.in_progress_output(environment=run.environment, battery=run.battery, run_url=run_url))
+        row.status, row.error = "in_progress", None
+        return
+    page = run_page(session=session, run_id=run.id)
+    sized = sum(1 for case in page.changed if case.max_abs_diff is not None)
+    sent_state = f"{state}|changed={len(page.changed)}|sized={sized}"
+    if row.sent_state == sent_state and row.error is None:
+        return
+    conclusion = conclusion_for(state)
+    output = report.check_output(page=page, conclusion=conclusion, run_url=run_url)
+    if row.check_run_id is None:
+        row.check_run_id = github.create_check_run(
+            gh, owner=owner, repo=repo, name=name, head_sha=run.commit.sha, details_url=run_url,
+            external_id=str(run.id), output=output, conclusion=conclusion.conclusion)
+    else:
+        github.complete_check_run(gh, owner=owner, repo=repo, check_run_id=row.check_run_id,
+                                  conclusion=conclusion.conclusion, details_url=run_url, output=output)
+    row.status, row.conclusion = "completed", conclusion.conclusion
+    if integration.pr_comments:
+        row.comment_ids = _update_pr_comments(session=session, gh=gh, run=run, owner=owner, repo=repo,
+                                              base=base)
+    row.sent_state, row.error = sent_state, None
+
+
+def _update_pr_comments(*, session: Session, gh, run: Run, owner: str, repo: str,  # noqa: ANN001
+                        base: str) -> list[int]:
+    numbers = github.pull_requests_at(gh, owner=owner, repo=repo, sha=run.commit.sha)
+    if not numbers:
+        return []
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"),
+                        {"key": _COMMENT_LOCK_BASE + run.project_id})
+    sibling_ids = session.scalars(select(Run.id).where(Run.commit_id == run.commit_id).order_by(Run.id))
+    items = []
+    for sibling_id in sibling_ids:
+        page = run_page(session=session, run_id=sibling_id)
+        state = _state(page.run)
+        items.append(report.CommentRun(page=page, conclusion=conclusion_for(state) if state else None,
+                                       run_url=_run_url(base, sibling_id)))
+    body = report.pr_comment(project=run.project.name, sha=run.commit.sha, runs=items)
+    marker = report.comment_marker(run.project.name)
+    return [github.upsert_comment(gh, owner=owner, repo=repo, number=number, marker=marker, body=body)
+            for number in numbers]

@@ -1,0 +1,131 @@
+"""The text a maintainer reads on GitHub: a check run's output and the PR comment (Markdown).
+
+Both are built from the dashboard's own view of a run (service.domain.dashboard_queries.run_page),
+so GitHub and the run page never disagree about which cases changed and by how much.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from service.domain.dashboard_queries import ChangedCase, RunPage
+from service.notify.conclusions import Conclusion
+
+# GitHub refuses a check run summary/text or a comment body past 65535 characters; keep well under.
+MAX_BODY_CHARS = 60_000
+# A comment lists at most this many cases per (optimizer, family) group; the rest are counted.
+MAX_CASES_PER_GROUP = 25
+
+
+def comment_marker(project: str) -> str:
+    """The hidden line that identifies our comment on a PR (one per project), so a later run edits
+    it instead of adding another."""
+    return f"<!-- optdrift:pr-comment project={project} -->"
+
+
+def _number(value: float | None) -> str:
+    # Display only (the stored values keep full precision); 3 significant digits tell 1e-7 from 1e-2.
+    return "–" if value is None else f"{value:.3g}"
+
+
+def _direction(case: ChangedCase) -> str:
+    if case.direction is None:
+        return "–"
+    arrow = {"closer": "closer to float64", "farther": "farther from float64", "same": "same distance"}
+    text = arrow.get(case.direction, case.direction)
+    if case.final_direction and case.final_direction != case.direction:
+        text += f" (final step: {case.final_direction})"
+    return text
+
+
+@dataclass(frozen=True)
+class CaseGroup:
+    optimizer: str
+    family: str
+    cases: list[ChangedCase]
+
+
+def group_changed(cases: list[ChangedCase]) -> list[CaseGroup]:
+    """Changed and broken cases grouped by (optimizer, kernel family), in a stable order."""
+    groups: dict[tuple[str, str], list[ChangedCase]] = defaultdict(list)
+    for case in cases:
+        groups[(case.optimizer, case.family or "32bit")].append(case)
+    return [CaseGroup(optimizer=o, family=f, cases=sorted(c, key=lambda x: x.case_id))
+            for (o, f), c in sorted(groups.items())]
+
+
+def changed_tables(page: RunPage, dashboard_url: str) -> str:
+    """The changed cases of one run: a table per (optimizer, family)."""
+    lines: list[str] = []
+    for group in group_changed(page.changed):
+        lines += [f"**{group.optimizer} · {group.family}** — {len(group.cases)} case(s)", "",
+                  "| case | verdict | first divergent step | max \\|Δ\\| | direction |",
+                  "|---|---|---:|---:|---|"]
+        for case in group.cases[:MAX_CASES_PER_GROUP]:
+            lines.append(f"| `{case.case_id}` | {case.verdict} | {case.first_divergent_step or '–'} "
+                         f"| {_number(case.max_abs_diff)} | {_direction(case)} |")
+        if len(group.cases) > MAX_CASES_PER_GROUP:
+            lines.append(f"| … {len(group.cases) - MAX_CASES_PER_GROUP} more on "
+                         f"[the run page]({dashboard_url}) | | | | |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _counts_line(page: RunPage) -> str:
+    counts = {k: v for k, v in sorted(page.counts.items()) if v}
+    parts = [f"{count} {name.replace('_', ' ')}" for name, count in counts.items()]
+    return ", ".join(parts) if parts else "no cases compared"
+
+
+def _clip(text: str) -> str:
+    if len(text) <= MAX_BODY_CHARS:
+        return text
+    return text[:MAX_BODY_CHARS] + "\n\n… cut here (GitHub's limit); the run page has every case."
+
+
+def check_output(*, page: RunPage, conclusion: Conclusion, run_url: str) -> dict[str, str]:
+    """The check run's `output` object: title, summary, and the changed cases as text."""
+    summary = "\n".join([
+        f"**{conclusion.title}**", "",
+        page.summary.strip() or "(no summary)", "",
+        f"Cases: {_counts_line(page)}. Not applicable on this device: {len(page.not_applicable)}.",
+        f"Run {page.run.id} ({page.run.environment}, battery {page.run.battery}): {run_url}",
+    ])
+    output = {"title": f"optdrift: {conclusion.title}", "summary": _clip(summary)}
+    if page.changed:
+        output["text"] = _clip(changed_tables(page, run_url))
+    return output
+
+
+def in_progress_output(*, environment: str, battery: str, run_url: str) -> dict[str, str]:
+    return {"title": "optdrift: running",
+            "summary": f"Building and stepping the {battery} battery on {environment}: {run_url}"}
+
+
+@dataclass(frozen=True)
+class CommentRun:
+    page: RunPage
+    conclusion: Conclusion | None
+    run_url: str
+
+
+def pr_comment(*, project: str, sha: str, runs: list[CommentRun]) -> str:
+    """The PR comment: one section per run of the head commit, changed cases grouped by optimizer
+    and family, and the count of cases the adapter cannot run on that device."""
+    lines = [comment_marker(project), f"### optdrift · `{project}` at `{sha[:12]}`", "",
+             "| environment | battery | verdict | changed | not applicable | run |",
+             "|---|---|---|---:|---:|---|"]
+    for item in runs:
+        verdict = item.conclusion.title if item.conclusion else item.page.run.status
+        lines.append(f"| {item.page.run.environment} | {item.page.run.battery} | {verdict} "
+                     f"| {len(item.page.changed)} | {len(item.page.not_applicable)} "
+                     f"| [run {item.page.run.id}]({item.run_url}) |")
+    lines.append("")
+    for item in runs:
+        if item.page.changed:
+            lines += [f"#### {item.page.run.environment}: changed cases", "",
+                      changed_tables(item.page, item.run_url)]
+    lines.append("<sub>Updated in place on every run of this pull request's head commit. A change "
+                 "you meant: `optdrift ack RUN --note \"why\"`.</sub>")
+    return _clip("\n".join(lines))

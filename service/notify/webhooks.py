@@ -1,0 +1,169 @@
+"""Outgoing webhooks: a verdict event POSTed to a project's URLs, signed, retried, logged.
+
+The body is signed with HMAC-SHA256 under the webhook's secret; the receiver recomputes it over
+the raw body it got and compares in constant time (docs/INTEGRATIONS.md has the snippet). Every
+attempt is counted on the event's delivery row (service/db/notify_models.WebhookDelivery), which
+`GET /api/v1/projects/{project}/webhooks/{id}/deliveries` lists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.db.notify_models import PAYLOAD_SLACK, Webhook, WebhookDelivery
+from service.domain.dashboard_queries import RunPage
+from service.domain.redaction import scrub
+from service.notify.report import group_changed
+
+log = logging.getLogger(__name__)
+
+SIGNATURE_HEADER = "X-Optdrift-Signature-256"
+EVENT_HEADER = "X-Optdrift-Event"
+DELIVERY_HEADER = "X-Optdrift-Delivery"
+# The outcomes a webhook may subscribe to, and the default subscription.
+WEBHOOK_EVENTS = ("changed", "broken", "error", "nondeterministic")
+DEFAULT_EVENTS = ["changed", "broken", "error"]
+# A payload lists this many changed cases; the count says how many there were.
+MAX_PAYLOAD_CASES = 50
+
+
+def sign(secret: str, body: bytes) -> str:
+    """The signature header's value: `sha256=` and the hex HMAC-SHA256 of the raw body."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def verify(secret: str, body: bytes, header: str | None) -> bool:
+    """What a receiver does (the tests' receiver uses it): recompute, compare in constant time."""
+    return header is not None and hmac.compare_digest(sign(secret, body), header)
+
+
+@dataclass(frozen=True)
+class DeliveryPolicy:
+    attempts: int = 4
+    backoff_s: float = 1.0
+    max_backoff_s: float = 60.0
+    timeout_s: float = 10.0
+
+
+def verdict_payload(*, event: str, project: str, page: RunPage, run_url: str) -> dict[str, Any]:
+    """Our JSON document: what happened, to which commit, the changed cases (first divergent step,
+    max |Δ|, direction) and where to look."""
+    run, verdict, commit = page.run, page.verdict, page.commit
+    cases = [{"case_id": c.case_id, "optimizer": c.optimizer, "family": c.family or "32bit",
+              "verdict": c.verdict, "first_divergent_step": c.first_divergent_step,
+              "max_abs_diff": c.max_abs_diff, "direction": c.direction}
+             for group in group_changed(page.changed) for c in group.cases]
+    return {
+        "event": event, "project": project,
+        "commit": {"sha": commit.sha, "ref": commit.ref} if commit else None,
+        "run": {"id": run.id, "environment": run.environment, "battery": run.battery,
+                "status": run.status, "url": run_url, "error": scrub(run.error)},
+        "verdict": None if verdict is None else {
+            "outcome": verdict.outcome, "flagged": verdict.flagged, "acknowledged": verdict.acknowledged,
+            "changed_cases": verdict.changed_cases, "first_divergent_step": verdict.first_divergent_step},
+        "summary": page.summary,
+        "changed_cases": cases[:MAX_PAYLOAD_CASES],
+        "changed_cases_total": len(cases),
+        "not_applicable": len(page.not_applicable),
+    }
+
+
+def slack_payload(document: dict[str, Any]) -> dict[str, Any]:
+    """Slack's incoming-webhook shape: `text` (the notification's fallback) and Block Kit blocks."""
+    commit = document["commit"] or {}
+    head = (f"optdrift: *{document['event']}* in `{document['project']}` at "
+            f"`{(commit.get('sha') or '')[:12]}` ({document['run']['environment']})")
+    text = f"{head}: {document['run']['url']}"
+    lines = [f"• `{c['case_id']}` ({c['optimizer']} · {c['family']}): from step "
+             f"{c['first_divergent_step'] or '–'}, max |Δ| "
+             f"{'–' if c['max_abs_diff'] is None else format(c['max_abs_diff'], '.3g')}, "
+             f"{c['direction'] or '–'}" for c in document["changed_cases"][:10]]
+    blocks: list[dict[str, Any]] = [
+        {"type": "section", "text": {"type": "mrkdwn", "text": head}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": (document["summary"] or "–")[:2900]}},
+    ]
+    if lines:
+        more = document["changed_cases_total"] - len(lines)
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)[:2900]
+                                                   + (f"\n… and {more} more" if more > 0 else "")}})
+    blocks.append({"type": "context", "elements": [
+        {"type": "mrkdwn", "text": f"<{document['run']['url']}|run {document['run']['id']}> · "
+                                   f"{document['not_applicable']} not applicable"}]})
+    return {"text": text, "blocks": blocks}
+
+
+def _retry_after_s(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def deliver(*, session: Session, webhook: Webhook, run_id: int, event: str, document: dict[str, Any],
+            policy: DeliveryPolicy | None = None, client: httpx.Client | None = None) -> WebhookDelivery:
+    """POST the event to the webhook, retrying network errors, 5xx, 408 and 429 (after its
+    Retry-After when given) with exponential backoff; other 4xx are the receiver's refusal and are
+    not retried. An event already delivered to this webhook for this run is not sent again."""
+    policy = policy or DeliveryPolicy()
+    delivery = session.scalar(select(WebhookDelivery).where(
+        WebhookDelivery.webhook_id == webhook.id, WebhookDelivery.run_id == run_id,
+        WebhookDelivery.event == event))
+    if delivery is not None and delivery.ok:
+        return delivery
+    payload = slack_payload(document) if webhook.payload_format == PAYLOAD_SLACK else document
+    if delivery is None:
+        delivery = WebhookDelivery(webhook_id=webhook.id, run_id=run_id, event=event,
+                                   delivery_uuid=str(uuid.uuid4()), payload=payload, attempts=0)
+        session.add(delivery)
+    body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+    headers = {"Content-Type": "application/json", "User-Agent": "optdrift-webhooks",
+               SIGNATURE_HEADER: sign(webhook.secret, body), EVENT_HEADER: event,
+               DELIVERY_HEADER: delivery.delivery_uuid}
+    secrets = (webhook.secret,)
+    started = time.monotonic()
+    own_client = client is None
+    client = client or httpx.Client(timeout=policy.timeout_s, follow_redirects=False)
+    try:
+        for attempt in range(policy.attempts):
+            delivery.attempts += 1
+            wait = min(policy.backoff_s * 2 ** attempt, policy.max_backoff_s)
+            try:
+                response = client.post(webhook.url, content=body, headers=headers)
+            except httpx.HTTPError as exc:
+                delivery.status_code, delivery.error = None, scrub(f"{type(exc).__name__}: {exc}", secrets)
+            else:
+                delivery.status_code = response.status_code
+                if response.is_success:
+                    delivery.ok, delivery.error = True, None
+                    delivery.delivered_at = datetime.now(timezone.utc)
+                    break
+                delivery.error = scrub(f"HTTP {response.status_code}: {response.text[:300]}", secrets)
+                if response.status_code < 500 and response.status_code not in (408, 429):
+                    break
+                asked = _retry_after_s(response)
+                if asked is not None:
+                    wait = min(max(asked, 0.0), policy.max_backoff_s)
+            if attempt + 1 < policy.attempts:
+                time.sleep(wait)
+    finally:
+        if own_client:
+            client.close()
+        delivery.duration_s = time.monotonic() - started
+        session.flush()
+    if not delivery.ok:
+        log.warning("webhook %s: %s for run %s not delivered after %d attempt(s): %s",
+                    webhook.id, event, run_id, delivery.attempts, delivery.error)
+    return delivery

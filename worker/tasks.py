@@ -25,6 +25,7 @@ from service.db.session import get_sessionmaker
 from service.domain import runs, trajectories, verdict_store
 from service.domain.queueing import CORUN_TASK_NAME, RUN_TASK_NAME, corun_queue_for
 from service.domain.storage import archive_limits
+from service.notify import hooks as notify
 from service.settings import Settings, get_settings
 from worker import sandbox
 from worker.sandbox import log_tail
@@ -155,6 +156,7 @@ def execute_run(run_id: int, *, settings: Settings | None = None, worker: str | 
     if not retry_database(claim, what=f"claiming run {run_id}"):
         log.info("run %s is not queued (taken, finished or cancelled); skipping", run_id)
         return "skipped"
+    notify.run_changed(run_id, settings=settings)  # the check run shows "in progress" (issue 16)
     with Heartbeat(run_id=run_id, worker=worker, interval_s=settings.heartbeat_interval_s) as beat:
         try:
             status = _phases(run_id=run_id, settings=settings, worker=worker, beat=beat)
@@ -181,6 +183,7 @@ def execute_run(run_id: int, *, settings: Settings | None = None, worker: str | 
         run = session.get(Run, run_id)
         if run.status in (DONE, FAILED, ERROR) and run.worker == worker:
             verdict_store.evaluate_with_dependants(session=session, run=run)
+            notify.run_changed(run_id, settings=settings, with_dependants=True)
     if status == DONE:
         _send_corun(run_id)
     return status
@@ -235,6 +238,7 @@ def _record_baseline_diffs(run_id: int, settings: Settings) -> str:
         count = record_baseline_diffs(run_id=run_id, settings=settings, between_cases=yield_to_runs)
         if count:
             log.info("run %s: per-step |commit - baseline| stored for %d changed cases", run_id, count)
+            notify.run_changed(run_id, settings=settings)  # the check and PR comment gain max |Δ|
         return "stored"
     except CorunYielded as waiting:
         log.info("run %s: baseline co-run yields (%s); queued again", run_id, waiting)

@@ -20,9 +20,11 @@ def run_once(settings: Settings) -> tuple[list[int], list[int], list[int]]:
         if failed:
             from service.db.models import Run
             from service.domain import verdict_store
+            from service.notify import hooks as notify_hooks
 
             for run_id in failed:
                 verdict_store.evaluate_with_dependants(session=session, run=session.get(Run, run_id))
+                notify_hooks.run_changed(run_id, settings=settings, with_dependants=True)  # issue 16
         sent = queueing.dispatch_pending(session=session, settings=settings)
     return requeued, failed, sent
 

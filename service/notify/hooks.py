@@ -17,19 +17,22 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from service.db.models import ACTIVE_STATUSES, Run
+from service.db.models import ACTIVE_STATUSES, Run, Verdict
 from service.db.notify_models import GitHubCheckRun, GitHubIntegration, Webhook
 from service.domain.dashboard_queries import run_page
 from service.domain.redaction import clip, scrub
 from service.notify import github, report
 from service.notify.conclusions import conclusion_for, state_of
-from service.notify.github_client import NotifyRetry, make_client
 from service.notify.webhooks import DeliveryPolicy, deliver, verdict_payload
 from service.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from service.notify.github_client import NotifyRetry
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +42,12 @@ MAX_ERROR_CHARS = 2000
 _COMMENT_LOCK_BASE = 0x6F7464_0000
 
 
-def run_changed(run_id: int, *, settings: Settings | None = None) -> threading.Thread | None:
-    """Notify about `run_id` in the background. Never raises."""
+def run_changed(run_id: int, *, settings: Settings | None = None,
+                with_dependants: bool = False) -> threading.Thread | None:
+    """Notify about `run_id` in the background (and, `with_dependants`, about the runs whose
+    verdicts waited for it as their baseline and were stored with its own). Never raises."""
     try:
-        thread = threading.Thread(target=_notify_in_own_session, args=(run_id, settings),
+        thread = threading.Thread(target=_notify_in_own_session, args=(run_id, settings, with_dependants),
                                   name=f"optdrift-notify-{run_id}", daemon=True)
         thread.start()
         return thread
@@ -51,13 +56,33 @@ def run_changed(run_id: int, *, settings: Settings | None = None) -> threading.T
         return None
 
 
-def _notify_in_own_session(run_id: int, settings: Settings | None) -> None:
-    from service.db.session import get_sessionmaker
+_engines: dict[str, object] = {}
+_engines_lock = threading.Lock()
 
+
+def _sessions(settings: Settings):  # noqa: ANN202
+    """A session factory on the caller's database (its settings', which in tests differ from the
+    process-wide get_settings()); one engine per URL, shared by the notification threads."""
+    from sqlalchemy.orm import sessionmaker
+
+    from service.db.session import make_engine
+
+    url = settings.resolved_database_url
+    with _engines_lock:
+        if url not in _engines:
+            _engines[url] = make_engine(url)
+    return sessionmaker(bind=_engines[url], expire_on_commit=False)
+
+
+def _notify_in_own_session(run_id: int, settings: Settings | None, with_dependants: bool) -> None:
+    settings = settings or get_settings()
     try:
-        with get_sessionmaker()() as session:
-            notify_run(session=session, run_id=run_id, settings=settings or get_settings())
-            session.commit()
+        with _sessions(settings)() as session:
+            dependants = list(session.scalars(select(Verdict.run_id).where(
+                Verdict.baseline_run_id == run_id))) if with_dependants else []
+            for one in [run_id, *dependants]:
+                notify_run(session=session, run_id=one, settings=settings)
+                session.commit()
     except Exception:  # noqa: BLE001
         log.exception("run %s: notification failed", run_id)
 
@@ -123,6 +148,9 @@ def notify_github(*, session: Session, run: Run, integration: GitHubIntegration,
     if state is None and (run.status not in ACTIVE_STATUSES or row.check_run_id is not None):
         return  # queued, or already shown in progress
     try:
+        # githubkit is imported here, not with this module: workers import it at start.
+        from service.notify.github_client import make_client
+
         with make_client(integration, retry=retry) as gh:
             _send_github(session=session, gh=gh, run=run, row=row, state=state,
                          integration=integration, settings=settings)

@@ -14,6 +14,7 @@ from service.api.presenters import run_public, trajectory_public, verdict_public
 from service.api.schemas import AcknowledgeRequest, RunPublic, TrajectoriesPublic, TrajectoryPublic, VerdictPublic
 from service.domain import queueing, runs, trajectories, verdict_store
 from service.domain.errors import NotFoundError
+from service.notify import hooks as notify_hooks
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -49,10 +50,11 @@ def retry_run(run_id: RunIdPath, session: SessionDep, settings: SettingsDep,
 
 @router.post("/{run_id}/acknowledge", response_model=VerdictPublic)
 def acknowledge_run(run_id: RunIdPath, body: AcknowledgeRequest, session: SessionDep,
-                    _principal: AdminDep) -> VerdictPublic:
+                    _principal: AdminDep, settings: SettingsDep) -> VerdictPublic:
     run = runs.get(session=session, run_id=run_id)
     verdict = verdict_store.acknowledge(session=session, run=run, note=body.note, by=body.by)
     session.commit()
+    notify_hooks.run_changed(run.id, settings=settings)  # the check run turns to success (issue 16)
     return verdict_public(verdict)
 
 

@@ -1,0 +1,207 @@
+"""One case across a project's commit history: its distance to the float64 reference per commit,
+the commits where its bits changed, acknowledgements and releases (the case history page and its
+JSON API).
+
+A commit's point is its run's trajectory of the case in one environment (a case id names its whole
+spec, so runs of different batteries that share the case agree on what it is). "Changed here"
+compares that trajectory with the one of the commit it descends from: its first parent when that
+has a run of the case, else its verdict's baseline run, through service.verdicts.compare_case, the
+comparison every verdict makes (per-step digests; direction against the float64 reference).
+
+One query loads the case's rows (not the verdicts' case lists, which hold every case of a battery);
+verdict details are read only at change points, for the fields the verdict adds to a changed case.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.db.models import Commit, Run, Trajectory, Verdict
+from service.domain.dashboard_queries import get_project
+from service.domain.errors import NotFoundError
+from service.domain.trajectories import row_to_case_result
+from service.results import CaseResult
+from service.verdicts import compare_case
+
+DEFAULT_LIMIT = 200
+MAX_LIMIT = 1000
+# A changed case's fields from the verdict that this page shows beside its own comparison (the
+# co-run's size of the change; the change relative to the case's own scale, where recorded).
+VERDICT_CASE_FIELDS_SKIPPED = {"case_id", "optimizer", "verdict", "max_abs_diff_per_step", "message"}
+
+
+@dataclass
+class HistoryPoint:
+    sha: str
+    message: str | None
+    ref: str | None
+    release_tag: str | None
+    created_at: datetime
+    run_id: int
+    status: str                      # the case's status in this run: ok, broken, not_applicable
+    final_distance: float | None     # |p - p_float64| after the last step (max over elements)
+    max_distance: float | None       # the largest of those over the steps
+    compared_with: str | None = None  # the sha whose trajectory this one is compared with
+    change: str | None = None        # compare_case's verdict against it: changed, unchanged, broken...
+    first_divergent_step: int | None = None
+    direction: str | None = None
+    acknowledged: bool = False
+    acknowledged_by: str | None = None
+    acknowledgement_note: str | None = None
+    # What the run's verdict recorded for this case at a change point (e.g. the largest
+    # |commit - baseline| from the co-run, and any scale-relative figures), verbatim.
+    verdict_fields: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def change_point(self) -> bool:
+        return self.change is not None and self.change != "unchanged"
+
+
+@dataclass
+class CaseHistory:
+    project: str
+    case_id: str
+    case: dict[str, Any]
+    environment: str
+    environments: list[str]
+    points: list[HistoryPoint]        # oldest first
+    truncated: bool
+
+    @property
+    def change_points(self) -> list[HistoryPoint]:
+        return [p for p in self.points if p.change_point]
+
+    @property
+    def releases(self) -> list[HistoryPoint]:
+        return [p for p in self.points if p.release_tag]
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _distances(result: CaseResult) -> tuple[float | None, float | None]:
+    series = result.trajectory.ref64_max_abs if result.trajectory else []
+    if not series:
+        return None, None
+    # A NaN anywhere makes the peak NaN (shown as a gap), as service.verdicts reads peaks.
+    peak = math.nan if any(math.isnan(v) for v in series) else max(series)
+    return _finite(series[-1]), _finite(peak)
+
+
+def case_history(*, session: Session, project_name: str, case_id: str, environment: str | None = None,
+                 limit: int = DEFAULT_LIMIT) -> CaseHistory:
+    project = get_project(session=session, name=project_name)
+    base = (select(Run.environment).join(Trajectory, Trajectory.run_id == Run.id)
+            .where(Run.project_id == project.id, Run.commit_id.is_not(None), Trajectory.case_id == case_id))
+    environments = sorted(set(session.scalars(base.distinct())))
+    if not environments:
+        raise NotFoundError(f"no commit of {project_name!r} has run a case {case_id!r}; the case ids are on "
+                            "a commit's page and in /api/v1/runs/{id}/trajectories")
+    if environment is None:
+        environment = session.scalar(base.order_by(Run.created_at.desc(), Run.id.desc()).limit(1))
+    elif environment not in environments:
+        raise NotFoundError(f"case {case_id!r} has no run in environment {environment!r}; it ran in "
+                            f"{', '.join(environments)}")
+    rows = session.execute(
+        select(Commit, Run.id, Trajectory)
+        .join(Run, Run.commit_id == Commit.id).join(Trajectory, Trajectory.run_id == Run.id)
+        .where(Commit.project_id == project.id, Run.environment == environment, Trajectory.case_id == case_id)
+        .order_by(Commit.created_at.desc(), Commit.id.desc(), Run.id)
+    ).all()
+    # One point per commit (its first run holding the case), the newest `limit` commits.
+    by_sha: dict[str, tuple[Commit, int, CaseResult]] = {}
+    for commit, run_id, row in rows:
+        if commit.sha not in by_sha:
+            by_sha[commit.sha] = (commit, run_id, row_to_case_result(row))
+    truncated = len(by_sha) > limit
+    kept = list(by_sha.values())[:limit][::-1]
+    verdicts = _verdicts(session, [run_id for _, run_id, _ in kept])
+    points = []
+    for commit, run_id, result in kept:
+        final, peak = _distances(result)
+        point = HistoryPoint(sha=commit.sha, message=commit.message, ref=commit.ref,
+                             release_tag=commit.release_tag, created_at=commit.created_at, run_id=run_id,
+                             status=result.status, final_distance=final, max_distance=peak)
+        verdict = verdicts.get(run_id)
+        reference = _reference(session, commit, verdict, by_sha, case_id)
+        if reference is not None:
+            point.compared_with, reference_result = reference
+            comparison = compare_case(result, reference_result)
+            point.change, point.first_divergent_step, point.direction = (
+                comparison.verdict, comparison.first_divergent_step, comparison.direction)
+        if verdict is not None and verdict.acknowledged:
+            point.acknowledged, point.acknowledged_by, point.acknowledgement_note = (
+                True, verdict.acknowledged_by, verdict.acknowledgement_note)
+        if point.change_point and verdict is not None:
+            point.verdict_fields = _verdict_case_fields(session, verdict.id, case_id)
+        points.append(point)
+    spec = kept[-1][2].case.model_dump(mode="json") if kept else {}
+    return CaseHistory(project=project.name, case_id=case_id, case=spec, environment=environment,
+                       environments=environments, points=points, truncated=truncated)
+
+
+def _verdicts(session: Session, run_ids: list[int]) -> dict[int, Verdict]:
+    if not run_ids:
+        return {}
+    # Without `detail` (every case of the battery): only the columns a point shows.
+    rows = session.execute(
+        select(Verdict.id, Verdict.run_id, Verdict.baseline_run_id, Verdict.acknowledged,
+               Verdict.acknowledged_by, Verdict.acknowledgement_note).where(Verdict.run_id.in_(run_ids))
+    ).all()
+    return {row.run_id: row for row in rows}
+
+
+def _reference(session: Session, commit: Commit, verdict, by_sha: dict, case_id: str):  # noqa: ANN001, ANN202
+    """(sha, result) of the trajectory `commit`'s is compared with: the first parent's when it ran
+    the case, else the verdict's baseline run's; None when neither exists (the first commit)."""
+    parent = commit.parents[0] if commit.parents else None
+    if parent in by_sha:
+        return parent, by_sha[parent][2]
+    if verdict is None or verdict.baseline_run_id is None:
+        return None
+    row = session.execute(
+        select(Commit.sha, Trajectory).join(Run, Run.commit_id == Commit.id)
+        .join(Trajectory, Trajectory.run_id == Run.id)
+        .where(Run.id == verdict.baseline_run_id, Trajectory.case_id == case_id)
+    ).first()
+    return None if row is None else (row[0], row_to_case_result(row[1]))
+
+
+def _verdict_case_fields(session: Session, verdict_id: int, case_id: str) -> dict[str, Any]:
+    detail = session.scalar(select(Verdict.detail).where(Verdict.id == verdict_id)) or {}
+    for case in detail.get("cases", []):
+        if case.get("case_id") == case_id:
+            fields = {k: v for k, v in case.items() if k not in VERDICT_CASE_FIELDS_SKIPPED and v is not None}
+            diffs = case.get("max_abs_diff_per_step")
+            if diffs:
+                fields["max_abs_diff"] = max(float(v) for v in diffs)
+            return fields
+    return {}
+
+
+def as_json(history: CaseHistory) -> dict[str, Any]:
+    """JSON for the API and the page's chart: NaN and infinities as null (JSON has neither)."""
+    def clean(value: Any) -> Any:  # noqa: ANN401
+        if isinstance(value, float):
+            return _finite(value)
+        if isinstance(value, datetime):
+            return value.isoformat()
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
+    points = [{**asdict(p), "change_point": p.change_point} for p in history.points]
+    return clean({"project": history.project, "case_id": history.case_id, "case": history.case,
+                  "environment": history.environment, "environments": history.environments,
+                  "truncated": history.truncated, "points": points,
+                  "change_points": [p.sha for p in history.change_points],
+                  "releases": [{"tag": p.release_tag, "sha": p.sha} for p in history.releases]})

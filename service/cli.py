@@ -675,5 +675,9 @@ def check(
     raise typer.Exit(code)
 
 
+from service import cli_bisect  # noqa: E402  (`optdrift bisect`: the first commit that changed each case)
+
+app.command("bisect", epilog=cli_bisect.BISECT_EXIT_CODES)(cli_bisect.bisect)
+
 if __name__ == "__main__":
     app()

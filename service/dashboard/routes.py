@@ -93,6 +93,19 @@ def releases_page(request: Request, project: str, session: SessionDep, environme
         session=session, name=project), labels=labels, chosen_group=chosen, lines=lines)
 
 
+@router.get("/projects/{project}/case-history", response_class=HTMLResponse)
+def case_history_page(request: Request, project: str, case: str, session: SessionDep,
+                      environment: str | None = None) -> HTMLResponse:
+    """One case across the commits (service/domain/case_history.py); the chart reads the same JSON
+    as /api/v1/projects/{project}/case-history."""
+    from service.domain import case_history
+
+    history = case_history.case_history(session=session, project_name=project, case_id=case,
+                                        environment=environment or None)
+    return _page(request, "case_history.html", history=history, chart=case_history.as_json(history),
+                 project=queries.get_project(session=session, name=project))
+
+
 def _finite_or_none(value: float | None) -> float | None:
     # JSON has no NaN/Infinity; a gap in the line says "no finite value here".
     return value if value is not None and math.isfinite(value) else None

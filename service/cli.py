@@ -23,6 +23,7 @@ or usage, 3 broken commit, 4 optdrift or service error, 5 nondeterministic. An e
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -158,6 +159,8 @@ def worker(
     gpus: Annotated[Optional[str], typer.Option(
         help="all or GPU indices (0,1): one worker process per GPU, CUDA_VISIBLE_DEVICES set, "
              "queue gpu.sm<cc> of its compute capability")] = None,
+    name: Annotated[Optional[str], typer.Option(
+        help="this worker's name (letters, digits, - and _), to run several workers of one queue on one host")] = None,
 ) -> None:
     """Run a Celery worker consuming OPTDRIFT_WORKER_ENVIRONMENT's queue (cpu, gpu.sm90, ...)."""
     _needs_extra("worker", "worker", WORKER_MODULES)
@@ -175,8 +178,10 @@ def worker(
     from worker.celery_app import app as celery_app, worker_argv
 
     settings = get_settings()
+    if name is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", name):
+        raise _fail(f"--name {name!r}: use 1-40 letters, digits, '-' or '_'", EXIT_USAGE)
     celery_app.worker_main(worker_argv(environment=settings.worker_environment,
-                                       concurrency=concurrency, pool=pool, loglevel=loglevel))
+                                       concurrency=concurrency, pool=pool, loglevel=loglevel, name=name))
 
 
 @app.command(epilog=SERVER_EXIT_CODES)
@@ -674,6 +679,10 @@ def check(
     print(json.dumps({"exit_code": code, **body}, indent=2))
     raise typer.Exit(code)
 
+
+from service import cli_speed  # noqa: E402  (the kernels' own speed of a run; it imports this module lazily)
+
+app.command("speed", epilog=cli_speed.EXIT_CODES)(cli_speed.speed)
 
 from service import cli_bisect  # noqa: E402  (`optdrift bisect`: the first commit that changed each case)
 

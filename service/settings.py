@@ -168,7 +168,8 @@ class Settings(BaseSettings):
         """Where a worker fetches sources: OPTDRIFT_PUBLIC_URL when set (workers on other hosts,
         or an API behind a proxy); else the URL a `serve` of the same OPTDRIFT_HOME listens on;
         else the default (http://127.0.0.1:8000)."""
-        if "public_url" in self.model_fields_set:
+        # An empty OPTDRIFT_PUBLIC_URL (a compose file's `${VAR:-}`) counts as unset.
+        if "public_url" in self.model_fields_set and self.public_url.strip():
             return self.public_url
         try:
             written = self.api_url_file.read_text().strip()

@@ -356,6 +356,8 @@ def test_serve_writes_its_url_for_workers_of_the_same_home_and_removes_it(tmp_pa
         # OPTDRIFT_PUBLIC_URL still wins: workers on other hosts reach the API by its public name.
         assert Settings(home=home, public_url="http://api.internal:9000").resolved_public_url == \
             "http://api.internal:9000"
+        # ...and an empty one (a compose file's `${OPTDRIFT_PUBLIC_URL:-}`) is no setting at all.
+        assert Settings(home=home, public_url="").resolved_public_url == f"http://127.0.0.1:{port}"
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=30)

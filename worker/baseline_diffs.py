@@ -5,7 +5,8 @@ say whether it moved closer or farther. How far the commit's parameters are from
 each step needs both trajectories side by side, which the database does not keep (a parameter
 snapshot per step would be gigabytes). So after a run's verdict names changed cases, the worker that
 ran it fetches the baseline's source, builds it (usually a cache hit: the baseline ran here too) and
-co-runs only the changed cases in two kernel hosts (worker.engine.corun_battery). The verdict is
+co-runs only the changed cases in two kernel hosts (worker.engine.corun_battery; through the fast
+engine's waves, kernels only, when the worker runs the fast engine). The verdict is
 then recomputed with those diffs and stored; its outcome cannot change (the same stored
 trajectories are compared), only the per-step magnitudes and the summary line are added.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from sqlalchemy import select
@@ -40,11 +42,13 @@ class CorunYielded(RuntimeError):
 
 def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None) -> int:  # noqa: ANN001
     """Store per-step |commit − baseline| for the changed cases of `run_id`; returns how many.
-    `between_cases()` is called before each case and may raise CorunYielded to stop."""
+    `between_cases()` is called before each case (each chunk of cases on the fast engine) and may
+    raise CorunYielded to stop."""
     from worker import pipeline
     from worker.engine.corun import corun_battery
+    from worker.tasks import worker_name  # the Celery face imports this module: import it late
 
-    started = time.monotonic()
+    started, started_at = time.monotonic(), datetime.now(timezone.utc)
     sessions = get_sessionmaker()
     with sessions() as session:
         run = session.get(Run, run_id)
@@ -92,7 +96,8 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
         rerun, _, diffs = corun_battery(battery, libraries["commit"], libraries["baseline"],
                                         device=settings.worker_device, cases=cases,
                                         case_timeout_s=settings.case_timeout_s, adapter=adapter,
-                                        between_cases=between_cases, params_only=True)
+                                        between_cases=between_cases, params_only=True,
+                                        fast=settings.fast_engine)
     for result in rerun.cases:
         original = stored[result.case.case_id]
         if result.trajectory is None or original.trajectory is None \
@@ -108,7 +113,11 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
             log.error("run %s: recomputed verdict %s != stored %s; diffs not stored",
                       run_id, comparison.verdict, verdict.outcome)
             return 0
-        # corun_seconds: the co-run's own time (fetch, builds, kernels), for /metrics' histogram.
-        verdict.detail = {**comparison.model_dump(mode="json"), "corun_seconds": time.monotonic() - started}
+        # corun_seconds: the co-run's own time (fetch, builds, kernels), for /metrics' histogram;
+        # corun_window: when and on which worker it ran (several workers share a queue: issue 19).
+        window = {"worker": worker_name(), "started_at": started_at.isoformat(),
+                  "finished_at": datetime.now(timezone.utc).isoformat()}
+        verdict.detail = {**comparison.model_dump(mode="json"), "corun_seconds": time.monotonic() - started,
+                          "corun_window": window}
         session.commit()
     return len(diffs)

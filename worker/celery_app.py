@@ -25,11 +25,13 @@ def _configure(sender: Celery, **_kwargs) -> None:  # noqa: ANN003
 
 
 def worker_argv(*, environment: str, concurrency: int = 1, pool: str = "prefork",
-                loglevel: str = "INFO") -> list[str]:
-    """argv for `celery worker` consuming one environment's queue and its co-run queue."""
-    # One worker per GPU on a host: the GPU index keeps their node names apart.
+                loglevel: str = "INFO", name: str | None = None) -> list[str]:
+    """argv for `celery worker` consuming one environment's queue and its co-run queue.
+    `name`: this worker's part of the node name, for several workers of one class on one host."""
+    # One worker per GPU on a host: the GPU index keeps their node names apart; several CPU
+    # workers on a host are told apart by their names (presence rows are keyed by node).
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
-    node = f"optdrift-{environment}" + (f"-gpu{gpu.replace(',', '_')}" if gpu else "")
+    node = f"optdrift-{environment}" + (f"-gpu{gpu.replace(',', '_')}" if gpu else "") + (f"-{name}" if name else "")
     return [
         "worker", "--queues", f"{environment},{corun_queue_for(environment)}", "--concurrency", str(concurrency),
         "--pool", pool,

@@ -1,0 +1,60 @@
+"""The attribution step of a flagged run: after the baseline co-run (worker/baseline_diffs.py), the
+changed cases' kernels once more on both builds with every step's parameters kept
+(worker/attribution/pair_run.py), then the analysis in a torch child (worker/attribution/child.py).
+Its result goes beside the verdict (detail["attribution"], case id -> attribution) and never changes
+it: a failure here is logged and recorded as {"error": ...}, the diffs are stored all the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+from service.results import CaseSpec, RunComparison, RunResult
+from worker.attribution.pair_run import analyze_in_child, record_parameters
+
+log = logging.getLogger(__name__)
+
+
+def attribute_changed(comparison: RunComparison, baseline: RunResult, cases: list[CaseSpec],
+                      commit_library: str | Path, baseline_library: str | Path, *, device: str = "auto",
+                      adapter: str = "bundled", case_timeout_s: float = 300.0) -> dict[str, dict]:
+    """case id -> attribution for the changed cases of `comparison` among `cases`."""
+    first_steps = {c.case_id: c.first_divergent_step for c in comparison.cases
+                   if c.verdict == "changed" and c.first_divergent_step}
+    wanted = [case for case in cases if case.case_id in first_steps]
+    baseline_ref64 = {c.case.case_id: c.trajectory.ref64_max_abs for c in baseline.cases if c.trajectory}
+    if not wanted:
+        return {}
+    with tempfile.TemporaryDirectory(prefix="optdrift-attribution-") as tmp:
+        files = record_parameters(commit_library, baseline_library, wanted, Path(tmp), device=device,
+                                  adapter=adapter, case_timeout_s=case_timeout_s)
+        requests, answers = [], {}
+        for case in wanted:
+            if case.case_id not in files:
+                answers[case.case_id] = {"error": "the case did not run on both builds again"}
+                continue
+            commit_file, baseline_file, rerun_step = files[case.case_id]
+            if rerun_step != first_steps[case.case_id]:
+                # Kernels are deterministic in one environment: a re-run that diverges elsewhere
+                # is not the trajectory the verdict judged, so it explains nothing.
+                answers[case.case_id] = {"error": f"the re-run diverged at step {rerun_step}, the verdict's "
+                                                  f"trajectories at step {first_steps[case.case_id]}"}
+                continue
+            requests.append({"case": case.model_dump(mode="json"), "commit_file": str(commit_file),
+                             "baseline_file": str(baseline_file),
+                             "first_divergent_step": first_steps[case.case_id],
+                             "baseline_ref64": baseline_ref64.get(case.case_id)})
+        if requests:
+            answers.update(analyze_in_child(requests))
+    return answers
+
+
+def attribute_or_note(*args, **kwargs) -> dict:  # noqa: ANN002, ANN003
+    """attribute_changed, or {"error": why} when it failed: the verdict's diffs are stored either way."""
+    try:
+        return attribute_changed(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - attribution never costs a run its verdict or diffs
+        log.exception("attribution failed")
+        return {"error": f"{type(error).__name__}: {error}"}

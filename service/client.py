@@ -143,6 +143,10 @@ class OptdriftClient:
     def run(self, run_id: int) -> dict:
         return self._check(self.http.get(f"/api/v1/runs/{run_id}"))
 
+    def speed(self, run_id: int) -> dict:
+        """The run's kernel speed against its baseline (service/api/routes/speed.py)."""
+        return self._check(self.http.get(f"/api/v1/runs/{run_id}/speed"))
+
     def wait(self, run_ids: list[int], *, on_update: Callable[[list[dict]], None] | None = None,
              poll_s: float = 1.0, timeout_s: float = 3600.0) -> list[dict]:
         """Poll until every run is final: with its verdict, or cancelled / in error without one."""

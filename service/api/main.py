@@ -12,13 +12,14 @@ from service.api import docs, maintenance
 from service.api.auth import install_error_handlers, read_access
 from service.api.request_guard import RequestGuard
 from service.api.routes import commits, health, projects, runs, sources, verify
+from service.api.routes import speed
 from service.api.routes import case_history
 from service.dashboard.routes import install as install_dashboard
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
 from service.settings import get_settings
 
 api_router = APIRouter(prefix="/api/v1")
-for module in (projects, commits, verify, runs, sources, case_history):
+for module in (projects, commits, verify, runs, sources, speed, case_history):
     api_router.include_router(module.router)
 
 

@@ -20,7 +20,7 @@ from fastapi.templating import Jinja2Templates
 
 from service.api.deps import SessionDep
 from service.api.params import Page, RunIdPath, RunIdQuery
-from service.dashboard import release_matrix, wording
+from service.dashboard import release_matrix, speed_pages, wording
 from service.db.models import FINAL_STATUSES
 from service.domain import dashboard_queries as queries
 from service.domain.errors import NotFoundError
@@ -142,4 +142,5 @@ def plotly_js() -> FileResponse:
 def install(app: FastAPI) -> None:
     """Mount the dashboard pages and their static files on the API app."""
     app.include_router(router)
+    app.include_router(speed_pages.router)  # the kernels' own speed: run table, per-kernel history
     app.mount("/static/dashboard", StaticFiles(directory=HERE / "static"), name="dashboard-static")

@@ -176,9 +176,11 @@ def history(*, session: Session, project_id: int, kernel: str, param_dtype: str,
 
 
 def kernels_of_project(*, session: Session, project_id: int) -> list[tuple[str, str, int]]:
-    """Every (kernel, dtype, size) the project's runs have timed, for the history page's index."""
+    """Every (kernel, dtype, size) the project's runs have timed (failed timings left out), for
+    the history page's index."""
     found = session.execute(select(KernelSpeed.kernel, KernelSpeed.param_dtype, KernelSpeed.size)
-                            .join(Run, Run.id == KernelSpeed.run_id).where(Run.project_id == project_id)
+                            .join(Run, Run.id == KernelSpeed.run_id)
+                            .where(Run.project_id == project_id, KernelSpeed.median_s.is_not(None))
                             .distinct()).all()
     return sorted((k, d, s) for k, d, s in found)
 

@@ -1,0 +1,65 @@
+"""`optdrift speed RUN_ID`: a run's kernel speed against its baseline, as a table or JSON.
+
+The speed verdict is judged apart from the trajectory verdict: `submit --wait` and `check` exit
+with the trajectory's code whatever the speed. This command exits 0 whatever the speed too, unless
+`--fail-on-slowdown` is given: then a run whose speed verdict is `slower` exits 6 (its own code,
+so CI can tell a slowdown from a changed trajectory, 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Annotated
+
+import typer
+
+EXIT_SLOWER = 6
+EXIT_CODES = ("Exit codes: 0 shown (any speed, unless --fail-on-slowdown); 6 a kernel slower than its "
+              "baseline with --fail-on-slowdown; 2 bad input or usage; 4 optdrift or service error.")
+
+
+def speed_table(speed: dict):  # noqa: ANN201
+    from rich.table import Table
+
+    table = Table(title=f"run {speed['run_id']} kernel speed: {speed['verdict']} — {speed['summary']}",
+                  title_justify="left")
+    for name in ("kernel", "dtype", "elements", "median µs", "IQR %", "GB/s", "of copy", "baseline µs",
+                 "ratio [interval]", "speed"):
+        table.add_column(name, justify="left" if name in ("kernel", "dtype", "speed") else "right")
+    for k in speed["kernels"]:
+        if k["error"]:
+            table.add_row(k["kernel"], k["param_dtype"], str(k["size"]), k["error"][:60], "", "", "", "", "", "error")
+            continue
+        interval = (f"{k['ratio']:.3f} [{k['ratio_low']:.3f}, {k['ratio_high']:.3f}]" if k["ratio"] is not None else "—")
+        table.add_row(k["kernel"], k["param_dtype"], str(k["size"]), f"{k['median_s'] * 1e6:.2f}",
+                      f"{100 * k['spread_s'] / k['median_s']:.1f}", f"{k['bandwidth_bytes_per_s'] / 1e9:.1f}",
+                      f"{100 * k['copy_fraction']:.0f} %" if k["copy_fraction"] is not None else "—",
+                      f"{k['baseline_median_s'] * 1e6:.2f}" if k["baseline_median_s"] else "—", interval, k["verdict"])
+    return table
+
+
+def speed(
+    run_id: Annotated[int, typer.Argument(help="the run's id (submit and verify print it)")],
+    fail_on_slowdown: Annotated[bool, typer.Option(
+        "--fail-on-slowdown", help=f"exit {EXIT_SLOWER} when a kernel is slower than its baseline beyond the "
+                                   "noise model (off: the exit code ignores speed)")] = False,
+    output: Annotated[str, typer.Option("--format", help="text (a table) or json")] = "text",
+    url: Annotated[str, typer.Option("--url", help="the optdrift API (env OPTDRIFT_URL)")] =
+        os.environ.get("OPTDRIFT_URL", "http://127.0.0.1:8000"),
+) -> None:
+    """A run's kernel speed against its baseline's: per kernel median, spread, bandwidth as a
+    fraction of a same-bytes copy, the ratio of medians with its bootstrap interval, the verdict."""
+    from service.cli import EXIT_USAGE, _expected_failures, _fail, console
+    from service.client import OptdriftClient
+
+    if output not in ("text", "json"):
+        raise _fail(f"--format {output!r}: use text or json", EXIT_USAGE)
+    client = OptdriftClient(url)
+    with _expected_failures(url):
+        result = client.speed(run_id)
+    if output == "json":
+        print(json.dumps(result, indent=2))
+    else:
+        console.print(speed_table(result))
+    raise typer.Exit(EXIT_SLOWER if fail_on_slowdown and result["verdict"] == "slower" else 0)

@@ -1,0 +1,199 @@
+"""The kernels' own speed per run on the CPU path (real kernel host, real build, real PostgreSQL):
+timing every bundled kernel through the adapter, storing the samples, the comparison with the
+baseline in the API and the dashboard. The noise model itself: tests/test_kernel_speed_noise.py;
+the worker end to end: tests/test_kernel_speed_e2e.py; the CUDA path: bench/gpu/h200_kernel_speed.sh.
+
+Verdicts here are asserted on synthetic stored samples only: wall-clock timings on this shared
+2-core machine move by tens of percent between processes, so no test may judge real CPU timings.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from service.domain import kernel_speed, projects, runs, submissions
+from tests.service_fixtures import make_archive
+
+OPTIMIZERS = ("adam", "ademamix", "lion", "momentum", "rmsprop", "adagrad")
+N = 4096
+
+
+@pytest.fixture(scope="module")
+def host_answers(kernels_build) -> dict:  # noqa: ANN001
+    """`time_kernels` answers of one kernel host on the bundled build (CPU): the whole plan, small
+    (4096 elements, 5 samples), then a spent budget and two bad plans."""
+    from worker.engine.host import KernelHost
+
+    asked = {"timed": {"sizes": [N], "repeats": 5, "warmup": 1, "budget_s": 60},
+             "spent": {"sizes": [N], "budget_s": 0},
+             "unknown_field": {"sizes": [N], "repetitions": 3},
+             "bad_size": {"sizes": [-1]}}
+    answers = {}
+    with KernelHost(kernels_build.library_path, device="cpu") as host:
+        for name, plan in asked.items():
+            answers[name] = host.ask({"op": "time_kernels", "plan": plan}, timeout_s=120)
+            assert answers[name] is not None, host.stderr_tail()
+    return answers
+
+
+def test_every_bundled_kernel_is_timed_through_its_adapter(host_answers) -> None:  # noqa: ANN001
+    timed = host_answers["timed"]
+    found = {(t["kernel"], t["param_dtype"]): t for t in timed["timings"]}
+    assert set(found) == {(f"{o}/{f}", d) for o in OPTIMIZERS for f in ("32bit", "8bit_blockwise")
+                          for d in ("float32", "bfloat16")}
+    assert timed["device"] == "cpu" and timed["not_timed"] == 0 and timed["not_applicable"] == 0
+    for timing in found.values():
+        assert timing["error"] is None, timing
+        assert len(timing["samples_s"]) == len(timing["copy_samples_s"]) == 5
+        assert all(0 < s < 1 for s in timing["samples_s"] + timing["copy_samples_s"])
+    # Nominal bytes: param read+written, grad read, each state read+written. Adam fp32: 2 fp32 states.
+    assert found[("adam/32bit", "float32")]["bytes_moved"] == (2 * 4 + 4 + 2 * 2 * 4) * N
+    assert found[("adam/32bit", "bfloat16")]["bytes_moved"] == (2 * 2 + 2 + 2 * 2 * 4) * N
+    # 8-bit: a uint8 code per element and a float32 absmax per 256-element block, per state.
+    assert found[("adam/8bit_blockwise", "float32")]["bytes_moved"] == (2 * 4 + 4) * N + 2 * 2 * (N + 4 * N // 256)
+
+
+def test_the_budget_and_a_bad_plan(host_answers) -> None:  # noqa: ANN001
+    spent = host_answers["spent"]
+    assert spent["timings"] == [] and spent["not_timed"] == 24  # out of budget: nothing half-timed
+    assert "unknown plan field(s) ['repetitions']" in host_answers["unknown_field"]["error"]
+    assert "sizes must be positive integers" in host_answers["bad_size"]["error"]
+
+
+def test_the_slowed_mutant_does_more_work_and_keeps_the_trajectory(kernels) -> None:  # noqa: ANN001
+    """The mutant bench/gpu/h200_kernel_speed.sh must flag (worker/speed/mutant.py): its adam/32bit
+    step makes an extra pass over the parameter, gives the bundled step's values, and times through
+    the same code as the real kernels; other kernels stay the originals."""
+    import torch
+
+    from worker.adapters.bundled import FAMILIES, BundledAdapter
+    from worker.engine.lifecycle import family_for
+    from worker.speed import timing
+    from worker.speed.mutant import SlowedFamily, slowed_families
+
+    mutated = slowed_families(FAMILIES, ["adam/32bit"], fraction=1.0)
+    assert isinstance(mutated["32bit"], SlowedFamily) and mutated["8bit_blockwise"] is FAMILIES["8bit_blockwise"]
+    case = timing._timing_case("adam", "32bit", "float32", N)
+    params = []
+    for families in (FAMILIES, mutated):
+        family = family_for(families, case)
+        param = torch.linspace(-1, 1, N)
+        handle = family.open(case, param, torch.device("cpu"))
+        family.bind(handle, param, torch.full((N,), 1e-2))(1)
+        family.close(handle)
+        params.append(param)
+    assert torch.equal(params[0], params[1])
+    answer = timing.time_kernels(timing.TimingPlan(sizes=(N,), repeats=5, warmup=1, optimizers=("adam", "lion"),
+                                                   families=("32bit",), dtypes=("float32",)),
+                                 torch.device("cpu"), BundledAdapter(), mutated)
+    assert [(t["kernel"], t["error"], len(t["samples_s"])) for t in answer["timings"]] == \
+        [("adam/32bit", None, 5), ("lion/32bit", None, 5)]
+    with pytest.raises(ValueError, match="no family '4bit'"):
+        slowed_families(FAMILIES, ["adam/4bit"], fraction=1.0)
+
+
+# ----------------------------------------------------------------------------- service side
+def _answer(medians: dict[str, float], seed: int, *, error: str | None = None) -> dict:
+    """A `time_kernels` answer with 50 samples per kernel: the median times 1 % lognormal jitter."""
+    rng = np.random.default_rng(seed)
+    timings = []
+    for kernel, median in medians.items():
+        optimizer, family = kernel.split("/")
+        timings.append({"kernel": kernel, "optimizer": optimizer, "family": family, "param_dtype": "float32",
+                        "size": N, "samples_s": list(median * rng.lognormal(0, 0.01, 50)),
+                        "bytes_moved": 28 * N, "copy_samples_s": list(0.5 * median * rng.lognormal(0, 0.01, 50)),
+                        "error": None})
+    if error:
+        timings.append({"kernel": "lion/32bit", "optimizer": "lion", "family": "32bit", "param_dtype": "float32",
+                        "size": N, "samples_s": [], "bytes_moved": 0, "copy_samples_s": [], "error": error})
+    return {"timings": timings, "device": "synthetic", "not_timed": 0, "not_applicable": 0}
+
+
+def _done_run(session, settings, sha: str, parents: list[str]):  # noqa: ANN001, ANN202
+    project = projects.ensure(session=session, name="speedp")
+    run = submissions.submit_commit(session=session, settings=settings, project=project, sha=sha,
+                                    parents=parents, archive=make_archive({"a.cpp": sha})).runs[0]
+    assert runs.claim(session=session, run_id=run.id, worker="w")
+    runs.set_status(session=session, run_id=run.id, worker="w", status="done")
+    session.refresh(run)
+    return run
+
+
+@pytest.fixture
+def two_runs(db_session, api_settings):  # noqa: ANN001, ANN202
+    base = _done_run(db_session, api_settings, "base", [])
+    child = _done_run(db_session, api_settings, "child", ["base"])
+    kernel_speed.store(session=db_session, run_id=base.id,
+                       answer=_answer({"adam/32bit": 100e-6, "momentum/32bit": 50e-6}, seed=1))
+    # adam 30 % slower; momentum unchanged; lion failed in this run
+    kernel_speed.store(session=db_session, run_id=child.id,
+                       answer=_answer({"adam/32bit": 130e-6, "momentum/32bit": 50e-6}, seed=2, error="RuntimeError: boom"))
+    db_session.commit()
+    return base, child
+
+
+def test_samples_are_stored_at_full_precision_and_replaced_on_a_retry(db_session, api_settings) -> None:  # noqa: ANN001
+    run = _done_run(db_session, api_settings, "solo", [])
+    answer = _answer({"adam/32bit": 100e-6}, seed=3)
+    answer["timings"][0]["samples_s"][0] = 0.1 + 0.2  # not 0.3: a rounding store would lose it
+    for _ in range(2):
+        assert kernel_speed.store(session=db_session, run_id=run.id, answer=answer) == 1
+    [row] = kernel_speed.rows(session=db_session, run_id=run.id)
+    db_session.expire(row)
+    assert row.samples_s == answer["timings"][0]["samples_s"] and row.samples_s[0] == 0.1 + 0.2
+    assert row.median_s == float(np.median(answer["timings"][0]["samples_s"]))
+    assert row.copy_fraction == pytest.approx(0.5, rel=0.01)  # copy time / kernel time
+    assert kernel_speed.run_speed(session=db_session, run=run).verdict == "no-baseline"
+
+
+def test_the_api_names_the_slower_kernel_apart_from_the_trajectory_verdict(api, two_runs) -> None:  # noqa: ANN001
+    base, child = two_runs
+    body = api.get(f"/api/v1/runs/{child.id}/speed").json()
+    assert body["verdict"] == "slower" and body["baseline_run_id"] == base.id
+    assert body["threshold"] == 0.05 and body["confidence"] == 0.99
+    by_kernel = {k["kernel"]: k for k in body["kernels"]}
+    adam = by_kernel["adam/32bit"]
+    assert adam["verdict"] == "slower" and adam["ratio_low"] > 1.05
+    assert adam["ratio"] == pytest.approx(1.3, rel=0.02)  # 1 % jitter, 50 samples
+    assert by_kernel["momentum/32bit"]["verdict"] == "same"
+    assert by_kernel["lion/32bit"]["verdict"] == "error" and by_kernel["lion/32bit"]["error"] == "RuntimeError: boom"
+    assert adam["bandwidth_bytes_per_s"] == pytest.approx(28 * N / adam["median_s"])
+    assert "1 of 2 kernels slower" in body["summary"] and "adam/32bit" in body["summary"]
+    # the trajectory side is untouched: the run has no verdict row from speed
+    assert api.get(f"/api/v1/runs/{child.id}").json()["verdict"] is None
+    assert api.get(f"/api/v1/runs/{base.id}/speed").json()["verdict"] == "no-baseline"
+
+    history = api.get("/api/v1/projects/speedp/speed/history",
+                      params={"kernel": "adam/32bit", "param_dtype": "float32", "size": N}).json()
+    assert [p["run_id"] for p in history["data"]] == [base.id, child.id]
+    assert [p["sha"] for p in history["data"]] == ["base", "child"]
+    assert history["data"][1]["median_s"] / history["data"][0]["median_s"] == pytest.approx(1.3, rel=0.02)
+    kernels = api.get("/api/v1/projects/speedp/speed/kernels").json()["data"]
+    assert {(k["kernel"], k["size"]) for k in kernels} == {("adam/32bit", N), ("momentum/32bit", N)}
+    assert api.get("/api/v1/runs/2147483647/speed").status_code == 404
+    assert api.get("/api/v1/projects/speedp/speed/history").status_code == 422  # kernel is required
+
+
+def test_the_dashboard_shows_the_speed_table_and_a_kernel_history(api, two_runs) -> None:  # noqa: ANN001
+    base, child = two_runs
+    page = api.get(f"/runs/{child.id}/speed").text
+    assert 'data-kernel="adam/32bit" data-dtype="float32" data-size="4096" data-verdict="slower"' in page
+    assert 'data-kernel="momentum/32bit" data-dtype="float32" data-size="4096" data-verdict="same"' in page
+    assert "RuntimeError: boom" in page and f'href="/runs/{base.id}/speed"' in page
+    assert f'href="/runs/{child.id}/speed"' in api.get(f"/runs/{child.id}").text  # linked from the run page
+    history = api.get("/projects/speedp/speed", params={"kernel": "adam/32bit", "param_dtype": "float32",
+                                                         "size": N}).text
+    assert "Plotly.newPlot" in history and f'data-run-id="{base.id}"' in history and f'data-run-id="{child.id}"' in history
+    assert "No timing of momentum/9bit" in api.get("/projects/speedp/speed", params={"kernel": "momentum/9bit"}).text
+
+
+def test_numbers_on_the_page_are_the_stored_ones(db_session, two_runs) -> None:  # noqa: ANN001
+    _, child = two_runs
+    speed = kernel_speed.run_speed(session=db_session, run=child)
+    adam = next(k for k in speed.kernels if k.kernel == "adam/32bit")
+    [row] = [r for r in kernel_speed.rows(session=db_session, run_id=child.id) if r.kernel == "adam/32bit"]
+    assert adam.median_s == row.median_s and adam.samples == 50
+    assert math.isclose(adam.spread_s, float(np.subtract(*np.percentile(row.samples_s, [75, 25]))))

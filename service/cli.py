@@ -688,5 +688,9 @@ from service import cli_bisect  # noqa: E402  (`optdrift bisect`: the first comm
 
 app.command("bisect", epilog=cli_bisect.BISECT_EXIT_CODES)(cli_bisect.bisect)
 
+from service import cli_sensitivity  # noqa: E402  (`optdrift sensitivity`: the mutation catalogue against a battery)
+
+app.command("sensitivity", epilog=cli_sensitivity.EXIT_CODES)(cli_sensitivity.sensitivity)
+
 if __name__ == "__main__":
     app()

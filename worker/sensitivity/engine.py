@@ -1,0 +1,218 @@
+"""`optdrift sensitivity`: every mutant of a catalogue through the production pipeline.
+
+For each mutant: a copy of the kernel tree with its patch applied, built through the digest cache
+and ccache (worker.pipeline.build, so only the translation units the patch reaches recompile), the
+battery run on it (worker.pipeline.run, with the same repeats a changed case gets in production)
+and compared with the unmutated build's run (worker.pipeline.compare). A defect is caught when a
+case reads changed, broken or nondeterministic; a refactor is a false positive when any does.
+
+For a defect the battery misses, the cheapest case of a larger battery that catches it (fewest
+elements x steps) is searched in rounds of growing cost, stopping at the first round that
+catches, so the search costs little when a small case would have done.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from service.results import CaseSpec, RunResult
+from worker import pipeline
+from worker.battery import BatterySpec, load_battery
+from worker.sensitivity.catalogue import DEFAULT_CATALOGUE, Mutant, load_catalogue, mutant_tree, select
+from worker.sensitivity.results import (
+    CATCHING_VERDICTS, CaseCatch, CheapestCatch, MutantOutcome, SensitivityReport,
+)
+
+BUNDLED_CSRC = Path(__file__).resolve().parents[2] / "csrc"
+Progress = Callable[[str], None]
+
+
+def case_cost(case: CaseSpec) -> int:
+    return case.size * case.steps
+
+
+def group_label(index: int, battery: BatterySpec) -> str:
+    group = battery.groups[index]
+    optimizers = "all" if len(group.optimizers) == 6 else "+".join(group.optimizers)
+    families = "+".join("8bit" if f == "8bit_blockwise" else f for f in group.families)
+    dtypes = "+".join(d.replace("float", "f").replace("bf16", "bf16") for d in group.param_dtypes)
+    sizes = "/".join(str(s) for s in group.sizes)
+    return f"g{index + 1} {optimizers} {families} {dtypes} n{sizes} t{group.steps}"
+
+
+def case_groups(battery: BatterySpec) -> dict[str, list[int]]:
+    """Case id -> the indices of the battery groups that hold it (a case may be in several)."""
+    membership: dict[str, list[int]] = {}
+    for index, group in enumerate(battery.groups):
+        single = BatterySpec(name=battery.name, version=battery.version, groups=[group])
+        for case in single.expand():
+            membership.setdefault(case.case_id, []).append(index)
+    return membership
+
+
+@dataclass
+class SensitivityRun:
+    """One catalogue against one battery on one device."""
+
+    battery: str = "ci"
+    device: str = "cpu"
+    catalogue: Path = DEFAULT_CATALOGUE
+    only: list[str] | None = None
+    source: Path = BUNDLED_CSRC
+    cache_dir: Path | None = None
+    fallback_battery: str | None = "standard"  # None: no search for the cheapest catching case
+    case_timeout_s: float = 300.0
+    progress: Progress = print
+    checkpoint: Path | None = None  # the report so far, rewritten after each mutant; resumed from
+    _baseline_digests: dict[str, list[str]] = field(default_factory=dict)
+
+    def policy(self) -> pipeline.Policy:
+        return pipeline.Policy(device=self.device, cache_dir=self.cache_dir,
+                               cuda_archs=[] if self.device == "cpu" else None, case_timeout_s=self.case_timeout_s)
+
+    def run(self) -> SensitivityReport:
+        started = time.monotonic()
+        mutants = select(load_catalogue(self.catalogue), self.only)
+        policy = self.policy()
+        with tempfile.TemporaryDirectory(prefix="optdrift-sensitivity-") as work:
+            work_dir = Path(work)
+            base_tree = work_dir / "baseline"
+            shutil.copytree(self.source, base_tree, ignore=shutil.ignore_patterns("__pycache__", "build"))
+            job = pipeline.prepare(base_tree, requested_battery=self.battery, local_battery_file=True)
+            base_build = pipeline.build(job, policy)
+            if not base_build.ok:
+                raise RuntimeError(f"the unmutated tree {self.source} does not build:\n{base_build.error}")
+            self.progress(f"baseline {self.source}: built ({'cached' if base_build.cached else f'{base_build.duration_s:.1f} s'}); "
+                          f"battery {job.battery.name} v{job.battery.version}, {len(job.cases)} cases")
+            base_run = self._run(job, base_build, policy, job.cases)
+            self._baseline_digests = {r.case.case_id: r.trajectory.digests for r in base_run.cases
+                                      if r.status == "ok" and r.trajectory is not None}
+            membership = case_groups(job.battery)
+            done = self._resumed(job.battery, mutants)
+            if done:
+                self.progress(f"resuming {self.checkpoint}: {len(done)} mutant(s) already judged")
+            # Classes interleaved, so an interrupted run has judged some of every class.
+            for number, mutant in enumerate(_interleaved(mutants), 1):
+                if mutant.id not in done:
+                    done[mutant.id] = self._one(mutant, job, base_build, base_run, policy, membership, work_dir)
+                    self._report(job, mutants, done, started, write=True)
+                self.progress(f"[{number}/{len(mutants)}] {mutant.id}: {_describe(done[mutant.id])}")
+        return self._report(job, mutants, done, started, write=True)
+
+    def _report(self, job: pipeline.Job, mutants: list[Mutant], done: dict[str, MutantOutcome], started: float,
+                *, write: bool) -> SensitivityReport:
+        report = SensitivityReport(
+            catalogue=str(self.catalogue), battery=job.battery.name, battery_version=job.battery.version,
+            battery_digest=job.battery.digest, device=self.device,
+            groups=[group_label(i, job.battery) for i in range(len(job.battery.groups))],
+            case_count=len(job.cases), mutants=[done[m.id] for m in mutants if m.id in done],
+            wall_s=round(time.monotonic() - started, 1))
+        if write and self.checkpoint is not None:
+            self.checkpoint.write_text(report.model_dump_json(indent=1) + "\n")
+        return report
+
+    def _resumed(self, battery: BatterySpec, mutants: list[Mutant]) -> dict[str, MutantOutcome]:
+        """Outcomes a previous run of the same battery on the same device left in the checkpoint, for
+        mutants whose patch has not changed since (the expect text and kind must match too)."""
+        if self.checkpoint is None or not self.checkpoint.is_file():
+            return {}
+        previous = SensitivityReport.model_validate_json(self.checkpoint.read_text())
+        if previous.battery_digest != battery.digest or previous.device != self.device:
+            return {}
+        current = {m.id: m for m in mutants}
+        return {o.id: o for o in previous.mutants
+                if o.id in current and o.kind == current[o.id].kind and o.patch_sha256 == current[o.id].patch_sha256}
+
+    def _run(self, job: pipeline.Job, built, policy: pipeline.Policy, cases: list[CaseSpec],  # noqa: ANN001
+             baseline_digests: dict[str, list[str]] | None = None) -> RunResult:
+        subset = pipeline.Job(source_dir=job.source_dir, config=job.config, battery=job.battery,
+                              battery_origin=job.battery_origin, cases=cases)
+        ran = pipeline.run(subset, built, policy, cases=cases, baseline_digests=baseline_digests)
+        return pipeline.run_result(subset, built, ran)
+
+    def _one(self, mutant: Mutant, job: pipeline.Job, base_build, base_run: RunResult,  # noqa: ANN001
+             policy: pipeline.Policy, membership: dict[str, list[int]], work_dir: Path) -> MutantOutcome:
+        outcome = MutantOutcome(id=mutant.id, kind=mutant.kind, mutant_class=mutant.mutant_class,
+                                expect=mutant.expect, reaches=sorted(mutant.reaches), status="not_applicable",
+                                patch_sha256=mutant.patch_sha256,
+                                group_catches=[0] * len(job.battery.groups))
+        if self.device.split(":")[0] not in mutant.reaches:
+            return outcome
+        tree = mutant_tree(mutant, job.source_dir, work_dir / "mutant")
+        mutant_job = pipeline.Job(source_dir=tree, config=job.config, battery=job.battery,
+                                  battery_origin=job.battery_origin, cases=job.cases)
+        built = pipeline.build(mutant_job, policy)
+        outcome.build_s, outcome.build_cached = round(built.duration_s, 1), built.cached
+        if not built.ok:
+            outcome.status, outcome.error = "build_failed", (built.error or "")[-2000:]
+            return outcome
+        started = time.monotonic()
+        commit_run = self._run(mutant_job, built, policy, job.cases, self._baseline_digests)
+        outcome.run_s = round(time.monotonic() - started, 1)
+        specs = {case.case_id: case for case in job.cases}
+        for verdict in pipeline.compare(commit_run, base_run).cases:
+            if verdict.verdict in CATCHING_VERDICTS:
+                outcome.catches.append(CaseCatch(case_id=verdict.case_id, verdict=verdict.verdict,
+                                                 first_divergent_step=verdict.first_divergent_step,
+                                                 cost=case_cost(specs[verdict.case_id])))
+                for index in membership.get(verdict.case_id, []):
+                    outcome.group_catches[index] += 1
+        if mutant.kind == "refactor":
+            outcome.status = "flagged" if outcome.catches else "clean"
+        else:
+            outcome.status = "caught" if outcome.catches else "escaped"
+        if outcome.status == "escaped" and self.fallback_battery and self.fallback_battery != job.battery.name:
+            outcome.cheapest_catch = self._cheapest_catch(mutant_job, built, base_build, policy)
+        shutil.rmtree(tree, ignore_errors=True)
+        return outcome
+
+    def _cheapest_catch(self, mutant_job: pipeline.Job, built, base_build,  # noqa: ANN001
+                        policy: pipeline.Policy) -> CheapestCatch | None:
+        """The cheapest case of the fallback battery that catches the mutant, in rounds of 8, 16, 32...
+        cases by increasing cost; the first round with a catch gives its cheapest catching case."""
+        larger = load_battery(self.fallback_battery)
+        ordered = sorted(larger.expand(), key=lambda c: (case_cost(c), c.case_id))
+        job = pipeline.Job(source_dir=mutant_job.source_dir, config=mutant_job.config, battery=larger,
+                           battery_origin="the fallback battery", cases=ordered)
+        tried, round_size = 0, 8
+        while tried < len(ordered):
+            chunk = ordered[tried:tried + round_size]
+            tried += len(chunk)
+            round_size *= 2
+            base = self._run(job, base_build, policy, chunk)
+            digests = {r.case.case_id: r.trajectory.digests for r in base.cases
+                       if r.status == "ok" and r.trajectory is not None}
+            commit = self._run(job, built, policy, chunk, digests)
+            caught = [c for c in pipeline.compare(commit, base).cases if c.verdict in CATCHING_VERDICTS]
+            if caught:
+                costs = {case.case_id: case_cost(case) for case in chunk}
+                best = min(caught, key=lambda c: (costs[c.case_id], c.case_id))
+                return CheapestCatch(battery=larger.name, case_id=best.case_id, cost=costs[best.case_id],
+                                     verdict=best.verdict, first_divergent_step=best.first_divergent_step,
+                                     cases_tried=tried)
+        return None
+
+
+def _interleaved(mutants: list[Mutant]) -> list[Mutant]:
+    by_class: dict[str, list[Mutant]] = {}
+    for mutant in mutants:
+        by_class.setdefault(mutant.mutant_class, []).append(mutant)
+    columns = list(by_class.values())
+    return [column[row] for row in range(max(map(len, columns), default=0)) for column in columns if row < len(column)]
+
+
+def _describe(outcome: MutantOutcome) -> str:
+    if outcome.status == "not_applicable":
+        return f"not applicable (reaches {'+'.join(outcome.reaches)} only)"
+    built = "cached build" if outcome.build_cached else f"built in {outcome.build_s:.1f} s"
+    if outcome.status == "build_failed":
+        return f"BUILD FAILED ({built}): {(outcome.error or '').strip().splitlines()[-1:] or ''}"
+    line = f"{outcome.status} by {len(outcome.catches)} case(s) ({built}, battery {outcome.run_s:.1f} s)"
+    if outcome.cheapest_catch:
+        line += f"; cheapest catch in {outcome.cheapest_catch.battery}: {outcome.cheapest_catch.case_id}"
+    return line

@@ -1,0 +1,94 @@
+"""The tables `optdrift sensitivity` prints: the detection matrix (mutant x battery group), the
+catch rate per class, the false positives, and the escaped mutants with the cheapest case of a
+larger battery that catches each."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from worker.sensitivity.results import MutantOutcome, SensitivityReport
+
+_STATUS_STYLE = {"caught": "green", "clean": "green", "escaped": "bold red", "flagged": "bold red",
+                 "build_failed": "bold red", "not_applicable": "dim"}
+
+
+def _cell(count: int) -> str:
+    return str(count) if count else "·"
+
+
+def print_matrix(report: SensitivityReport, console: Console) -> None:
+    """One row per mutant, one column per battery group: how many of the group's cases caught it."""
+    table = Table(title=f"detection matrix: battery {report.battery} v{report.battery_version} "
+                        f"({report.case_count} cases) on {report.device}", show_lines=False)
+    table.add_column("mutant", overflow="fold")
+    table.add_column("status")
+    for index in range(len(report.groups)):
+        table.add_column(f"g{index + 1}", justify="right")
+    table.add_column("first step", justify="right")
+    for mutant in report.mutants:
+        style = _STATUS_STYLE[mutant.status]
+        steps = [c.first_divergent_step for c in mutant.catches if c.first_divergent_step]
+        groups = mutant.group_catches or [0] * len(report.groups)
+        table.add_row(mutant.id, f"[{style}]{mutant.status}[/]", *(_cell(n) for n in groups),
+                      str(min(steps)) if steps else "")
+    console.print(table)
+    legend = Table(title="battery groups", show_header=False, box=None)
+    for label in report.groups:
+        legend.add_row(label)
+    console.print(legend)
+
+
+def print_catch_rates(report: SensitivityReport, console: Console) -> None:
+    table = Table(title="catch rate per class")
+    for column in ("class", "caught", "judged", "rate"):
+        table.add_column(column, justify="left" if column == "class" else "right")
+    for name, (caught, judged) in report.catch_rates().items():
+        table.add_row(name, str(caught), str(judged), f"{caught / judged:.0%}")
+    caught, judged = report.catch_rate()
+    if judged:
+        table.add_row("[bold]all defects[/]", str(caught), str(judged), f"[bold]{caught / judged:.1%}[/]")
+    console.print(table)
+
+
+def _list(title: str, mutants: list[MutantOutcome], console: Console, *, cheapest: bool = False) -> None:
+    if not mutants:
+        console.print(f"{title}: none")
+        return
+    table = Table(title=title)
+    table.add_column("mutant", overflow="fold")
+    table.add_column("expect" if not cheapest else "cheapest catching case", overflow="fold")
+    for mutant in mutants:
+        if not cheapest:
+            detail = f"{mutant.expect}; flagged by {', '.join(c.case_id for c in mutant.catches[:3])}"
+        elif mutant.cheapest_catch:
+            found = mutant.cheapest_catch
+            detail = (f"{found.case_id} ({found.battery}, {found.cost} elements x steps, {found.verdict} "
+                      f"from step {found.first_divergent_step}; {found.cases_tried} cases tried)")
+        else:
+            detail = "no case of the fallback battery catches it (or no fallback battery was searched)"
+        table.add_row(mutant.id, detail)
+    console.print(table)
+
+
+def print_report(report: SensitivityReport, console: Console) -> None:
+    print_matrix(report, console)
+    print_catch_rates(report, console)
+    _list("false positives (refactors flagged)", report.false_positives(), console)
+    _list("escaped (no case of the battery catches them)", report.escaped(), console, cheapest=True)
+    failed = [m for m in report.mutants if m.status == "build_failed"]
+    for mutant in failed:
+        console.print(f"[bold red]{mutant.id} does not build[/]: {(mutant.error or '').strip()[-500:]}", markup=True)
+    not_applicable = sum(m.status == "not_applicable" for m in report.mutants)
+    clean = sum(m.status == "clean" for m in report.mutants)
+    caught, judged = report.catch_rate()
+    console.print(f"{caught} of {judged} defects caught, {clean} of {len(report.judged('refactor'))} refactors "
+                  f"bit-identical, {not_applicable} not applicable on {report.device} ({report.wall_s:.0f} s)",
+                  highlight=False)
+
+
+def exit_code(report: SensitivityReport) -> int:
+    """0 every defect caught and no refactor flagged; 1 otherwise; 3 a mutant that does not build."""
+    if any(m.status == "build_failed" for m in report.mutants):
+        return 3
+    return 1 if report.escaped() or report.false_positives() else 0

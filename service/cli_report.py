@@ -98,15 +98,22 @@ def changed_cases_table(runs: list[dict]) -> Table | None:
         return None
     table = Table(title="changed cases")
     for column in ("run", "case", "verdict", "first step", "direction", "max |Δ|",
-                   "to float64 before → after", "message"):
+                   "to float64 before → after", "ulp first / peak", "Δ / baseline's distance", "kind",
+                   "message"):
         table.add_column(column)
+    # Issue 17: the change relative to the case's own scale, and what kind it is (after the co-run).
+    attributions = {(run["id"], a["case_id"]): a for run in runs
+                    for a in (run.get("verdict") or {}).get("attribution") or []}
     for run_id, case in rows[:40]:
         diffs = case.get("max_abs_diff_per_step")
+        scale = attributions.get((run_id, case["case_id"])) or {}
         table.add_row(str(run_id), case["case_id"], case["verdict"],
                       str(case.get("first_divergent_step") or "-"), case.get("direction") or "-",
                       _number(max(diffs) if diffs else None),
                       _distance_text(case.get("baseline_peak_ref64_distance"),
                                      case.get("commit_peak_ref64_distance")),
+                      f"{_number(scale.get('first_step_ulps'))} / {_number(scale.get('peak_ulps'))}" if scale else "-",
+                      _number(scale.get("change_vs_baseline_distance")), scale.get("text") or "-",
                       _clipped(case.get("message"), CELL_CHARS))
     if len(rows) > 40:
         table.caption = f"... and {len(rows) - 40} more"
@@ -165,6 +172,10 @@ def print_report(console: Console, runs: list[dict]) -> None:
     for table in (changed_cases_table(runs), not_applicable_table(runs)):
         if table is not None:
             console.print(table)
+    for run in runs:  # issue 17: what kind of change it is (after the baseline co-run)
+        line = (run.get("verdict") or {}).get("attribution_summary")
+        if line:
+            console.print(f"run {run['id']}: {line}", markup=False, highlight=False, soft_wrap=True)
     details = full_messages(runs)
     if details:
         console.print("details (in full):", highlight=False)

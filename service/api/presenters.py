@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import math
 import typing
+from dataclasses import asdict
 
 from sqlalchemy.orm import object_session
 
 from service.api.schemas import (
-    CommitPublic, DirectionDisagreement, NondeterministicCase, NotApplicableCase, Progress, RunPublic,
+    CaseAttributionPublic, CommitPublic, DirectionDisagreement, NondeterministicCase, NotApplicableCase, Progress, RunPublic,
     TrajectoryPublic, VerdictPublic,
 )
 from service.db.models import ERROR, FAILED, Commit, Run, Trajectory, Verdict
+from service.domain import attribution_view
 from service.domain.trajectories import unpack_series
 from service.domain.workers import waiting_for
 from service.results import CaseVerdict
@@ -45,7 +47,15 @@ def verdict_public(verdict: Verdict) -> VerdictPublic:
         acknowledgement_note=verdict.acknowledgement_note,
         acknowledged_at=verdict.acknowledged_at, created_at=verdict.created_at,
         detail=verdict.detail,
+        attribution=[CaseAttributionPublic(text=a.text, **{k: _finite(v) for k, v in asdict(a).items()})
+                     for a in attribution_view.by_case(verdict.detail).values()],
+        attribution_summary=attribution_view.headline(verdict.detail),
     )
+
+
+def _finite(value):  # noqa: ANN001, ANN202
+    # An infinite ratio (an exact match) has no JSON number: none.
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def run_public(run: Run, waiting_cache: dict | None = None) -> RunPublic:

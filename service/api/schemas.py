@@ -84,6 +84,26 @@ class DirectionDisagreement(BaseModel):
     final_direction: str = Field(description="judged at the final step alone")
 
 
+class CaseAttributionPublic(BaseModel):
+    """What kind of change a changed case shows (issue 17; service/domain/attribution_view.py)."""
+
+    case_id: str
+    kind: str = Field(description="semantic | rounding-level | unknown (not attributed)")
+    looks_like: str | None = Field(description="the catalogued variant the commit follows, 'unexplained' or none")
+    variant: str | None
+    text: str = Field(description="the attribution in one line")
+    first_step_ulps: float | None = Field(description="max |commit − baseline| at the first divergent step, in "
+                                                      "ulps of each element's scale (its largest |p| so far)")
+    peak_ulps: float | None
+    change_vs_baseline_distance: float | None = Field(description="max |commit − baseline| over the baseline's "
+                                                                  "own peak distance to the float64 reference")
+    residual_ulps: float | None = Field(description="what the variant leaves unexplained, in scale ulps")
+    distance_to_variant: float | None
+    distance_to_reference: float | None
+    next_best: str | None
+    next_best_ratio: float | None
+
+
 class VerdictPublic(BaseModel):
     run_id: int
     baseline_run_id: int | None
@@ -103,6 +123,9 @@ class VerdictPublic(BaseModel):
     not_applicable: list[NotApplicableCase]
     nondeterministic: list[NondeterministicCase]
     direction_disagreements: list[DirectionDisagreement]
+    # Issue 17: per changed case, rounding-level or semantic and which variant (after the co-run).
+    attribution: list[CaseAttributionPublic] = []
+    attribution_summary: str | None = None
     # The full comparison (service.results.RunComparison) with per-case detail.
     detail: dict[str, Any]
 

@@ -22,6 +22,7 @@ from service.api.deps import SessionDep
 from service.api.params import Page, RunIdPath, RunIdQuery
 from service.dashboard import release_matrix, speed_pages, wording
 from service.db.models import FINAL_STATUSES
+from service.domain import attribution_view
 from service.domain import dashboard_queries as queries
 from service.domain.errors import NotFoundError
 
@@ -77,7 +78,15 @@ def _run_page(request: Request, session: SessionDep, run_id: int) -> HTMLRespons
     first_plot = data.changed[0].case_id if data.changed and data.changed[0].verdict == "changed" else None
     return _page(request, "run.html", page=data, run=data.run, project=data.run.project,
                  sentence=wording.verdict_sentence(data), fingerprint=fingerprint, adapter=adapter,
+                 **_attribution(data.run),
                  first_plot=first_plot, final=data.run.status in FINAL_STATUSES)
+
+
+def _attribution(run) -> dict:  # noqa: ANN001
+    """Issue 17: per changed case what kind of change it is, and the run's line (after the co-run)."""
+    detail = run.verdict.detail if run.verdict is not None else None
+    return {"attribution": attribution_view.by_case(detail), "attribution_summary": attribution_view.headline(detail),
+            "attribution_error": attribution_view.attribution_error(detail)}
 
 
 @router.get("/projects/{project}/releases", response_class=HTMLResponse)

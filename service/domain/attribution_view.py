@@ -1,0 +1,118 @@
+"""The attribution of changed cases (worker/attribution, stored as verdict.detail["attribution"]) in
+words, for the CLI, the API and the dashboard. No torch, no worker imports.
+
+A change is shown relative to the case's own scale: in ulps of the parameter (the largest |p| the
+element has had) at the first divergent step and at its peak, and relative to the baseline's own
+distance to the float64 reference. The headline ranks cases by those, never by absolute |Δ|, so an
+8-bit case whose distance is the documented quantization error does not lead it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CaseAttribution:
+    case_id: str
+    kind: str                         # "semantic" | "rounding-level" | "unknown"
+    looks_like: str | None            # the variant's label, "unexplained", or None
+    variant: str | None
+    first_step_ulps: float | None     # scale ulps at the first divergent step
+    peak_ulps: float | None
+    change_vs_baseline_distance: float | None
+    residual_ulps: float | None
+    distance_to_variant: float | None
+    distance_to_reference: float | None
+    next_best: str | None
+    next_best_ratio: float | None
+    note: str | None
+
+    @property
+    def text(self) -> str:
+        """One line: "semantic: weight decay applied after the update (6.3 ulp from it, next best 5e+04x)"."""
+        if self.kind == "unknown":
+            return f"not attributed: {self.note}" if self.note else "not attributed"
+        if self.kind == "rounding-level":
+            return f"rounding-level: {_ulps(self.first_step_ulps)} at the first divergent step, {_ulps(self.peak_ulps)} at most"
+        if self.variant is None:
+            return f"semantic, unexplained: {_ulps(self.peak_ulps)}; no catalogued variant fits"
+        text = f"semantic: {self.looks_like} — {_number(self.distance_to_variant)} from that variant, " \
+               f"{_number(self.distance_to_reference)} from the reference"
+        if self.next_best_ratio is not None and math.isfinite(self.next_best_ratio):
+            text += f" (next best {_number(self.next_best_ratio)}x worse)"
+        return text
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2g}"
+
+
+def _ulps(value: float | None) -> str:
+    return "- ulp" if value is None else f"{value:.3g} ulp"
+
+
+def _float(value) -> float | None:  # noqa: ANN001
+    if value is None:
+        return None
+    if isinstance(value, str):  # non-finite floats are stored as strings (JSON has none)
+        return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}.get(value)
+    return float(value)
+
+
+def case_attribution(case_id: str, stored: dict) -> CaseAttribution:
+    if "error" in stored:
+        return CaseAttribution(case_id, "unknown", None, None, None, None, None, None, None, None, None, None,
+                               stored["error"])
+    variant = stored.get("variant")
+    kind = stored.get("class") or "unknown"
+    return CaseAttribution(
+        case_id=case_id, kind=kind, variant=variant,
+        looks_like=stored.get("label") if kind == "semantic" else None,
+        first_step_ulps=_float(stored.get("first_step_ulps")), peak_ulps=_float(stored.get("peak_ulps")),
+        change_vs_baseline_distance=_float(stored.get("change_vs_baseline_distance")),
+        residual_ulps=_float(stored.get("residual_ulps")), distance_to_variant=_float(stored.get("distance")),
+        distance_to_reference=_float(stored.get("reference_distance")), next_best=stored.get("next_best"),
+        next_best_ratio=_float(stored.get("next_best_ratio")), note=stored.get("note"))
+
+
+def by_case(detail: dict | None) -> dict[str, CaseAttribution]:
+    """case id -> attribution of a verdict's detail; {} before the co-run has added it."""
+    stored = (detail or {}).get("attribution") or {}
+    if "error" in stored and isinstance(stored["error"], str):
+        return {}
+    return {case_id: case_attribution(case_id, value) for case_id, value in stored.items() if isinstance(value, dict)}
+
+
+def attribution_error(detail: dict | None) -> str | None:
+    stored = (detail or {}).get("attribution") or {}
+    return stored.get("error") if isinstance(stored.get("error"), str) else None
+
+
+def headline(detail: dict | None) -> str | None:
+    """A line for the run: how many changes are semantic (and which variants) or rounding-level,
+    and the largest change relative to the case's own scale."""
+    cases = by_case(detail)
+    if not cases:
+        return None
+    kinds = Counter(a.kind for a in cases.values())
+    named = Counter(a.looks_like for a in cases.values() if a.kind == "semantic" and a.variant)
+    parts = []
+    if named:
+        parts.append("semantic — " + "; ".join(f"looks like {label} ({n})" for label, n in named.most_common(3)))
+    unexplained = sum(1 for a in cases.values() if a.kind == "semantic" and not a.variant)
+    if unexplained:
+        parts.append(f"semantic, unexplained ({unexplained})")
+    if kinds["rounding-level"]:
+        parts.append(f"rounding-level ({kinds['rounding-level']})")
+    if kinds["unknown"]:
+        parts.append(f"not attributed ({kinds['unknown']})")
+    text = "attribution: " + ", ".join(parts)
+    relative = [(a.change_vs_baseline_distance, a.case_id) for a in cases.values()
+                if a.change_vs_baseline_distance is not None and math.isfinite(a.change_vs_baseline_distance)]
+    if relative:
+        ratio, where = max(relative)
+        text += f"; largest change {ratio:.3g}x the baseline's own distance to float64 ({where})"
+    return text

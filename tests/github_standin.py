@@ -293,8 +293,6 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else None
         op, params, parsed, violations = check_request(self.command, url.path, parse_qsl(url.query),
                                                        body, self.headers.get("Content-Type"))
-        if self.headers.get("X-GitHub-Api-Version") is None:
-            violations.append(f"{self.command} {url.path}: no X-GitHub-Api-Version header")
         with state.lock:
             record = Recorded(self.command, url.path, op.operation_id if op else None, parsed, 0,
                               time.monotonic(), self.headers.get("Authorization"))

@@ -121,7 +121,7 @@ def notify_webhooks(*, session: Session, run: Run, webhooks: list[Webhook], sett
         return
     page = run_page(session=session, run_id=run.id)
     document = verdict_payload(event=state, project=run.project.name, page=page,
-                               run_url=_run_url(settings.resolved_public_url(), run.id))
+                               run_url=_run_url(settings.resolved_public_url, run.id))
     for hook in subscribed:
         try:
             deliver(session=session, webhook=hook, run_id=run.id, event=state, document=document,
@@ -130,10 +130,24 @@ def notify_webhooks(*, session: Session, run: Run, webhooks: list[Webhook], sett
             log.exception("webhook %s: delivering %s for run %s failed", hook.id, state, run.id)
 
 
+def describe_error(exc: Exception) -> str:
+    """What failed, for a person: the request, GitHub's status and its message when it answered."""
+    response = getattr(exc, "response", None)
+    request = getattr(exc, "request", None)
+    if response is not None and request is not None:
+        try:
+            message = response.json().get("message")
+        except Exception:  # noqa: BLE001  (not JSON: GitHub's HTML error pages, a proxy's)
+            message = response.text[:300]
+        return (f"{type(exc).__name__}: {request.method} {request.url.path} answered "
+                f"{response.status_code}: {message}")
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _record_error(row: GitHubCheckRun, exc: Exception, integration: GitHubIntegration) -> None:
     secrets = tuple(s for s in (integration.token, integration.private_key) if s)
     row.attempts += 1
-    row.error = clip(scrub(f"{type(exc).__name__}: {exc}", secrets), MAX_ERROR_CHARS)
+    row.error = clip(scrub(describe_error(exc), secrets), MAX_ERROR_CHARS)
     log.warning("run %s: GitHub notification failed (%s)", row.run_id, row.error)
 
 
@@ -162,7 +176,7 @@ def notify_github(*, session: Session, run: Run, integration: GitHubIntegration,
 def _send_github(*, session: Session, gh, run: Run, row: GitHubCheckRun, state: str | None,  # noqa: ANN001
                  integration: GitHubIntegration, settings: Settings) -> None:
     owner, repo = integration.repository.split("/", 1)
-    base = integration.dashboard_url or settings.resolved_public_url()
+    base = integration.dashboard_url or settings.resolved_public_url
     run_url = _run_url(base, run.id)
     name = f"{integration.check_name} ({run.environment})"
     if state is None:

@@ -100,3 +100,15 @@ def test_the_run_page_shows_the_adapters_description(db_session, api_settings, a
     page = api.get(f"/runs/{run.id}")
     assert page.status_code == 200
     assert 'id="adapter"' in page.text and "version: <code>1.2.3</code>" in page.text
+
+
+def test_the_trees_root_is_an_adapter_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """An adapter module at the top of the submitted tree: `adapter_path = ["."]`, put on the
+    host's sys.path as the tree itself (worker/pipeline.py: source_dir / folder)."""
+    config = parse_config('[project]\nadapter = "root_adapter"\nadapter_path = ["."]\n')
+    assert config.adapter_path == ["."]
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "root_adapter.py").write_text(TREE_ADAPTER)
+    monkeypatch.syspath_prepend(str(tree / config.adapter_path[0]))
+    assert get_adapter("root_adapter").name == "from_tree"

@@ -86,8 +86,12 @@ def run_check(source: Path, baseline: Path | None, battery: str | None = None, *
     except (ProjectConfigError, BatteryError) as problem:
         error(str(problem))
         return EXIT_BAD_INPUT
+    from worker.build import default_cache_dir
+
+    # References computed once (worker.engine.reference_cache): beside the builds, the user's own trees.
     policy = pipeline.Policy(device=device, cache_dir=cache_dir, cuda_archs=[] if device == "cpu" else None,
-                             case_timeout_s=case_timeout_s)
+                             case_timeout_s=case_timeout_s,
+                             reference_cache=Path(cache_dir or default_cache_dir()) / "references")
 
     started = time.monotonic()
     commit_build = pipeline.build(job, policy)
@@ -105,30 +109,37 @@ def run_check(source: Path, baseline: Path | None, battery: str | None = None, *
             console.print(f"  {result.case.case_id}: broken: {result.message}", markup=False, highlight=False)
 
     baseline_run, diffs = None, {}
+    # What each kernel host loaded (the adapter's describe(): library version, path), as a run records it.
+    adapters: dict[str, dict[str, str] | None] = {"commit": None, "baseline": None}
     if base_job is not None:
         base_ran = pipeline.run(base_job, baseline_build, policy)
         baseline_run = pipeline.run_result(base_job, baseline_build, base_ran)
+        adapters["baseline"] = base_ran.adapter
     if not commit_build.ok:
         commit_run = pipeline.run_result(job, commit_build, None)
     else:
         digests = {r.case.case_id: r.trajectory.digests for r in (baseline_run.cases if baseline_run else [])
                    if r.status == "ok" and r.trajectory is not None}
-        commit_run = pipeline.run_result(job, commit_build, pipeline.run(
-            job, commit_build, policy, on_result=progress, baseline_digests=digests))
+        commit_ran = pipeline.run(job, commit_build, policy, on_result=progress, baseline_digests=digests)
+        commit_run = pipeline.run_result(job, commit_build, commit_ran)
+        adapters["commit"] = commit_ran.adapter
+        if commit_ran.adapter:
+            console.print("adapter: " + "; ".join(f"{k}: {v}" for k, v in commit_ran.adapter.items()),
+                          markup=False, highlight=False, soft_wrap=True)
     comparison = pipeline.compare(commit_run, baseline_run)
     changed = [c for c in job.cases if c.case_id in {x.case_id for x in comparison.cases if x.verdict == "changed"}]
     if changed and baseline_build is not None:
         # Per-step |commit - baseline| of the changed cases only, as the service's co-run stores.
         _, _, diffs = corun_battery(job.battery, commit_build.library_path, baseline_build.library_path,
                                     device=device, case_timeout_s=case_timeout_s, cases=changed,
-                                    adapter=job.config.adapter, params_only=True)
+                                    adapter=job.config.adapter, params_only=True, fast=policy.fast_engine)
         comparison = pipeline.compare(commit_run, baseline_run, diffs)
     print_verdict(comparison, console, show_unchanged=show_unchanged)
     console.print(f"({time.monotonic() - started:.1f} s)", highlight=False)
     if json_out is not None:
         payload = {"commit": commit_run.model_dump(mode="json"),
                    "baseline": baseline_run.model_dump(mode="json") if baseline_run else None,
-                   "comparison": comparison.model_dump(mode="json")}
+                   "comparison": comparison.model_dump(mode="json"), "adapter": adapters}
         import json
 
         Path(json_out).write_text(json.dumps(payload))

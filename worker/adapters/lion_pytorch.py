@@ -54,6 +54,12 @@ class LionFamily(FamilyAdapter):
     """lion_pytorch.Lion, one optimizer per case; its state stays the library's."""
 
     states_movable = False  # the library allocates exp_avg itself, on its first step
+    # Like torch.optim's optimizers, Lion creates its state lazily in its first step(): at open()
+    # there is nothing to digest yet, and the fast engine lays out its digest arenas from
+    # state_for_digest right after open(). Making the state at open() ourselves would hide the
+    # library's own initialisation from the digest; so the one-case engine runs these cases
+    # (worker.engine.fast would otherwise find the layout changed at step 1 and re-run each alone).
+    fast_engine = False
 
     def __init__(self, lion_class: type[torch.optim.Optimizer]) -> None:
         self.lion_class = lion_class

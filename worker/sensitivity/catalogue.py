@@ -4,7 +4,7 @@ stay bit-identical, as unified-diff patches with their class and what they shoul
 Layout (worker/sensitivity/catalogue/): `catalogue.toml` lists every entry (`id` = "<class>/<name>",
 `kind` = "defect" | "refactor", `expect`), and `<class>/<name>.patch` is its patch against csrc/
 (paths `a/<file>`, relative to the kernel source root). A patch is applied with GNU patch and no
-fuzz, so a patch that no longer matches the kernels fails loudly instead of landing somewhere else.
+fuzz (or `git apply` where patch is missing), so a patch that no longer matches the kernels fails loudly instead of landing somewhere else.
 
 Which builds a patch reaches follows from the files it touches: `cpu/` only the CPU build, `cuda/`
 only the CUDA build, anything else (optimizer_math.h, quant_map.h, ops.cpp...) both.
@@ -120,20 +120,23 @@ def select(mutants: list[Mutant], only: list[str] | None) -> list[Mutant]:
     return [m for m in mutants if m.id in only or m.mutant_class in only]
 
 
-def patch_executable() -> str:
-    found = shutil.which("patch")
-    if found is None:
-        raise CatalogueError("GNU patch is not installed; install it (apt-get install patch) to apply the catalogue")
-    return found
+def _patch_command(mutant: Mutant, root: Path, dry_run: bool) -> tuple[list[str], Path | None]:
+    """GNU patch with no fuzz; where it is not installed (a bare GPU image), `git apply`, which
+    never fuzzes, run inside the tree (a folder outside any git work tree)."""
+    if shutil.which("patch"):
+        command = ["patch", "-p1", "--fuzz=0", "--batch", "--forward", "--no-backup-if-mismatch",
+                   "--reject-file=-", "-d", str(root), "-i", str(mutant.patch_path.resolve())]
+        return command + (["--dry-run"] if dry_run else []), None
+    if shutil.which("git"):
+        return ["git", "apply", "-p1", *(["--check"] if dry_run else []), str(mutant.patch_path.resolve())], root
+    raise CatalogueError("neither GNU patch nor git is installed; install one (apt-get install patch) to apply "
+                         "the catalogue")
 
 
 def apply_patch(mutant: Mutant, root: Path, *, dry_run: bool = False) -> None:
     """Apply `mutant` to the kernel tree at `root` in place (no fuzz, no backup files)."""
-    command = [patch_executable(), "-p1", "--fuzz=0", "--batch", "--forward", "--no-backup-if-mismatch",
-               "--reject-file=-", "-d", str(root), "-i", str(mutant.patch_path)]
-    if dry_run:
-        command.append("--dry-run")
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    command, cwd = _patch_command(mutant, Path(root), dry_run)
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
         raise CatalogueError(f"{mutant.id}: {mutant.patch_path} does not apply cleanly to {root}: "
                              f"{(done.stdout + done.stderr).strip()}; the kernels changed: update the patch")

@@ -1,10 +1,12 @@
 """Compile checks of the catalogue's CUDA mutants with nvcc, on a machine without a GPU.
 
-A mutant that reaches the CUDA build must still compile, or the H200 run (bench/gpu/
-sensitivity_cuda.sh) would report a build failure instead of a catch. One nvcc compile per
-translation unit the patch reaches: a csrc/cuda/ file itself, both 32-bit units for
-apply_cuda.cuh, and cuda/blockwise8.cu for the shared headers (it instantiates all six rules of
-optimizer_math.h, their host-side make_* functions and the 8-bit quantization of quant_map.h).
+A mutant of a CUDA source must still compile, or the H200 run (bench/gpu/sensitivity_cuda.sh)
+would report a build failure instead of a catch. One nvcc compile per CUDA translation unit the
+patch changes: a csrc/cuda/*.cu file itself, and both 32-bit units for cuda/apply_cuda.cuh. The
+shared headers (optimizer_math.h, quant_map.h) are compiled by every CPU build of the catalogue
+run, in plain C++ with no device-only construct; `--with-shared-headers` also nvcc-compiles their
+mutants (through cuda/blockwise8.cu, which instantiates all six rules and the 8-bit path), at a
+minute or more per mutant on this machine.
 
 The flags are tests/test_cuda_compiles.py's (sm_90, this torch's headers, the CPU wheel's missing
 CMake macro header switched off); the recorded results live in catalogue/cuda_compile_checks.json.
@@ -31,7 +33,7 @@ _SHARED_HEADER_UNIT = "cuda/blockwise8.cu"
 _APPLY_UNITS = ("cuda/two_state.cu", "cuda/one_state.cu")
 
 
-def nvcc_units(mutant: Mutant) -> list[str]:
+def nvcc_units(mutant: Mutant, *, shared_headers: bool = False) -> list[str]:
     """The CUDA translation units (relative to csrc) that compile-check `mutant`; [] when none."""
     units: list[str] = []
     for path in mutant.touched_files:
@@ -39,7 +41,7 @@ def nvcc_units(mutant: Mutant) -> list[str]:
             units.append(path)
         elif path == "cuda/apply_cuda.cuh":
             units.extend(_APPLY_UNITS)
-        elif path in ("optimizer_math.h", "quant_map.h"):
+        elif shared_headers and path in ("optimizer_math.h", "quant_map.h"):
             units.append(_SHARED_HEADER_UNIT)
     return sorted(set(units))
 
@@ -78,7 +80,9 @@ def compile_check(mutant: Mutant, source: Path = BUNDLED_CSRC, *, units: list[st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="*", help="classes or ids (default: every mutant reaching CUDA)")
+    parser.add_argument("--only", nargs="*", help="classes or ids (default: every mutant of a CUDA source)")
+    parser.add_argument("--with-shared-headers", action="store_true",
+                        help="also the mutants of optimizer_math.h and quant_map.h (slow)")
     args = parser.parse_args(argv)
     if shutil.which("nvcc") is None:
         print("error: nvcc is not on PATH; install the CUDA toolkit to compile-check the CUDA mutants", file=sys.stderr)
@@ -86,9 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     record = json.loads(RECORD.read_text()) if RECORD.is_file() else {}
     failed = 0
     for mutant in select(load_catalogue(), args.only):
-        if not nvcc_units(mutant):
+        units = nvcc_units(mutant, shared_headers=args.with_shared_headers)
+        if not units:
             continue
-        result = compile_check(mutant)
+        result = compile_check(mutant, units=units)
         # The patch's hash says which version of the patch the record is about.
         record[mutant.id] = {**result, "patch_sha256": mutant.patch_sha256}
         failed += not result["ok"]

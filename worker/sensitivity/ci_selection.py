@@ -1,0 +1,114 @@
+"""The `ci` battery from evidence: the fewest, cheapest cases of the candidate pool
+(batteries/pool.json) that still catch every catalogued defect.
+
+Input: a recorded sensitivity run of the whole catalogue on the pool (recorded/cpu_pool.json),
+which says, per defect, which pool cases caught it on the CPU. The defects that only exist in
+csrc/cuda/ cannot run here; for each, `CUDA_ONLY_NEEDS` states which cases would reach the defect
+(the code path it breaks), and bench/gpu/sensitivity_cuda.sh checks that claim on the H200.
+
+Selection is weighted greedy set cover (cost = elements x steps; repeatedly the case with the
+lowest cost per newly caught defect), then a pass that drops any chosen case whose defects the
+others already catch. Greedy is not guaranteed minimal, but on ~60 defects and ~200 candidates
+it lands within a case or two of it, and the battery stays a readable list of single-case groups.
+
+    python -m worker.sensitivity.ci_selection   # prints the ci battery's groups as JSON
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from service.results import CaseSpec
+from worker.battery import BatterySpec, battery_from_file
+from worker.sensitivity.catalogue import DEFAULT_CATALOGUE, load_catalogue
+from worker.sensitivity.results import SensitivityReport
+
+HERE = Path(__file__).resolve().parent
+POOL = HERE / "batteries" / "pool.json"
+RECORDED_POOL = HERE / "recorded" / "cpu_pool.json"
+
+
+def _32bit(case: CaseSpec) -> bool:
+    return case.family == "32bit"
+
+
+def _8bit(case: CaseSpec) -> bool:
+    return case.family == "8bit_blockwise"
+
+
+# Which cases reach the code path each CUDA-only defect breaks (see its `expect` in the catalogue).
+CUDA_ONLY_NEEDS: dict[str, Callable[[CaseSpec], bool]] = {
+    "beta/cuda_lion_betas_swapped": lambda c: _32bit(c) and c.optimizer == "lion" and c.steps >= 2,
+    "precision/cuda_fast_divide": lambda c: _8bit(c) and c.size >= 257,
+    "quant8/adam_sq_signed_map_cuda": lambda c: _8bit(c) and c.optimizer == "adam",
+    "quant8/absmax_signed_max_cuda": lambda c: _8bit(c) and c.optimizer in ("adam", "ademamix", "lion", "momentum")
+    and c.size >= 2,
+    "quant8/cuda_half_warps": lambda c: _8bit(c) and c.size > 128,
+    "quant8/cuda_shuffle_from_8": lambda c: _8bit(c) and c.size > 16,
+    "tail/cuda_8bit_partial_block_dropped": lambda c: _8bit(c) and c.size % 256 != 0,
+    "tail/cuda_tail_loop_dropped": lambda c: _32bit(c) and c.size % 4 != 0,
+    "writeback/cuda_pack_last_state_lost": lambda c: _32bit(c) and c.size >= 4 and c.steps >= 2,
+    "writeback/cuda_tail_states_lost": lambda c: _32bit(c) and c.size % 4 != 0 and c.steps >= 2,
+    "writeback/adam_states_swapped_cuda": lambda c: _32bit(c) and c.optimizer == "adam",
+    "gnorm_scale/cuda_adagrad_args_swapped": lambda c: _32bit(c) and c.optimizer == "adagrad"
+    and c.hyper["gnorm_scale"] != c.hyper["weight_decay"],
+}
+
+
+def catch_sets(report: SensitivityReport, pool: BatterySpec) -> dict[str, set[str]]:
+    """Defect id -> the pool cases that catch it: measured on the CPU, or CUDA_ONLY_NEEDS."""
+    cases = pool.expand()
+    sets = {mutant_id: caught for mutant_id, caught in report.catching_cases().items()}
+    for mutant in load_catalogue(DEFAULT_CATALOGUE):
+        if mutant.kind == "defect" and mutant.reaches == frozenset({"cuda"}):
+            needs = CUDA_ONLY_NEEDS.get(mutant.id)
+            if needs is None:
+                raise ValueError(f"CUDA-only defect {mutant.id} has no entry in CUDA_ONLY_NEEDS: say which "
+                                 "cases reach the code it breaks")
+            sets[mutant.id] = {case.case_id for case in cases if needs(case)}
+    return sets
+
+
+def select_cases(sets: dict[str, set[str]], costs: dict[str, int]) -> list[str]:
+    """A small, cheap set of case ids that meets every non-empty set (weighted greedy + pruning)."""
+    uncovered = {mutant for mutant, caught in sets.items() if caught}
+    chosen: list[str] = []
+    while uncovered:
+        def value(case_id: str) -> tuple[float, str]:
+            gained = sum(case_id in sets[m] for m in uncovered)
+            return (costs[case_id] / gained if gained else float("inf"), case_id)
+
+        best = min((c for m in uncovered for c in sets[m]), key=value)
+        chosen.append(best)
+        uncovered = {m for m in uncovered if best not in sets[m]}
+    for case_id in sorted(chosen, key=lambda c: -costs[c]):  # the dearest first: drop what is redundant
+        rest = [c for c in chosen if c != case_id]
+        if all(not caught or caught & set(rest) for caught in sets.values()):
+            chosen = rest
+    return sorted(chosen, key=lambda c: (costs[c], c))
+
+
+def group_of(case: CaseSpec) -> dict:
+    """A battery group that expands to exactly `case`."""
+    return {"optimizers": [case.optimizer], "families": [case.family], "param_dtypes": [case.param_dtype],
+            "points": [case.hyper], "gradients": [case.gradient.model_dump(mode="json")], "seeds": [case.seed],
+            "sizes": [case.size], "steps": case.steps}
+
+
+def ci_groups(report_path: Path = RECORDED_POOL, pool_path: Path = POOL) -> list[dict]:
+    pool = battery_from_file(pool_path)
+    report = SensitivityReport.model_validate_json(Path(report_path).read_text())
+    if report.battery_digest != pool.digest:
+        raise ValueError(f"{report_path} was recorded on another version of {pool_path}; record it again "
+                         "(optdrift sensitivity --battery worker/sensitivity/batteries/pool.json --json-out ...)")
+    by_id = {case.case_id: case for case in pool.expand()}
+    chosen = select_cases(catch_sets(report, pool), {i: c.size * c.steps for i, c in by_id.items()})
+    return [group_of(by_id[case_id]) for case_id in chosen]
+
+
+if __name__ == "__main__":
+    json.dump(ci_groups(*(Path(a) for a in sys.argv[1:3])), sys.stdout, indent=1)
+    print()

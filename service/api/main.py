@@ -12,6 +12,7 @@ from service.api import docs, maintenance
 from service.api.auth import install_error_handlers, read_access
 from service.api.request_guard import RequestGuard
 from service.api.routes import commits, health, projects, runs, sources, verify
+from service.api.routes import notify as notify_routes
 from service.api.routes import speed
 from service.api.routes import case_history
 from service.dashboard.routes import install as install_dashboard
@@ -21,6 +22,7 @@ from service.settings import get_settings
 api_router = APIRouter(prefix="/api/v1")
 for module in (projects, commits, verify, runs, sources, speed, case_history):
     api_router.include_router(module.router)
+api_router.include_router(notify_routes.router)  # issue 16: GitHub and webhook settings
 
 
 @asynccontextmanager

@@ -110,7 +110,7 @@ def run_row(bnb, adapter, device: torch.device, optimizer: str, point: str, size
     family = adapter.families()["8bit_blockwise"]
     p_adapter = p0.clone()
     states = family.init_states(case, p_adapter)
-    family.step(case, p_adapter, g.clone(), states, 1)
+    family.step_states(case, p_adapter, g.clone(), states, 1)
     with_class = gnorm_scale == 1.0  # bnb's classes pass gnorm_scale 1 only
     if with_class:
         p_class, class_state = _class_step(bnb, case, p0, g)

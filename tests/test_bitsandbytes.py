@@ -78,7 +78,7 @@ def test_adamw_trajectory_stays_within_the_derived_float32_bound_of_torch_adamw(
 
     for step in range(1, case.steps + 1):
         grad = stream.kernel_gradient(step, param)
-        family.step(case, param, grad, states, step)
+        family.step_states(case, param, grad, states, step)
         g64 = grad.to(torch.float64)
         reference.grad = g64.clone()
         adamw.step()
@@ -135,7 +135,7 @@ def test_ademamix_state1_is_stacked_fast_then_slow():
         states = family.init_states(case, param)
         assert states["state1"].shape == (2, 300)
         grad = GradientStream(case.gradient, seed=0, size=300, device="cpu", grad_dtype=torch.float32).kernel_gradient(1, param)
-        family.step(case, param, grad, states, 1)
+        family.step_states(case, param, grad, states, 1)
         if family_name == "32bit":
             fast, slow = states["state1"]
             torch.testing.assert_close(fast, (1 - hyper["beta1"]) * grad, rtol=2 ** -22, atol=0)

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from service.results import CaseSpec
-from worker.adapters.base import AdapterError, ProjectAdapter
+from worker.adapters.base import AdapterError, HandedOverStates, ProjectAdapter
 
 BLOCK_SIZE = 256
 BNB_NAMES = {"adam": "adam", "ademamix": "ademamix", "lion": "lion", "momentum": "momentum",
@@ -69,7 +69,7 @@ def _scalars(case: CaseSpec) -> dict[str, float]:
             "eps": float(h.get("eps", 0.0))}
 
 
-class ThirtyTwoBit:
+class ThirtyTwoBit(HandedOverStates):
     def __init__(self, functional) -> None:
         self.F = functional
 
@@ -81,7 +81,7 @@ class ThirtyTwoBit:
             states["state2"] = zeros(n)
         return states
 
-    def step(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
+    def step_states(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
              states: dict[str, torch.Tensor], step: int) -> None:
         s = _scalars(case)
         self.F.optimizer_update_32bit(
@@ -91,7 +91,7 @@ class ThirtyTwoBit:
             skip_zeros=bool(case.hyper.get("skip_zeros", False)))
 
 
-class EightBitBlockwise:
+class EightBitBlockwise(HandedOverStates):
     def __init__(self, functional) -> None:
         self.F = functional
         self._maps: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -114,7 +114,7 @@ class EightBitBlockwise:
             states["absmax2"] = torch.zeros(blocks, dtype=torch.float32, device=device)
         return states
 
-    def step(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
+    def step_states(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
              states: dict[str, torch.Tensor], step: int) -> None:
         s = _scalars(case)
         signed_map, unsigned_map = self.maps(param.device)

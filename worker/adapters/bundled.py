@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from worker.adapters.base import AdapterError, ProjectAdapter
+from worker.adapters.base import AdapterError, HandedOverStates, ProjectAdapter
 from worker.adapters.bundled_8bit import EightBitBlockwiseAdapter
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from service.results import CaseSpec
 
 
-class ThirtyTwoBitAdapter:
+class ThirtyTwoBitAdapter(HandedOverStates):
     """fp32 states, one op call per step (worker.engine.kernel_ops over torch.ops.optdrift.*)."""
 
     def init_states(self, case: "CaseSpec", param: "torch.Tensor") -> dict[str, "torch.Tensor"]:
@@ -28,13 +28,13 @@ class ThirtyTwoBitAdapter:
         return {name: torch.zeros(param.shape, dtype=torch.float32, device=param.device)
                 for name in kernel_ops.OPTIMIZER_STATES[case.optimizer]}
 
-    def step(self, case: "CaseSpec", param: "torch.Tensor", grad: "torch.Tensor",
+    def step_states(self, case: "CaseSpec", param: "torch.Tensor", grad: "torch.Tensor",
              states: dict[str, "torch.Tensor"], step: int) -> None:
         from worker.engine import kernel_ops
 
         kernel_ops.step(case.optimizer, param, grad, states, step=step, hyper=dict(case.hyper))
 
-    def bind(self, case: "CaseSpec", param: "torch.Tensor", grad: "torch.Tensor",
+    def bind_states(self, case: "CaseSpec", param: "torch.Tensor", grad: "torch.Tensor",
              states: dict[str, "torch.Tensor"]) -> Callable[[int], None]:
         """`step` on these exact tensors, checked once; the fast runner calls it every step."""
         from worker.engine import kernel_ops

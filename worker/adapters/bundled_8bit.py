@@ -17,9 +17,10 @@ from collections.abc import Callable
 import torch
 
 from service.results import CaseSpec
+from worker.adapters.base import HandedOverStates
 
 
-class EightBitBlockwiseAdapter:
+class EightBitBlockwiseAdapter(HandedOverStates):
     def __init__(self) -> None:
         self._maps: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -41,7 +42,7 @@ class EightBitBlockwiseAdapter:
             flat[f"{name}_absmax"] = absmax
         return flat
 
-    def step(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
+    def step_states(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
              states: dict[str, torch.Tensor], step: int) -> None:
         from worker.engine import kernel_ops
 
@@ -51,7 +52,7 @@ class EightBitBlockwiseAdapter:
         kernel_ops.step_8bit(case.optimizer, param, grad, pairs, step=step, hyper=dict(case.hyper),
                              signed_map=signed_map, unsigned_map=unsigned_map)
 
-    def bind(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
+    def bind_states(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
              states: dict[str, torch.Tensor]) -> Callable[[int], None]:
         """`step` on these exact tensors, checked once (worker.engine.fast)."""
         from worker.engine import kernel_ops

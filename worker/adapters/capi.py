@@ -17,7 +17,7 @@ import torch
 
 from service.results import CaseSpec
 from worker.adapters import c_abi
-from worker.adapters.base import AdapterError, ProjectAdapter
+from worker.adapters.base import AdapterError, HandedOverStates, ProjectAdapter
 from worker.adapters.c_abi import F32, F32P, I64
 
 PROJECT = "capiopt"
@@ -37,7 +37,7 @@ def _ptr(tensor: torch.Tensor):  # noqa: ANN202
     return c_abi.float_pointer(tensor, PROJECT)
 
 
-class ThirtyTwoBit:
+class ThirtyTwoBit(HandedOverStates):
     """fp32 parameters and states, one C call per step."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
@@ -46,7 +46,7 @@ class ThirtyTwoBit:
     def init_states(self, case: CaseSpec, param: torch.Tensor) -> dict[str, torch.Tensor]:
         return c_abi.fp32_states(case, param, STATES)
 
-    def step(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
+    def step_states(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
              states: dict[str, torch.Tensor], step: int) -> None:
         h, n = case.hyper, param.numel()
         if case.optimizer == "adam":

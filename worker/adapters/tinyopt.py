@@ -16,7 +16,7 @@ import torch
 
 from service.results import CaseSpec
 from worker.adapters import c_abi
-from worker.adapters.base import ProjectAdapter
+from worker.adapters.base import HandedOverStates, ProjectAdapter
 from worker.adapters.c_abi import F32, F32P, I64
 
 PROJECT = "tinyopt"
@@ -31,14 +31,14 @@ def _ptr(tensor: torch.Tensor):  # noqa: ANN202
     return c_abi.float_pointer(tensor, PROJECT)
 
 
-class ThirtyTwoBit:
+class ThirtyTwoBit(HandedOverStates):
     def __init__(self, library: ctypes.CDLL) -> None:
         self.lib = library
 
     def init_states(self, case: CaseSpec, param: torch.Tensor) -> dict[str, torch.Tensor]:
         return c_abi.fp32_states(case, param, STATES)
 
-    def step(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
+    def step_states(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
              states: dict[str, torch.Tensor], step: int) -> None:
         h, n = case.hyper, param.numel()
         if case.optimizer == "adam":

@@ -55,7 +55,9 @@ from dataclasses import dataclass, field
 import torch
 
 from service.results import CaseResult, CaseSpec, Trajectory
+from worker.adapters.base import AdapterContractError
 from worker.engine import digest as od2
+from worker.engine import lifecycle
 from worker.engine.gradients import GradientStream, initial_parameters, zero_mask
 from worker.references.optimizers import make_reference
 from worker.engine.trajectory import RELATIVE_ERROR_FLOOR, TORCH_DTYPES, FamilyAdapter, bundled_families, run_case
@@ -331,14 +333,27 @@ class _StateArena:
 
 
 
-def _unbound_step(adapter: FamilyAdapter, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
-                  states: dict[str, torch.Tensor]) -> Callable[[int], None]:
-    """For an adapter without `bind`: its `step` on the same fixed tensors."""
-    return lambda step: adapter.step(case, param, grad, states, step)
+def _staged_step(family: FamilyAdapter, handle: object, step_fn: Callable[[int], None],
+                 rows: list[tuple[str, torch.Tensor]]) -> Callable[[int], None]:
+    """For library-owned state: the library's step, then what it updated (state_for_digest, read
+    anew: a library may replace its tensors) copied into the case's digest arena rows. A layout
+    that changes breaks the case here, and run_case, which needs no fixed layout, runs it."""
+    def step_and_stage(step: int) -> None:
+        step_fn(step)
+        current = lifecycle.digest_states(family, handle)
+        if [(n, t.dtype, t.numel()) for n, t in current] != [(n, r.dtype, r.numel()) for n, r in rows]:
+            raise RuntimeError(f"adapter {lifecycle.adapter_name(family)}: state_for_digest changed its layout "
+                               f"at step {step}; the fast engine needs a fixed one (run_case runs this case)")
+        for (_, row), (_, tensor) in zip(rows, current):
+            row.copy_(tensor.reshape(row.shape))
+    return step_and_stage
 
 
 # ----------------------------------------------------------------------------- one wave
 class _Wave:
+    # False in worker.engine.kernels_only's waves: no reference gradients, steps or metrics.
+    with_references = True
+
     def __init__(self, cases: list[CaseSpec], device: torch.device, families: Mapping[str, FamilyAdapter],
                  batch_low_precision_refs: bool, initial: dict, closed_cache: dict) -> None:
         self.cases, self.device, self.families = cases, device, families
@@ -402,25 +417,55 @@ class _Wave:
             start = stop
 
     def _bind_kernels(self) -> None:
-        """Each case's states from its adapter, moved into state arenas by (slot, dtype, width);
-        then the kernel call bound to the case's parameter, gradient and state views."""
+        """Open every case through its family adapter (worker.engine.lifecycle), lay out what
+        each digests (state_for_digest) in state arenas by (slot, dtype, width), and bind its
+        step. Handed-over states (`states_movable`) move into the arenas and the adapter steps
+        the arena views from then on; library-owned states stay in the library and are copied
+        into their arena rows after each step (_staged_step). A family declaring
+        `fast_engine = False`, like a case whose open or binding raises, is left to run_case.
+        Every opened handle is closed by close_handles, also when this raises."""
         self.bound: list[Callable[[int], None] | None] = [None] * len(self.cases)
+        self.opened: list[tuple[FamilyAdapter, object]] = []
+        try:
+            self._open_and_bind()
+        except BaseException:
+            self.close_handles(quiet=True)
+            raise
+
+    def _open_and_bind(self) -> None:
         params: dict[int, torch.Tensor] = {}
         grads: dict[int, torch.Tensor] = {}
+        family_of: dict[int, FamilyAdapter] = {}
+        handle_of: dict[int, object] = {}
         states_of: dict[int, list[tuple[str, torch.Tensor]]] = {}
         by_slot: dict[tuple, list[tuple[int, str, torch.Tensor]]] = defaultdict(list)
         for arena in self.param_arenas:
             for row, case in enumerate(arena.cases):
                 index = arena.wave_index[row]
+                family = lifecycle.family_for(self.families, case)
+                if not lifecycle.runs_on_fast_engine(family):
+                    self.broken.add(index)  # the adapter says so: run_case runs it after the wave
+                    continue
                 params[index], grads[index] = arena.view(arena.param, row), arena.view(arena.grad, row)
                 try:
-                    states = self.families[case.family].init_states(case, params[index])
+                    handle = lifecycle.open_case(family, case, params[index], self.device)
+                except AdapterContractError:
+                    raise
                 except Exception:  # noqa: BLE001 - the run_case re-run reports it
                     self.broken.add(index)
                     continue
-                states_of[index] = list(states.items())
-                for slot, (name, tensor) in enumerate(states.items(), start=1):
+                self.opened.append((family, handle))
+                family_of[index], handle_of[index] = family, handle
+                try:
+                    states_of[index] = lifecycle.digest_states(family, handle)
+                except AdapterContractError:
+                    raise
+                except Exception:  # noqa: BLE001 - the run_case re-run reports it
+                    self.broken.add(index)
+                    continue
+                for slot, (name, tensor) in enumerate(states_of[index], start=1):
                     by_slot[(slot, str(tensor.dtype), _round_up(tensor.numel()))].append((index, name, tensor))
+        lifecycle.check_unshared(family_of, states_of, self.cases)
         views: dict[int, dict[str, torch.Tensor]] = defaultdict(dict)
         self.state_arenas: list[_StateArena] = []
         for (slot, _dtype, width), entries in sorted(by_slot.items()):
@@ -431,15 +476,28 @@ class _Wave:
                 views[index][name] = view.view(tensor.shape)
             self.state_arenas.append(_StateArena(slot, buffer, [e[2].numel() for e in entries], [e[0] for e in entries]))
         for index, named in states_of.items():
-            case = self.cases[index]
-            adapter = self.families[case.family]
-            states = {name: views[index][name] for name, _ in named}  # the adapter's order
+            family, handle = family_of[index], handle_of[index]
+            rows = [(name, views[index][name]) for name, _ in named]  # the adapter's order
             try:
-                bind = getattr(adapter, "bind", None)
-                self.bound[index] = (bind(case, params[index], grads[index], states) if bind is not None
-                                     else _unbound_step(adapter, case, params[index], grads[index], states))
+                if family.states_movable:
+                    family.adopt_states(handle, dict(rows))
+                    self.bound[index] = family.bind(handle, params[index], grads[index])
+                else:
+                    self.bound[index] = _staged_step(family, handle, family.bind(handle, params[index], grads[index]), rows)
+            except AdapterContractError:
+                raise
             except Exception:  # noqa: BLE001 - the run_case re-run reports it
                 self.broken.add(index)
+
+    def close_handles(self, quiet: bool = False) -> None:
+        """Close every handle this wave opened, once (lifecycle.close_all); `quiet` while an
+        error is already on its way out, so a failing close() does not hide it."""
+        opened, self.opened = getattr(self, "opened", []), []
+        try:
+            lifecycle.close_all(opened)
+        except AdapterContractError:
+            if not quiet:
+                raise
 
     # -- one step: gradients, kernels, references, observation
     def _indices(self, width_class: _WidthClass, step: int, inputs: StepInputs) -> dict:
@@ -477,13 +535,15 @@ class _Wave:
                 if mask is not None:
                     grad = grad.masked_fill(mask, 0.0)
                 arena.grad.copy_(grad)
+                if not self.with_references:
+                    continue
                 if arena.has_closed:
                     same = torch.where(arena.closed_rows, arena.h_same * (arena.same - arena.c_same), arena.grad)
                     if mask is not None:
                         same = same.masked_fill(mask, 0.0)
                     arena.same_grad.copy_(same)
                 width_class.g64.index_copy_(0, arena.r64_rows, arena.grad.to(torch.float64))
-            if width_class.has_closed:
+            if width_class.has_closed and self.with_references:
                 closed64 = width_class.h64 * (width_class.r64 - width_class.c64)
                 if width_class.has_zeros:
                     closed64 = closed64.masked_fill(masks.take(index["masks64"]), 0.0)
@@ -536,7 +596,7 @@ class _Wave:
         """This step's metrics and od2 lanes of every case into the histories (device only)."""
         current_f64, current_i64 = self.current_f64, self.current_i64
         current_i64.zero_()
-        for width_class in self.classes:
+        for width_class in self.classes if self.with_references else ():
             for arena in width_class.arenas.values():
                 # Padding is masked out of the maxima: it is not always 0 in the references (a
                 # float16 Adam's eps = 1e-8 rounds to 0, so 0/(0 + eps) makes padding NaN).
@@ -607,27 +667,29 @@ class _Wave:
         finally:
             inputs.close()
         t5 = time.perf_counter()
-        f64, i64 = self.hist_f64.cpu(), self.hist_i64.cpu()
-        seconds = (time.perf_counter() - started) / len(self.cases)
-        results = {}
-        for index, case in enumerate(self.cases):
-            if index in self.broken:
-                continue
-            steps = case.steps
-            trajectory = Trajectory(
-                ref64_max_abs=f64[0, :steps, index].tolist(),
-                ref64_max_rel=f64[1, :steps, index].tolist(),
-                same_precision_max_abs=f64[2, :steps, index].tolist(),
-                nonfinite_count=i64[0, :steps, index].tolist(),
-                digests=[od2.format_digest(a, b) for a, b in zip(i64[1, :steps, index].tolist(),
-                                                                  i64[2, :steps, index].tolist())],
-            )
-            results[index] = CaseResult(case=case, status="ok", trajectory=trajectory, duration_s=seconds)
+        results = self._results(started)
         phases["results (incl. waiting for the GPU)"] += time.perf_counter() - t5
         if profile is not None:
             for name, value in phases.items():
                 profile[name] = profile.get(name, 0.0) + value
         return results
+
+    def _results(self, started: float) -> dict[int, CaseResult]:
+        f64, i64 = self.hist_f64.cpu(), self.hist_i64.cpu()
+        seconds = (time.perf_counter() - started) / len(self.cases)
+        return {index: CaseResult(case=case, status="ok", trajectory=self._trajectory(index, case.steps, f64, i64),
+                                  duration_s=seconds)
+                for index, case in enumerate(self.cases) if index not in self.broken}
+
+    def _trajectory(self, index: int, steps: int, f64: torch.Tensor, i64: torch.Tensor) -> Trajectory:
+        return Trajectory(ref64_max_abs=f64[0, :steps, index].tolist(), ref64_max_rel=f64[1, :steps, index].tolist(),
+                          same_precision_max_abs=f64[2, :steps, index].tolist(),
+                          nonfinite_count=i64[0, :steps, index].tolist(), digests=_digests(i64, steps, index))
+
+
+def _digests(i64: torch.Tensor, steps: int, index: int) -> list[str]:
+    """Case `index`'s od2 digests from a wave's integer history (lanes 1 and 2)."""
+    return [od2.format_digest(a, b) for a, b in zip(i64[1, :steps, index].tolist(), i64[2, :steps, index].tolist())]
 
 
 def _valid(buffer: torch.Tensor, lengths: list[int]) -> torch.Tensor:
@@ -659,22 +721,36 @@ def run_cases_fast(cases: list[CaseSpec], device: torch.device, *, use_graphs: b
     unknown = sorted({c.family for c in cases} - set(families))
     if unknown:
         raise ValueError(f"kernel families {unknown} have no adapter (known: {sorted(families)})")
+    return run_waves(cases, max_wave_elements, use_graphs, on_result, profile,
+                     make_wave=lambda indices, wave_cases, initial, closed_cache: _Wave(
+                         wave_cases, device, families, batch_low_precision_refs, initial, closed_cache),
+                     run_alone=lambda index, case: _run_alone(case, device, families))
+
+
+def run_waves(cases: list[CaseSpec], max_wave_elements: int, use_graphs: bool, on_result, profile,  # noqa: ANN001
+              *, make_wave: Callable, run_alone: Callable[[int, CaseSpec], CaseResult | None]) -> list[CaseResult | None]:
+    """The wave loop of run_cases_fast and of worker.engine.kernels_only: each planned wave made by
+    `make_wave(indices, wave_cases, initial, closed_cache)` and run; a case it did not finish goes to
+    `run_alone(index, case)` (None: left unanswered)."""
     results: list[CaseResult | None] = [None] * len(cases)
     initial: dict = {}
     closed_cache: dict = {}
     for indices in plan_waves(cases, max_wave_elements):
         wave_cases = [cases[i] for i in indices]
         setup_started = time.perf_counter()
-        wave = _Wave(wave_cases, device, families, batch_low_precision_refs, initial, closed_cache)
+        wave = make_wave(indices, wave_cases, initial, closed_cache)
         if profile is not None:
             profile["setup"] = profile.get("setup", 0.0) + time.perf_counter() - setup_started
-        finished = wave.run(use_graphs, profile)
+        try:
+            finished = wave.run(use_graphs, profile)
+        finally:
+            wave.close_handles()
         for position, index in enumerate(indices):
             result = finished.get(position)
             if result is None:
-                result = _run_alone(wave_cases[position], device, families)
+                result = run_alone(index, wave_cases[position])
             results[index] = result
-            if on_result:
+            if on_result and result is not None:
                 on_result(index, result)
         del wave
     return results

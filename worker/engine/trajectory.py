@@ -26,6 +26,7 @@ import torch
 
 from service.results import CaseResult, CaseSpec, Trajectory
 from worker.adapters.base import FamilyAdapter  # noqa: F401 - re-exported: the engines' family type
+from worker.engine import lifecycle
 from worker.engine.digest import digest_tensors
 from worker.engine.gradients import GradientStream, initial_parameters
 from worker.references.optimizers import make_reference
@@ -62,17 +63,18 @@ def _nonfinite(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 def _start(case: CaseSpec, device: torch.device, families: Mapping[str, FamilyAdapter] | None):  # noqa: ANN202
-    """(adapter, parameters, states, gradient stream) of a case before its first step."""
+    """(family adapter, parameters, gradient stream) of a case before its first step."""
     families = bundled_families() if families is None else families
-    if case.family not in families:
-        raise ValueError(f"case {case.case_id}: kernel family {case.family!r} has no adapter yet "
-                         f"(known: {sorted(families)})")
-    adapter = families[case.family]
+    family = lifecycle.family_for(families, case)
     dtype = TORCH_DTYPES[case.param_dtype]
     param = initial_parameters(case.seed, case.size).to(dtype).to(device)
-    states = adapter.init_states(case, param)
     stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device=device, grad_dtype=dtype)
-    return adapter, param, states, stream
+    return family, param, stream
+
+
+def _digested(family: FamilyAdapter, handle, param: torch.Tensor) -> list[torch.Tensor]:  # noqa: ANN001
+    """What the digest covers: the parameter, then what the library updates (state_for_digest)."""
+    return [param, *(tensor for _, tensor in lifecycle.digest_states(family, handle))]
 
 
 def run_params(case: CaseSpec, device: torch.device, params_out: BinaryIO, *,
@@ -82,12 +84,16 @@ def run_params(case: CaseSpec, device: torch.device, params_out: BinaryIO, *,
     reproduced the stored trajectory), without the float64 and same-precision references that make
     run_case slow. The trajectory's metric series are left empty."""
     started = time.perf_counter()
-    adapter, param, states, stream = _start(case, device, families)
-    digests = []
-    for step in range(1, case.steps + 1):
-        adapter.step(case, param, stream.kernel_gradient(step, param), states, step)
-        digests.append(digest_tensors([param, *states.values()]))
-        params_out.write(param.detach().to(torch.float32).cpu().numpy().tobytes())
+    family, param, stream = _start(case, device, families)
+    handle = lifecycle.open_case(family, case, param, device)
+    try:
+        digests = []
+        for step in range(1, case.steps + 1):
+            family.step(handle, param, stream.kernel_gradient(step, param), step)
+            digests.append(digest_tensors(_digested(family, handle, param)))
+            params_out.write(param.detach().to(torch.float32).cpu().numpy().tobytes())
+    finally:
+        lifecycle.close_all([(family, handle)])
     trajectory = Trajectory(ref64_max_abs=[], ref64_max_rel=[], nonfinite_count=[], digests=digests)
     return CaseResult(case=case, status="ok", trajectory=trajectory, duration_s=time.perf_counter() - started)
 
@@ -99,28 +105,33 @@ def run_case(case: CaseSpec, device: torch.device, params_out: BinaryIO | None =
     step as float32 bytes (exact for fp32/fp16/bf16), for the co-run comparison. `families` is the
     project adapter's family table (worker.adapters, issue 9); the bundled kernels' by default."""
     started = time.perf_counter()
-    adapter, param, states, stream = _start(case, device, families)
+    family, param, stream = _start(case, device, families)
     # Both references start from the kernel's exact starting point (upcast exactly for float64).
     ref64 = make_reference(case, param.to(torch.float64))
     ref_same = make_reference(case, param.clone())
 
     abs64, rel64, abs_same, nonfinite, digests = [], [], [], [], []
-    for step in range(1, case.steps + 1):
-        grad = stream.kernel_gradient(step, param)
-        adapter.step(case, param, grad, states, step)
-        digests.append(digest_tensors([param, *states.values()]))
-        ref64.step(step, stream.reference_gradient(step, ref64.param))
-        ref_same.step(step, stream.reference_gradient(step, ref_same.param))
+    handle = lifecycle.open_case(family, case, param, device)
+    try:
+        for step in range(1, case.steps + 1):
+            grad = stream.kernel_gradient(step, param)
+            family.step(handle, param, grad, step)
+            digested = _digested(family, handle, param)
+            digests.append(digest_tensors(digested))
+            ref64.step(step, stream.reference_gradient(step, ref64.param))
+            ref_same.step(step, stream.reference_gradient(step, ref_same.param))
 
-        p64 = param.to(torch.float64)
-        r64 = ref64.param.detach()
-        delta = (p64 - r64).abs()
-        abs64.append(delta.max())
-        rel64.append((delta / r64.abs().clamp_min(RELATIVE_ERROR_FLOOR)).max())
-        abs_same.append((p64 - ref_same.param.detach().to(torch.float64)).abs().max())
-        nonfinite.append(_nonfinite([param, *states.values()]))
-        if params_out is not None:
-            params_out.write(param.detach().to(torch.float32).cpu().numpy().tobytes())
+            p64 = param.to(torch.float64)
+            r64 = ref64.param.detach()
+            delta = (p64 - r64).abs()
+            abs64.append(delta.max())
+            rel64.append((delta / r64.abs().clamp_min(RELATIVE_ERROR_FLOOR)).max())
+            abs_same.append((p64 - ref_same.param.detach().to(torch.float64)).abs().max())
+            nonfinite.append(_nonfinite(digested))
+            if params_out is not None:
+                params_out.write(param.detach().to(torch.float32).cpu().numpy().tobytes())
+    finally:
+        lifecycle.close_all([(family, handle)])
 
     trajectory = Trajectory(
         ref64_max_abs=torch.stack(abs64).cpu().tolist(),

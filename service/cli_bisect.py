@@ -277,6 +277,8 @@ def _finding_json(finding: Finding, chain: list[HistoryCommit], candidates: list
     after_same = chain[candidates[finding.last_same] + 1]
     comparison = finding.comparison
     return {"case_id": finding.case_id, "optimizer": comparison.optimizer, "exact": finding.exact,
+            # midpoints tested while this case was open (good and bad not counted)
+            "midpoints_tested": finding.tests,
             "first_changed": first.sha, "subject": first.subject,
             # Not exact: commits between could not be run; the change is in this range.
             "range_from": None if finding.exact else after_same.sha,

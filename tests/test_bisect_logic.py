@@ -35,9 +35,11 @@ def _search(n: int, change_points: dict[str, int], untestable: frozenset[int] = 
 
 @pytest.mark.parametrize("n", [2, 3, 7, 8, 31, 32, 33, 1000])
 def test_one_change_point_costs_at_most_ceil_log2_n_tests_for_every_position(n: int) -> None:
-    for point in range(1, n + 1):
+    # Every position of the short histories; a spread of them (both ends included) of the long one.
+    for point in sorted({1, n, *range(1, n + 1, 1 if n <= 64 else 37)}):
         search, asked = _search(n, {"a": point, "b": point})
         assert len(asked) <= math.ceil(math.log2(n)), (n, point, asked)
+        assert all(f.tests == len(asked) for f in search.findings())
         assert {f.case_id: f.first_differing for f in search.findings()} == {"a": point, "b": point}
         assert all(f.exact for f in search.findings())
 
@@ -51,6 +53,7 @@ def test_cases_that_changed_at_different_commits_are_each_found_and_share_the_ea
         assert {f.case_id: f.first_differing for f in search.findings()} == points
         # One log2 search per distinct change point at most; the shared early midpoints make it less.
         assert len(asked) <= len(set(points.values())) * math.ceil(math.log2(n))
+        assert all(f.tests <= math.ceil(math.log2(n)) for f in search.findings())
 
 
 def test_untestable_commits_are_skipped_and_a_range_is_reported_when_only_they_separate() -> None:

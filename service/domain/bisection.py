@@ -77,6 +77,8 @@ class CaseSearch:
     comparison: CaseComparison
     # Commits that could not answer for this case.
     skipped: set[int] = field(default_factory=set)
+    # Commits tested while this case was open and inside its interval: what locating it cost.
+    tests: int = 0
 
     def untried(self) -> list[int]:
         return [i for i in range(self.last_same + 1, self.first_differing) if i not in self.skipped]
@@ -96,6 +98,7 @@ class Finding:
     last_same: int
     first_differing: int
     comparison: CaseComparison
+    tests: int = 0
 
     @property
     def exact(self) -> bool:
@@ -135,6 +138,7 @@ class Bisection:
         for search in self.searches.values():
             if not search.last_same < index < search.first_differing:
                 continue
+            search.tests += 1
             comparison = None if comparisons is None else comparisons.get(search.case_id)
             if comparison is None:
                 search.skipped.add(index)
@@ -149,7 +153,7 @@ class Bisection:
 
     def findings(self) -> list[Finding]:
         """Every case's answer, ordered by the commit where it first differs, then case id."""
-        return sorted((Finding(s.case_id, s.last_same, s.first_differing, s.comparison)
+        return sorted((Finding(s.case_id, s.last_same, s.first_differing, s.comparison, s.tests)
                        for s in self.searches.values()), key=lambda f: (f.first_differing, f.case_id))
 
 

@@ -197,3 +197,24 @@ def test_numbers_on_the_page_are_the_stored_ones(db_session, two_runs) -> None: 
     [row] = [r for r in kernel_speed.rows(session=db_session, run_id=child.id) if r.kernel == "adam/32bit"]
     assert adam.median_s == row.median_s and adam.samples == 50
     assert math.isclose(adam.spread_s, float(np.subtract(*np.percentile(row.samples_s, [75, 25]))))
+
+
+def test_when_a_run_is_timed() -> None:
+    """On by default on a CUDA worker (120 s), off on a CPU worker; OPTDRIFT_SPEED_BUDGET_S=0 turns
+    it off anywhere; a project's `kernel_speed = false` turns it off for its runs, before any host starts."""
+    from types import SimpleNamespace
+
+    from service.domain.project_config import parse_config
+    from service.settings import Settings
+    from worker.speed import record
+
+    assert record.budget_s(Settings(worker_device="cuda")) == 120.0
+    assert record.budget_s(Settings(worker_device="cuda", speed_budget_s=0)) == 0.0
+    assert record.budget_s(Settings(worker_device="cpu")) == 0.0
+    assert record.budget_s(Settings(worker_device="cpu", speed_budget_s=30)) == 30.0
+    assert record.plan(Settings(), 30.0) == {"sizes": [1 << 20, 1 << 26], "repeats": 50, "budget_s": 30.0}
+    off = SimpleNamespace(config=parse_config('[project]\nkernel_speed = false\n'))
+    # None: not timed, and nothing else touched (no session, build or host is needed to say so)
+    assert record.time_and_store(session=None, run_id=1, job=off, built=None, policy=None,
+                                 settings=Settings(worker_device="cuda")) is None
+    assert parse_config("").kernel_speed is True

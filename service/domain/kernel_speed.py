@@ -52,6 +52,9 @@ class RunSpeed:
     threshold: float
     confidence: float
     device: str | None
+    # What the worker said about the timing (environment_detail["kernel_speed"]): how many, how
+    # long, what was left untimed, or why it failed; None where the worker did not time.
+    note: str | None = None
     kernels: list[KernelSpeedRow] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -118,7 +121,8 @@ def run_speed(*, session: Session, run: Run) -> RunSpeed:
     theirs = {_key(r): r for r in rows(session=session, run_id=baseline.id)} if baseline else {}
     result = RunSpeed(run_id=run.id, verdict="not-timed", summary="", threshold=SLOWDOWN_THRESHOLD,
                       confidence=CONFIDENCE, baseline_run_id=baseline.id if baseline else None,
-                      device=own[0].device if own else None)
+                      device=own[0].device if own else None,
+                      note=(run.environment_detail or {}).get("kernel_speed"))
     for row in own:
         entry = KernelSpeedRow(
             kernel=row.kernel, param_dtype=row.param_dtype, size=row.size, median_s=row.median_s,
@@ -136,7 +140,7 @@ def run_speed(*, session: Session, run: Run) -> RunSpeed:
         result.kernels.append(entry)
     judged = [k.verdict for k in result.kernels if k.verdict in ("slower", "faster", "same")]
     if not own:
-        result.summary = "the kernels' speed was not timed for this run"
+        result.summary = "the kernels' speed was not timed for this run" + (f" ({result.note})" if result.note else "")
     elif not judged:
         result.verdict = "no-baseline"
         result.summary = (f"{len(own)} kernel timings; no baseline timings to compare with"

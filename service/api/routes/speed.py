@@ -46,6 +46,7 @@ class RunSpeedPublic(BaseModel):
     threshold: float  # "slower" needs the whole interval above 1 + threshold
     confidence: float
     device: str | None
+    note: str | None  # the worker's note: kernels timed, seconds, untimed, or why timing failed
     kernels: list[KernelSpeedPublic]
 
 

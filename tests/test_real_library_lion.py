@@ -5,11 +5,13 @@ as a git repository whose tree is the library's own files (tests/lion_project.py
     base ── comment ──┬── decay     decay: weight decay applied after the sign update
                       └── mixup     mixup: the momentum is averaged with beta1 instead of beta2
 
-Through `optdrift check` (the real CLI, its exit codes): base → no-baseline (exit 0) with the
-battery's not-applicable cases listed; comment → unchanged (0); decay → changed (1), exactly the
-weight-decayed cases, from step 1; mixup → changed (1), exactly the cases with beta1 != beta2,
-from step 1 although the parameters first differ at step 2 — the library's own momentum is
-digested. Why those steps is computed below from each case's own data, not assumed.
+Through `optdrift check` (the real CLI, its exit codes): comment → unchanged against base (exit 0);
+decay → changed (1), exactly the weight-decayed cases, from step 1; mixup → changed (1), exactly
+the cases with beta1 != beta2, from step 1 although the parameters first differ at step 2 — the
+library's own momentum is digested. Why those steps is computed below from each case's own data,
+not assumed. Through the service (tests/test_external_project.py, on its running service, to
+spare a second one): a first commit → no-baseline with the not-applicable cases listed, then
+decay → changed from step 1.
 """
 
 from __future__ import annotations
@@ -174,22 +176,17 @@ def _by_verdict(comparison: dict) -> dict[str, set[str]]:
     return verdicts
 
 
-def test_check_base_is_no_baseline_with_its_not_applicable_cases(history, home):
-    code, document, output = check(history, "base", None, home)
-    comparison = document["comparison"]
-    assert (comparison["verdict"], code) == ("no-baseline", 0), output
-    assert _by_verdict(comparison)["not_applicable"] == NOT_APPLICABLE
-    # The run says which library produced it: the build's copy of lion-pytorch 0.2.5.
-    adapter = document["adapter"]["commit"]
-    assert adapter["version"] == "lion-pytorch 0.2.5" and "/build/site/lion_pytorch" in adapter["library"], adapter
-    assert "version: lion-pytorch 0.2.5" in output  # and says so
-
-
 def test_check_comment_only_is_unchanged(history, home):
     code, document, output = check(history, "comment", "base", home)
     comparison = document["comparison"]
     assert (comparison["verdict"], code) == ("unchanged", 0), output
     assert _by_verdict(comparison) == {"unchanged": RUNNABLE, "not_applicable": NOT_APPLICABLE}
+    # Each side says which library produced it: its build's copy of lion-pytorch 0.2.5.
+    for side in ("commit", "baseline"):
+        adapter = document["adapter"][side]
+        assert adapter["version"] == "lion-pytorch 0.2.5", adapter
+        assert adapter["library"].endswith("/build/site/lion_pytorch"), adapter
+    assert "version: lion-pytorch 0.2.5" in output  # and the CLI says so
 
 
 def _changed(history: LionHistory, home: Path, name: str, expected: set[str]) -> dict[str, dict]:

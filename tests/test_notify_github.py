@@ -237,3 +237,34 @@ def test_the_standin_refuses_requests_that_do_not_conform(standin):  # noqa: ANN
     assert "'head_sha' is a required property" in found
     assert "no such operation" in found and "per_page='many'" in found
     standin.state.violations.clear()  # expected here; the fixture asserts none elsewhere
+
+
+def test_the_hook_notifies_from_its_own_thread_and_session_after_the_commit(pg_engine, api_settings, standin):  # noqa: ANN001
+    """What the worker and the API call: run_changed returns at once; the thread reads the
+    committed run with its own session and commits what it sent."""
+    from sqlalchemy import delete
+    from sqlalchemy.orm import Session
+
+    from service.db.models import Project, SourceArchive
+    from service.notify import hooks
+
+    with Session(pg_engine, expire_on_commit=False) as session:
+        project = make_project(session)
+        session.add(GitHubIntegration(project_id=project.id, repository="octo/kernels", api_url=standin.url,
+                                      auth_kind="token", token=TOKEN, check_name="optdrift", pr_comments=True))
+        run = make_run(session, make_commit(session, project, SHA))
+        finish_run(session, run, outcome="changed")
+        session.commit()
+    try:
+        thread = hooks.run_changed(run.id, settings=api_settings, with_dependants=True)
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        with Session(pg_engine) as session:
+            row = session.scalar(select(GitHubCheckRun).where(GitHubCheckRun.run_id == run.id))
+            assert (row.conclusion, row.error) == ("failure", None) and len(row.comment_ids) == 1
+        assert [c.body["conclusion"] for c in standin.state.calls("checks/create")] == ["failure"]
+    finally:
+        with Session(pg_engine) as session:
+            session.execute(delete(Project).where(Project.id == project.id))
+            session.execute(delete(SourceArchive).where(SourceArchive.digest == "e" * 64))
+            session.commit()

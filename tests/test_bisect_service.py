@@ -1,6 +1,7 @@
 """`optdrift bisect` through the service: a real API process, a real Celery worker, PostgreSQL and
 Redis (db 7), on a short history of the fixture repository (tests/test_bisect.py make_history):
-9 commits after good, Adam's decay ordering at 2, AdEMAMix's at 6, README-only commits at 4 and 8.
+7 commits after good, Adam's decay ordering at 2, AdEMAMix's at 5, a README-only commit at 4; a
+worker running two runs at once (a round's midpoints go together).
 
 Then the same bisection again, narrowed with --case: every commit it needs has a stored run, so it
 submits nothing; and a --case that matches no case is a one-line error, exit 2.
@@ -25,7 +26,7 @@ from tests.test_bisect import History, make_history
 
 REDIS = "redis://127.0.0.1:6379/7"  # its own db: other service tests run workers on 8 and 10-14
 PROJECT = "bisect"
-ADAM_AT, ADEMAMIX_AT = 2, 6
+ADAM_AT, ADEMAMIX_AT = 2, 5
 runner = CliRunner()
 pytestmark = pytest.mark.slow
 
@@ -44,7 +45,7 @@ def service(tmp_path_factory):
     worker = None
     try:
         wait_http(f"{url}/readyz", timeout_s=90)
-        worker = start_process(["worker", "--pool", "solo", "--loglevel", "INFO"], env, tmp / "worker.log")
+        worker = start_process(["worker", "--concurrency", "2", "--loglevel", "INFO"], env, tmp / "worker.log")
         token = (tmp / "home" / "admin-token").read_text().strip()
         OptdriftClient(url, token=token).ensure_project(PROJECT)
         yield url, token
@@ -61,7 +62,7 @@ def service(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def short_history(tmp_path_factory) -> History:
-    return make_history(tmp_path_factory.mktemp("bisect-repo"), commits_after_good=9, adam_at=ADAM_AT,
+    return make_history(tmp_path_factory.mktemp("bisect-repo"), commits_after_good=7, adam_at=ADAM_AT,
                         ademamix_at=ADEMAMIX_AT)
 
 
@@ -85,7 +86,8 @@ def test_bisect_through_the_service_then_again_from_stored_runs(service, short_h
     assert not set(tested) & short_history.outside_source
     # One submission per tested commit (good and bad included), each a new run on the worker.
     assert document["builds"] == len(tested) and all(t["run_id"] for t in tested.values())
-    # 7 candidate commits: at most ceil(log2 7) = 3 midpoints per change, sharing the first.
+    # 6 candidate commits: at most ceil(log2 6) = 3 midpoints per change, sharing the first.
+    assert document["candidate_commits"] == 6
     assert len(tested) - 2 <= 2 * 3 - 1, document["tested"]
     # Progress while it waited: the CI-log lines of service.cli_report (no terminal here).
     assert "round 1:" in result.stderr and re.search(r"^run \d+: (queued|running|done)", result.stderr, re.M)

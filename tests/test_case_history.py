@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import math
 
-from service.db.models import DONE, Commit, Project, Run, SourceArchive
+from sqlalchemy import select
+
+from service.db.models import DONE, Commit, Project, Run, SourceArchive, Verdict
 from service.domain import trajectories, verdict_store
 from service.results import CaseResult, CaseSpec, Trajectory
 
@@ -98,6 +100,22 @@ def test_history_marks_change_points_acknowledgements_and_releases(api, db_sessi
     assert not points["c5"]["acknowledged"]
     # What the verdict recorded for the case at a change point rides along (here its distances).
     assert points["c3"]["verdict_fields"]["commit_final_ref64_distance"] == 8e-5
+    assert points["c3"]["attribution"] is None  # not attributed (yet): nothing to show
+
+
+def test_a_change_point_shows_its_attribution_on_the_case_scale(api, db_session) -> None:
+    runs = seed_history(db_session)
+    verdict = db_session.scalar(select(Verdict).where(Verdict.run_id == runs["c5"]))
+    # As worker/attribution's co-run stores it: per case, its kind and the change in ulps.
+    verdict.detail = {**verdict.detail, "attribution": {TRACKED: {
+        "class": "rounding-level", "first_step_ulps": 1.0, "peak_ulps": 3.5, "change_vs_baseline_distance": 0.02}}}
+    db_session.flush()
+    point = next(p for p in _history(api)["points"] if p["sha"] == "c5")
+    assert point["attribution"]["kind"] == "rounding-level"
+    assert (point["attribution"]["first_step_ulps"], point["attribution"]["peak_ulps"]) == (1.0, 3.5)
+    assert "1 ulp at the first divergent step" in point["attribution"]["text"]
+    html = api.get("/projects/hist/case-history", params={"case": TRACKED}).text
+    assert "rounding-level: 1 ulp at the first divergent step, 3.5 ulp at most" in html
 
     # The bystander never changed; another environment has only c1.
     assert _history(api, BYSTANDER)["change_points"] == []

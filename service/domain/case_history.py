@@ -23,6 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.db.models import Commit, Run, Trajectory, Verdict
+from service.domain import attribution_view
 from service.domain.dashboard_queries import get_project
 from service.domain.errors import NotFoundError
 from service.domain.trajectories import row_to_case_result
@@ -33,7 +34,8 @@ DEFAULT_LIMIT = 200
 MAX_LIMIT = 1000
 # A changed case's fields from the verdict that this page shows beside its own comparison (the
 # co-run's size of the change; the change relative to the case's own scale, where recorded).
-VERDICT_CASE_FIELDS_SKIPPED = {"case_id", "optimizer", "verdict", "max_abs_diff_per_step", "message"}
+VERDICT_CASE_FIELDS_SKIPPED = {"case_id", "optimizer", "verdict", "max_abs_diff_per_step", "message",
+                               "first_divergent_step", "direction"}  # the point has its own
 
 
 @dataclass
@@ -57,6 +59,10 @@ class HistoryPoint:
     # What the run's verdict recorded for this case at a change point (e.g. the largest
     # |commit - baseline| from the co-run, and any scale-relative figures), verbatim.
     verdict_fields: dict[str, Any] = field(default_factory=dict)
+    # The change relative to the case's own scale (service/domain/attribution_view.py, once the
+    # co-run has attributed it): kind, ulps at the first divergent step and at the peak, the change
+    # over the baseline's own distance to float64, and the line the run page shows.
+    attribution: dict[str, Any] | None = None
 
     @property
     def change_point(self) -> bool:
@@ -140,7 +146,7 @@ def case_history(*, session: Session, project_name: str, case_id: str, environme
             point.acknowledged, point.acknowledged_by, point.acknowledgement_note = (
                 True, verdict.acknowledged_by, verdict.acknowledgement_note)
         if point.change_point and verdict is not None:
-            point.verdict_fields = _verdict_case_fields(session, verdict.id, case_id)
+            point.verdict_fields, point.attribution = _verdict_case_fields(session, verdict.id, case_id)
         points.append(point)
     spec = kept[-1][2].case.model_dump(mode="json") if kept else {}
     return CaseHistory(project=project.name, case_id=case_id, case=spec, environment=environment,
@@ -174,16 +180,24 @@ def _reference(session: Session, commit: Commit, verdict, by_sha: dict, case_id:
     return None if row is None else (row[0], row_to_case_result(row[1]))
 
 
-def _verdict_case_fields(session: Session, verdict_id: int, case_id: str) -> dict[str, Any]:
+def _verdict_case_fields(session: Session, verdict_id: int,
+                         case_id: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The verdict's record of the case (its comparison's fields, the largest co-run |Δ|) and its
+    attribution, if any."""
     detail = session.scalar(select(Verdict.detail).where(Verdict.id == verdict_id)) or {}
+    fields: dict[str, Any] = {}
     for case in detail.get("cases", []):
         if case.get("case_id") == case_id:
             fields = {k: v for k, v in case.items() if k not in VERDICT_CASE_FIELDS_SKIPPED and v is not None}
             diffs = case.get("max_abs_diff_per_step")
             if diffs:
                 fields["max_abs_diff"] = max(float(v) for v in diffs)
-            return fields
-    return {}
+            break
+    found = attribution_view.by_case(detail).get(case_id)
+    attribution = None if found is None else {
+        "kind": found.kind, "text": found.text, "first_step_ulps": found.first_step_ulps,
+        "peak_ulps": found.peak_ulps, "change_vs_baseline_distance": found.change_vs_baseline_distance}
+    return fields, attribution
 
 
 def as_json(history: CaseHistory) -> dict[str, Any]:

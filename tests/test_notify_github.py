@@ -268,3 +268,17 @@ def test_the_hook_notifies_from_its_own_thread_and_session_after_the_commit(pg_e
             session.execute(delete(Project).where(Project.id == project.id))
             session.execute(delete(SourceArchive).where(SourceArchive.digest == "e" * 64))
             session.commit()
+
+
+def test_a_token_that_may_not_create_checks_still_comments(db_session, api_settings, standin, integration):  # noqa: ANN001
+    """GitHub keeps check runs to Apps: a personal token's 403 is recorded (not retried, not a rate
+    limit) and the PR comment goes out all the same."""
+    run = make_run(db_session, make_commit(db_session, integration_project(db_session, integration), SHA),
+                   status="done")
+    finish_run(db_session, run, outcome="changed")
+    standin.fail_next("checks/create", 403, message="Resource not accessible by personal access token")
+    row = _notify(db_session, api_settings, run)
+    assert [c.status for c in standin.state.calls("checks/create")] == [403]
+    assert len(standin.state.calls("issues/create-comment")) == 1
+    assert "answered 403: Resource not accessible by personal access token" in row.error
+    assert row.check_run_id is None and row.comment_ids

@@ -144,10 +144,11 @@ def describe_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _record_error(row: GitHubCheckRun, exc: Exception, integration: GitHubIntegration) -> None:
+def _record_errors(row: GitHubCheckRun, errors: list[Exception], integration: GitHubIntegration) -> None:
     secrets = tuple(s for s in (integration.token, integration.private_key) if s)
     row.attempts += 1
-    row.error = clip(scrub(describe_error(exc), secrets), MAX_ERROR_CHARS)
+    text = "; ".join(describe_error(exc) for exc in errors)
+    row.error = clip(scrub(text, secrets), MAX_ERROR_CHARS)
     log.warning("run %s: GitHub notification failed (%s)", row.run_id, row.error)
 
 
@@ -161,20 +162,27 @@ def notify_github(*, session: Session, run: Run, integration: GitHubIntegration,
     state = _state(run)
     if state is None and (run.status not in ACTIVE_STATUSES or row.check_run_id is not None):
         return  # queued, or already shown in progress
+    errors: list[Exception] = []
     try:
         # githubkit is imported here, not with this module: workers import it at start.
         from service.notify.github_client import make_client
 
         with make_client(integration, retry=retry) as gh:
             _send_github(session=session, gh=gh, run=run, row=row, state=state,
-                         integration=integration, settings=settings)
+                         integration=integration, settings=settings, errors=errors)
     except Exception as exc:  # noqa: BLE001  (recorded; never the run's or the verdict's concern)
-        _record_error(row, exc, integration)
+        errors.append(exc)
+    if errors:
+        _record_errors(row, errors, integration)
+    else:
+        row.error = None
     session.flush()
 
 
 def _send_github(*, session: Session, gh, run: Run, row: GitHubCheckRun, state: str | None,  # noqa: ANN001
-                 integration: GitHubIntegration, settings: Settings) -> None:
+                 integration: GitHubIntegration, settings: Settings, errors: list[Exception]) -> None:
+    """The check run, then the PR comment: each attempted whatever became of the other (a plain
+    token may comment but not create checks, which GitHub keeps to Apps); failures go to `errors`."""
     owner, repo = integration.repository.split("/", 1)
     base = integration.dashboard_url or settings.resolved_public_url
     run_url = _run_url(base, run.id)
@@ -184,7 +192,7 @@ def _send_github(*, session: Session, gh, run: Run, row: GitHubCheckRun, state: 
             gh, owner=owner, repo=repo, name=name, head_sha=run.commit.sha, details_url=run_url,
             external_id=str(run.id),
             output=report.in_progress_output(environment=run.environment, battery=run.battery, run_url=run_url))
-        row.status, row.error = "in_progress", None
+        row.status = "in_progress"
         return
     page = run_page(session=session, run_id=run.id)
     sized = sum(1 for case in page.changed if case.max_abs_diff is not None)
@@ -193,18 +201,24 @@ def _send_github(*, session: Session, gh, run: Run, row: GitHubCheckRun, state: 
         return
     conclusion = conclusion_for(state)
     output = report.check_output(page=page, conclusion=conclusion, run_url=run_url)
-    if row.check_run_id is None:
-        row.check_run_id = github.create_check_run(
-            gh, owner=owner, repo=repo, name=name, head_sha=run.commit.sha, details_url=run_url,
-            external_id=str(run.id), output=output, conclusion=conclusion.conclusion)
-    else:
-        github.complete_check_run(gh, owner=owner, repo=repo, check_run_id=row.check_run_id,
-                                  conclusion=conclusion.conclusion, details_url=run_url, output=output)
-    row.status, row.conclusion = "completed", conclusion.conclusion
+    try:
+        if row.check_run_id is None:
+            row.check_run_id = github.create_check_run(
+                gh, owner=owner, repo=repo, name=name, head_sha=run.commit.sha, details_url=run_url,
+                external_id=str(run.id), output=output, conclusion=conclusion.conclusion)
+        else:
+            github.complete_check_run(gh, owner=owner, repo=repo, check_run_id=row.check_run_id,
+                                      conclusion=conclusion.conclusion, details_url=run_url, output=output)
+        row.status, row.conclusion = "completed", conclusion.conclusion
+    except Exception as exc:  # noqa: BLE001
+        errors.append(exc)
     if integration.pr_comments:
-        row.comment_ids = _update_pr_comments(session=session, gh=gh, run=run, owner=owner, repo=repo,
-                                              base=base)
-    row.sent_state, row.error = sent_state, None
+        try:
+            row.comment_ids = _update_pr_comments(session=session, gh=gh, run=run, owner=owner, repo=repo,
+                                                  base=base)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+    row.sent_state = sent_state
 
 
 def _update_pr_comments(*, session: Session, gh, run: Run, owner: str, repo: str,  # noqa: ANN001

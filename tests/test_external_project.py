@@ -503,3 +503,39 @@ def test_check_without_a_server_gives_the_same_verdict(name, verdict, history, s
     assert service_run["verdict"]["outcome"] == comparison["verdict"]
     assert service.exits[name] == answer.returncode
     assert {i: c["verdict"] for i, c in _cases(service_run).items()} == check_cases
+
+
+# ----------------------------------------------------------------------------- a real library, same service
+def test_a_real_pypi_library_through_the_service(service, tmp_path_factory):
+    """Issue 20: lion-pytorch 0.2.5 (tests/test_real_library_lion.py, which drives the rest of its
+    history through `optdrift check`) on this running service, as a second project: its first
+    commit is no-baseline (exit 0) with its not-applicable cases; weight decay moved after the
+    update is changed (exit 1), exactly the weight-decayed cases, from step 1; each run stores
+    the adapter's describe() with the library's version."""
+    from tests.lion_project import make_history
+    from tests.test_real_library_lion import DECAYED, NOT_APPLICABLE, RUNNABLE
+
+    lion = make_history(tmp_path_factory.mktemp("lion-service"))
+    with service.http() as http:
+        answer = http.post("/api/v1/projects", json={"name": "lion-pytorch", "environments": ["cpu"]})
+        assert answer.status_code == 201, answer.text
+    runs = {}
+    for name, parent in (("comment", None), ("decay", "comment")):
+        args = ["submit", "--project", "lion-pytorch", "--commit", lion[name].sha, "--source", str(lion[name].tree),
+                "--message", name, "--url", service.url, "--wait"]
+        answer = optdrift(*args, *(["--parent", lion[parent].sha] if parent else []),
+                          env={"OPTDRIFT_TOKEN": service.token}, timeout_s=240)
+        with service.http() as http:
+            commit = http.get(f"/api/v1/projects/lion-pytorch/commits/{lion[name].sha}").json()
+            runs[name] = http.get(f"/api/v1/runs/{commit['runs'][0]['id']}").json()
+            page = http.get(f"/runs/{runs[name]['id']}").text  # the run page shows the stored describe()
+        assert runs[name]["status"] == "done", _explain(answer, service)
+        assert answer.returncode == {"comment": 0, "decay": 1}[name], _explain(answer, service)
+        assert "version: <code>lion-pytorch 0.2.5</code>" in page and "build/site/lion_pytorch</code>" in page
+    first, decay = runs["comment"]["verdict"], runs["decay"]["verdict"]
+    assert first["outcome"] == "no-baseline" and first["counts"]["not_applicable"] == len(NOT_APPLICABLE)
+    assert decay["outcome"] == "changed" and decay["baseline_run_id"] == runs["comment"]["id"]
+    cases = _cases(runs["decay"])
+    assert {i for i, c in cases.items() if c["verdict"] == "changed"} == DECAYED
+    assert {i for i, c in cases.items() if c["verdict"] == "unchanged"} == RUNNABLE - DECAYED
+    assert all(cases[i]["first_divergent_step"] == 1 for i in DECAYED)

@@ -139,15 +139,26 @@ class ServiceTester:
                  environment: str | None, workdir: Path, console: Console, say) -> None:  # noqa: ANN001
         self.client, self.repo, self.source, self.workdir, self.console, self.say = (
             client, repo, source, workdir, console, say)
-        self.project = client._check(client.http.get(f"/api/v1/projects/{project}"))
+        self.project = self._get(f"/api/v1/projects/{project}")
         self.battery = battery or self.project["default_battery"]
         self.environment = environment or self.project["environments"][0]
 
-    def _stored_run(self, sha: str) -> dict | None:
-        response = self.client.http.get(f"/api/v1/projects/{self.project['name']}/commits/{sha}")
-        if response.status_code == 404:
+    def _get(self, path: str, *, missing_ok: bool = False) -> dict | None:
+        """GET path's JSON; a 4xx/5xx raises ApiError (the CLI's one-line errors), a 404 with
+        `missing_ok` gives None."""
+        from service.client import ApiError
+
+        response = self.client.http.get(path)
+        if missing_ok and response.status_code == 404:
             return None
-        commit = self.client._check(response)
+        if response.status_code >= 400:
+            raise ApiError(response)
+        return response.json()
+
+    def _stored_run(self, sha: str) -> dict | None:
+        commit = self._get(f"/api/v1/projects/{self.project['name']}/commits/{sha}", missing_ok=True)
+        if commit is None:
+            return None
         return next((run for run in commit["runs"] if run["environment"] == self.environment
                      and self.battery in (run["battery_requested"], run["battery"])), None)
 
@@ -190,7 +201,7 @@ class ServiceTester:
                 out[sha] = Tested(None, f"{how}: does not build or crashed", created, run_id,
                                   error=(run.get("verdict") or {}).get("summary") or run.get("error"))
                 continue
-            items = self.client._check(self.client.http.get(f"/api/v1/runs/{run_id}/trajectories"))["data"]
+            items = self._get(f"/api/v1/runs/{run_id}/trajectories")["data"]
             out[sha] = Tested(case_results_from_api(items), how, created, run_id)
         return out
 

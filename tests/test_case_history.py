@@ -148,6 +148,19 @@ def test_unknown_case_environment_or_project_is_a_404_that_says_what_to_do(api, 
     assert api.get("/projects/hist/case-history", params={"case": "nope"}).status_code == 404
 
 
+def test_a_commit_that_set_the_case_aside_is_no_change_point_and_is_skipped_as_a_reference(api, db_session) -> None:
+    runs = seed_history(db_session)
+    aside = _case(TRACKED, SAME).model_copy(update={"status": "not_applicable", "trajectory": None,
+                                                    "message": "no kernel for this case here"})
+    trajectories.store_case_result(session=db_session, run_id=runs["c2"], case_index=0, result=aside)
+    db_session.flush()
+    points = {p["sha"]: p for p in _history(api)["points"]}
+    assert points["c2"]["status"] == "not_applicable" and not points["c2"]["change_point"]
+    # c3 is compared with c1, the nearest ancestor that ran the case: still a change from step 2.
+    assert (points["c3"]["compared_with"], points["c3"]["change"], points["c3"]["first_divergent_step"]) == \
+        ("c1", "changed", 2)
+
+
 def test_non_finite_distances_are_null_in_json(api, db_session) -> None:
     runs = seed_history(db_session)
     run = db_session.get(Run, runs["c5"])

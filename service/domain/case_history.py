@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from service.db.models import Commit, Run, Trajectory, Verdict
 from service.domain import attribution_view
+from service.domain.bisection import DIFFERING_VERDICTS
 from service.domain.dashboard_queries import get_project
 from service.domain.errors import NotFoundError
 from service.domain.trajectories import row_to_case_result
@@ -31,6 +32,7 @@ from service.results import CaseResult
 from service.verdicts import compare_case
 
 DEFAULT_LIMIT = 200
+MAX_ANCESTRY_WALK = 200  # as service.domain.baselines walks to a baseline
 MAX_LIMIT = 1000
 # A changed case's fields from the verdict that this page shows beside its own comparison (the
 # co-run's size of the change; the change relative to the case's own scale, where recorded).
@@ -66,7 +68,9 @@ class HistoryPoint:
 
     @property
     def change_point(self) -> bool:
-        return self.change is not None and self.change != "unchanged"
+        # As bisect reads a case: changed, broken or nondeterministic; not a case that did not run
+        # here (not applicable) or had nothing comparable before (new).
+        return self.change in DIFFERING_VERDICTS
 
 
 @dataclass
@@ -165,11 +169,17 @@ def _verdicts(session: Session, run_ids: list[int]) -> dict[int, Verdict]:
 
 
 def _reference(session: Session, commit: Commit, verdict, by_sha: dict, case_id: str):  # noqa: ANN001, ANN202
-    """(sha, result) of the trajectory `commit`'s is compared with: the first parent's when it ran
-    the case, else the verdict's baseline run's; None when neither exists (the first commit)."""
+    """(sha, result) of the trajectory `commit`'s is compared with: the nearest first-parent
+    ancestor whose run ran the case (not one that set it aside), else the verdict's baseline run's;
+    None when neither exists (the first commit)."""
     parent = commit.parents[0] if commit.parents else None
-    if parent in by_sha:
-        return parent, by_sha[parent][2]
+    for _ in range(MAX_ANCESTRY_WALK):
+        if parent not in by_sha:
+            break
+        ancestor, _, result = by_sha[parent]
+        if result.status != "not_applicable":
+            return parent, result
+        parent = ancestor.parents[0] if ancestor.parents else None
     if verdict is None or verdict.baseline_run_id is None:
         return None
     row = session.execute(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import create_engine, text
 
 from tests.browser.conftest import SCREENSHOTS
-from tests.browser.engine_seed import PROJECT
+from tests.browser.engine_seed import PROJECT, set_aside_cases
 
 ACK_NOTE = "decay after the update, on purpose for this test"
 
@@ -51,6 +51,10 @@ def test_history_page_from_a_flagged_commit(dashboard, page) -> None:
     assert "closer" in rows["c3-fix-decay"].locator(".change").inner_text()
     assert rows["d4-docs"].locator(".change").inner_text().strip() == "unchanged"
     assert rows["a1-base"].locator(".release").inner_text() == "release v0.1.0"
+    # g7-flaky set one case aside (not applicable): listed with that status, not a change point.
+    aside_id, _ = set_aside_cases(engine.base)
+    if case_id == aside_id:
+        assert rows["g7-flaky"].locator("td").nth(6).inner_text() == "not_applicable"
     # The distances shown are the engine's, and the chart plots them per commit, oldest first.
     buggy = next(c for c in engine.buggy.cases if c.case.case_id == case_id).trajectory.ref64_max_abs
     assert rows["b2-decay-after"].locator(".final-distance").inner_text() == f"{buggy[-1]:.3e}"

@@ -188,6 +188,10 @@ def test_the_dashboard_shows_the_speed_table_and_a_kernel_history(api, two_runs)
                                                          "size": N}).text
     assert "Plotly.newPlot" in history and f'data-run-id="{base.id}"' in history and f'data-run-id="{child.id}"' in history
     assert "No timing of momentum/9bit" in api.get("/projects/speedp/speed", params={"kernel": "momentum/9bit"}).text
+    # the commit list's speed column: the run's speed verdict, linked to its table
+    commits = api.get("/projects/speedp").text
+    assert f'<a href="/runs/{child.id}/speed"><span class="badge badge-changed-farther" title="kernel speed: slower"' in commits
+    assert f'<a href="/runs/{base.id}/speed"><span class="badge badge-neutral" title="kernel speed: no-baseline"' in commits
 
 
 def test_numbers_on_the_page_are_the_stored_ones(db_session, two_runs) -> None:  # noqa: ANN001

@@ -53,7 +53,8 @@ def overview_page(request: Request, project: str, session: SessionDep, ref: str 
     data = queries.overview(session=session, project_name=project, ref=ref or None,
                             verdict=verdict or None, page=page)
     return _page(request, "overview.html", data=data, project=data.project,
-                 verdict_filters=queries.VERDICT_FILTERS)
+                 verdict_filters=queries.VERDICT_FILTERS,
+                 speeds=speed_pages.speed_column(session=session, run_ids=[row.run_id for row in data.rows]))
 
 
 @router.get("/projects/{project}/commits/{sha}", response_class=HTMLResponse)

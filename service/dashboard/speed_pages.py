@@ -33,6 +33,12 @@ def badge(verdict: str) -> dict[str, str]:
     return {"css": css, "text": text, "title": f"kernel speed: {verdict}"}
 
 
+def speed_column(*, session: SessionDep, run_ids: list[int | None]) -> dict[int, dict[str, str]]:
+    """Run id -> the speed verdict's badge, for the commit list's speed column (timed runs only)."""
+    return {run_id: badge(verdict) for run_id, verdict in
+            kernel_speed.verdicts_for_runs(session=session, run_ids=[r for r in run_ids if r]).items()}
+
+
 def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
     return templates.TemplateResponse(request, name, {"badge": badge, **context})
 

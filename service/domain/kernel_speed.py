@@ -12,6 +12,8 @@ Run verdicts: `slower` (some kernel's whole interval above 1 + threshold), `fast
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -99,6 +101,30 @@ def rows(*, session: Session, run_id: int) -> list[KernelSpeed]:
                                 .order_by(KernelSpeed.size, KernelSpeed.kernel, KernelSpeed.param_dtype)))
 
 
+# Comparisons by (this row's id, the baseline row's id): stored samples never change (a re-timed
+# run gets new rows), and a bootstrap costs milliseconds, too much to redo for every row of a
+# commit list on every view. Bounded; per process.
+_COMPARISONS: OrderedDict[tuple[int, int], Any] = OrderedDict()
+_COMPARISONS_MAX = 50_000
+_comparisons_lock = threading.Lock()
+
+
+def _compared(row: KernelSpeed, other: KernelSpeed):  # noqa: ANN202
+    from service.speed_noise import compare
+
+    key = (row.id, other.id)
+    with _comparisons_lock:
+        if key in _COMPARISONS:
+            _COMPARISONS.move_to_end(key)
+            return _COMPARISONS[key]
+    result = compare(row.samples_s, other.samples_s)
+    with _comparisons_lock:
+        _COMPARISONS[key] = result
+        while len(_COMPARISONS) > _COMPARISONS_MAX:
+            _COMPARISONS.popitem(last=False)
+    return result
+
+
 def _key(row: KernelSpeed) -> tuple[str, str, int]:
     return (row.kernel, row.param_dtype, row.size)
 
@@ -114,7 +140,7 @@ def _baseline_run(session: Session, run: Run) -> Run | None:
 
 def run_speed(*, session: Session, run: Run) -> RunSpeed:
     """This run's timings against its baseline's, kernel by kernel."""
-    from service.speed_noise import CONFIDENCE, SLOWDOWN_THRESHOLD, compare, worst
+    from service.speed_noise import CONFIDENCE, SLOWDOWN_THRESHOLD, worst
 
     own = rows(session=session, run_id=run.id)
     baseline = _baseline_run(session, run)
@@ -133,7 +159,7 @@ def run_speed(*, session: Session, run: Run) -> RunSpeed:
         if row.error:
             entry.verdict = "error"
         elif other is not None and not other.error and other.samples_s:
-            comparison = compare(row.samples_s, other.samples_s)
+            comparison = _compared(row, other)
             entry.baseline_median_s = other.median_s
             entry.ratio, entry.ratio_low, entry.ratio_high = comparison.ratio, comparison.low, comparison.high
             entry.verdict = comparison.verdict
@@ -189,8 +215,9 @@ def kernels_of_project(*, session: Session, project_id: int) -> list[tuple[str, 
     return sorted((k, d, s) for k, d, s in found)
 
 
-def verdicts_for_runs(*, session: Session, runs: list[Run]) -> dict[int, str]:
-    """Run id -> speed verdict, for a list of runs (the dashboard's speed column)."""
-    timed = set(session.scalars(select(KernelSpeed.run_id).where(
-        KernelSpeed.run_id.in_([r.id for r in runs])).distinct()))
-    return {run.id: run_speed(session=session, run=run).verdict if run.id in timed else "not-timed" for run in runs}
+def verdicts_for_runs(*, session: Session, run_ids: list[int]) -> dict[int, str]:
+    """Run id -> speed verdict for those of `run_ids` that have timings (the commit list's speed
+    column; an untimed run is absent)."""
+    timed = list(session.scalars(select(Run).where(
+        Run.id.in_(select(KernelSpeed.run_id).where(KernelSpeed.run_id.in_(run_ids)).distinct()))))
+    return {run.id: run_speed(session=session, run=run).verdict for run in timed}

@@ -61,6 +61,14 @@ POLICY: dict[tuple[str, str], set[str] | str] = {
     ("GET", "/projects/{project}/releases"): PUBLIC,
     ("GET", "/dashboard/api/runs/{run_id}/series"): PUBLIC,
     ("GET", "/static/vendor/plotly.min.js"): ALWAYS_PUBLIC,
+    # notifications (issue 16): the settings hold credentials, so admin only, reads included
+    ("PUT", "/api/v1/projects/{project}/github"): {"admin"},
+    ("GET", "/api/v1/projects/{project}/github"): {"admin"},
+    ("DELETE", "/api/v1/projects/{project}/github"): {"admin"},
+    ("POST", "/api/v1/projects/{project}/webhooks"): {"admin"},
+    ("GET", "/api/v1/projects/{project}/webhooks"): {"admin"},
+    ("DELETE", "/api/v1/projects/{project}/webhooks/{webhook_id}"): {"admin"},
+    ("GET", "/api/v1/projects/{project}/webhooks/{webhook_id}/deliveries"): {"admin"},
 }
 INVALID_CALLERS = ("none", "wrong", "expired", "revoked")
 
@@ -118,6 +126,7 @@ def _request(client, method: str, template: str, context: dict, token: str | Non
         path = path.replace("{" + key + "}", context[key])
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     archive = ("s.tar.gz", make_archive({"ops.cpp": f"// change {serial}\n"}), "application/gzip")
+    path = path.replace("{webhook_id}", "1")
     if method == "GET":
         return client.get(path, headers=headers)
     if template == "/api/v1/projects":
@@ -130,6 +139,9 @@ def _request(client, method: str, template: str, context: dict, token: str | Non
         return client.post(path, headers=headers, data={"base": context["sha"]}, files={"archive": archive})
     if template == "/api/v1/sources":
         return client.post(path, headers=headers, files={"archive": archive})
+    if method in ("PUT", "DELETE"):  # notification settings (issue 16); webhook 1 may not exist: 404
+        body = {"repository": "octo/kernels", "token": "ghp_matrix0123456789"} if method == "PUT" else None
+        return client.request(method, path, headers=headers, json=body)
     return client.post(path, headers=headers)
 
 

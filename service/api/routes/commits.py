@@ -16,6 +16,7 @@ from service.api.schemas import (
 from service.api.uploads import read_limited, split_list
 from service.db.models import Commit, Run, Verdict
 from service.domain import projects, queueing, submissions, verdict_store
+from service.notify import hooks as notify_hooks
 
 router = APIRouter(prefix="/projects/{project}", tags=["commits"])
 
@@ -98,7 +99,8 @@ def commit_verdicts(project: str, sha: str, session: SessionDep) -> VerdictsPubl
 
 @router.post("/commits/{sha}/acknowledge", response_model=VerdictsPublic)
 def acknowledge_commit(
-    project: str, sha: str, body: AcknowledgeRequest, session: SessionDep, _principal: AdminDep
+    project: str, sha: str, body: AcknowledgeRequest, session: SessionDep, _principal: AdminDep,
+    settings: SettingsDep,
 ) -> VerdictsPublic:
     """Mark the commit's flagged change as intended (all its runs' verdicts)."""
     project_row = projects.get_by_name(session=session, name=project)
@@ -106,6 +108,8 @@ def acknowledge_commit(
     verdicts = [verdict_store.acknowledge(session=session, run=run, note=body.note, by=body.by)
                 for run in commit.runs]
     session.commit()
+    for run in commit.runs:  # their check runs turn to success (issue 16)
+        notify_hooks.run_changed(run.id, settings=settings)
     return VerdictsPublic(data=[verdict_public(v) for v in verdicts])
 
 

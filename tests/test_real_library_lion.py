@@ -107,6 +107,17 @@ def test_the_digest_reads_the_librarys_own_state(installed_lion):
     assert not handle.optimizer.state
 
 
+def test_both_engines_give_identical_digests(installed_lion):
+    """The contract's conformance check (worker/engine/conformance.py). The library makes its state
+    in its first step, so the family declares fast_engine = False and the fast engine hands its
+    cases to run_case: the same digests, every case run to its last step."""
+    from worker.engine.conformance import engine_results, mismatches
+
+    pairs = engine_results([c for c in CASES if runnable(c)], CPU, installed_lion.families())
+    assert mismatches(pairs) == []
+    assert all(r.status == "ok" and len(r.trajectory.digests) == r.case.steps for _, r in pairs)
+
+
 def test_the_adapter_says_what_it_cannot_run(installed_lion):
     reasons = {c.case_id: installed_lion.unsupported(c, CPU) for c in CASES}
     assert {i for i, reason in reasons.items() if reason} == NOT_APPLICABLE

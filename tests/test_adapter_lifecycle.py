@@ -249,3 +249,24 @@ def test_a_family_that_declares_one_case_at_a_time_runs_on_the_one_case_engine()
     assert family.most_open == 1 and family.opened == len(few)
     expected = run_cases_fast(few, CPU, families=_ownedopt().families())
     assert [r.trajectory.digests for r in results] == [r.trajectory.digests for r in expected]
+
+
+def test_an_adapter_written_before_the_lifecycle_still_runs_as_handed_over_states():
+    class OldMomentum:  # init_states / step(case, param, grad, states, step), no handle
+        def init_states(self, case, param):  # noqa: ANN001, ANN201
+            return {"buf": torch.zeros_like(param)}
+
+        def step(self, case, param, grad, states, step) -> None:  # noqa: ANN001
+            states["buf"].mul_(0.9).add_(grad)
+            param.sub_(0.01 * states["buf"])
+
+    case = OWNED[1]
+    param = initial_parameters(case.seed, case.size)
+    stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device="cpu", grad_dtype=torch.float32)
+    buf, by_hand = torch.zeros_like(param), []
+    for step in range(1, case.steps + 1):
+        buf.mul_(0.9).add_(stream.kernel_gradient(step, param))
+        param.sub_(0.01 * buf)
+        by_hand.append(digest_tensors([param, buf]))
+    pairs = engine_results(OWNED[:4], CPU, {"32bit": OldMomentum()})
+    assert mismatches(pairs) == [] and pairs[1][1].trajectory.digests == by_hand

@@ -146,24 +146,22 @@ def _clipped(text: str | None, limit: int) -> str:
 
 def full_messages(runs: list[dict]) -> list[str]:
     """Every message a table cut short, whole: a run's error (a build log's tail, an adapter's
-    import error with its file and line), a broken or nondeterministic case's message, and each
-    distinct not-applicable reason once with the number of cases it sets aside."""
+    import error with its file and line), and each distinct case message (broken, not applicable,
+    nondeterministic) once — with its case id, or the number of cases that share it (a kernel host
+    whose adapter cannot be imported breaks every case with the same message)."""
     lines: list[str] = []
     for run in runs:
         error = run.get("error") or ""
         if error and _clipped(error, CELL_CHARS) != error:
             lines.append(f"run {run['id']} ({run['status']}): {error}")
-        reasons: dict[str, int] = {}
+        shared: dict[tuple[str, str], list[str]] = {}
         for case in _cases(run):
             message = case.get("message") or ""
-            if case["verdict"] == "not_applicable":
-                reasons[message] = reasons.get(message, 0) + 1
-            elif message and _clipped(message, CELL_CHARS) != message:
-                lines.append(f"run {run['id']} {case['case_id']} ({case['verdict']}): {message}")
-        for reason, count in reasons.items():
-            if _clipped(reason, CELL_CHARS) != reason:
-                lines.append(f"run {run['id']}: not applicable ({count} {'case' if count == 1 else 'cases'}): "
-                             f"{reason}")
+            if message and _clipped(message, CELL_CHARS) != message:
+                shared.setdefault((case["verdict"].replace("_", " "), message), []).append(case["case_id"])
+        for (verdict, message), case_ids in shared.items():
+            which = case_ids[0] if len(case_ids) == 1 else f"{len(case_ids)} cases"
+            lines.append(f"run {run['id']}: {verdict} ({which}): {message}")
     return lines
 
 

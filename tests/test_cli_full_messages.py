@@ -39,10 +39,17 @@ def test_every_cut_message_follows_the_tables_whole(capsys, monkeypatch):  # noq
     tables, _, details = text.partition("details (in full):")
     assert details, text
     assert f"run 7 (failed): {IMPORT_ERROR}" in details
-    assert f"run 8 lion.a (broken): {BROKEN}" in details  # both lines, as the kernel host said them
+    assert f"run 8: broken (lion.a): {BROKEN}" in details  # both lines, as the kernel host said them
     assert details.count(REASON) == 1 and f"not applicable (3 cases): {REASON}" in details
     # The tables keep a short cell: the message's first CELL_CHARS - 1 characters and a mark.
     assert BROKEN.splitlines()[0][:CELL_CHARS - 1] + "…" in tables and BROKEN not in tables
+
+
+def test_a_message_many_cases_share_is_shown_once_with_their_count():
+    """A kernel host whose adapter cannot be imported breaks every case with the same message."""
+    run = {**BROKEN_RUN, "verdict": {**BROKEN_RUN["verdict"], "detail": {"cases": [
+        _case(f"lion.{i}", "broken", f"kernel host did not start: {IMPORT_ERROR}") for i in range(10)]}}}
+    assert full_messages([run]) == [f"run 8: broken (10 cases): kernel host did not start: {IMPORT_ERROR}"]
 
 
 def test_short_messages_are_not_repeated():

@@ -26,6 +26,7 @@ from service.results import CaseResult, CaseSpec, EnvironmentFingerprint, Repeat
 from service.verdicts import compare_runs, first_divergent_step
 from worker.battery import BatterySpec, battery_from_file, battery_from_tree
 from worker.build import BuildResult
+from worker.engine import reference_cache
 
 OnResult = Callable[[int, CaseResult], None]
 
@@ -42,6 +43,8 @@ class Policy:
     max_build_s: float | None = None  # a tree's build.timeout_s may ask for less, never more
     case_timeout_s: float = 600.0
     deadline: float | None = None  # time.monotonic() past which nothing runs
+    # Folder of the reference cache (worker.engine.reference_cache; None: none); `trusted` runs write it.
+    reference_cache: Path | None = None
 
 
 @dataclass
@@ -121,7 +124,7 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
                     adapter=job.config.adapter, deadline=policy.deadline,
                     adapter_paths=[job.source_dir / folder for folder in job.config.adapter_path]) as host:
         if policy.fast_engine:
-            results = host.run_many(cases, on_result=on_result)
+            results = reference_cache.run_many(host, cases, _cache(policy), on_result=on_result)
         else:
             results = []
             for index, case in enumerate(cases):
@@ -130,6 +133,10 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
                     on_result(index, results[-1])
         _check_repeats(host, cases, results, policy, job.config.repeats, baseline_digests or {}, on_result)
         return Ran(results=results, environment=host.environment, adapter=host.adapter_description)
+
+
+def _cache(policy: Policy):  # noqa: ANN202
+    return reference_cache.for_policy(policy.reference_cache, trusted=policy.trusted)
 
 
 def _needs_repeat(result: CaseResult, repeats: int, baseline_digests: dict[str, list[str]]) -> int:
@@ -154,7 +161,8 @@ def _check_repeats(host, cases: list[CaseSpec], results: list[CaseResult], polic
         subset = [cases[index] for index in indices]
         # The same engine as the first run: the fast and the one-case engine are bit-identical by
         # design, but a repeat must not depend on it.
-        again = host.run_many(subset) if policy.fast_engine else [host.run(case) for case in subset]
+        again = (reference_cache.run_many(host, subset, _cache(policy)) if policy.fast_engine
+                 else [host.run(case) for case in subset])
         for index, result in zip(indices, again):
             first = results[index]
             check = checks[index]

@@ -319,7 +319,8 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
             device=settings.worker_device, fast_engine=settings.fast_engine,
             cache_dir=settings.resolved_build_cache_dir,
             cuda_archs=[] if settings.worker_device == "cpu" else None, trusted=not budget.untrusted,
-            max_build_s=budget.build_s, case_timeout_s=budget.case_timeout_s, deadline=budget.deadline)
+            max_build_s=budget.build_s, case_timeout_s=budget.case_timeout_s, deadline=budget.deadline,
+            reference_cache=settings.resolved_build_cache_dir / "references")
         built = pipeline.build(job, policy)
         available, what = sandbox.status()
         detail = {**job.record(), "battery_version": job.battery.version, "build_ok": built.ok,

@@ -1,15 +1,26 @@
 """Run a battery on one build, or co-run it on a commit build and a baseline build.
 
-Co-running: for each case, both kernel hosts run it at the same time, each writing its parameters
-after every step to a temporary float32 file; when the digests differ, the per-step
-max |commit - baseline| is computed from the two files step by step, then both files are deleted.
-Disk and memory stay bounded by one case, and no case is run twice. This process never imports
-torch (numpy only), so it is safe in a Celery worker's parent process.
+Co-running gives the per-step max |commit - baseline| of the cases whose digests differ. Two ways,
+the same numbers (tests/test_corun_fast.py):
+
+* **fast** (the worker's): the cases go in chunks (one step count, at most `chunk_bytes` of
+  parameters per side; a case larger than that is a chunk of its own) to both kernel hosts at
+  once; each runs its chunk in fast-engine waves, kernels only (worker.engine.kernels_only), and
+  writes every step's parameters into a file in its scratch folder (worker.engine.params_file).
+  While the hosts run chunk k, this process computes chunk k-1's diffs from the two files,
+  vectorised in threads, and deletes them: disk and memory stay bounded by two chunks per side.
+  `between_cases()` runs before each chunk (the worker yields to waiting runs there).
+* **one case at a time** (`fast=False`): both hosts run one case, each writing its parameters to
+  a temporary file, compared step by step, then deleted.
+
+No case is run twice. This process never imports torch (numpy only), so it is safe in a Celery
+worker's parent process.
 """
 
 from __future__ import annotations
 
 import tempfile
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable
 
@@ -17,15 +28,19 @@ import numpy as np
 
 from service.results import CaseResult, CaseSpec, RunResult
 from worker.battery import BatterySpec
+from worker.engine import params_file
 from worker.engine.host import KernelHost
 
 Progress = Callable[[int, int, CaseResult], None]
+# Parameters per side and chunk: 256 MiB is 2.7 GB of the standard battery's changed cases in ~11
+# chunks; the hosts hold a chunk's history on the device and in their file, this process maps it.
+DEFAULT_CHUNK_BYTES = 256 * 1024**2
 
 
 def per_step_max_abs_diff(commit_file: Path, baseline_file: Path, steps: int, size: int) -> list[float]:
     """max_i |commit_i - baseline_i| per step from two (steps x size) float32 files, in float64."""
-    commit = np.memmap(commit_file, dtype="<f4", mode="r", shape=(steps, size))
-    baseline = np.memmap(baseline_file, dtype="<f4", mode="r", shape=(steps, size))
+    commit = params_file.open_checked(commit_file, steps * size).reshape(steps, size)
+    baseline = params_file.open_checked(baseline_file, steps * size).reshape(steps, size)
     # A non-finite parameter on both sides (a float16 case gone to inf) has no difference: NaN, kept.
     with np.errstate(invalid="ignore"):
         diffs = [float(np.max(np.abs(commit[s].astype(np.float64) - baseline[s].astype(np.float64))))
@@ -69,12 +84,22 @@ def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_lib
                   device: str = "auto", case_timeout_s: float = 300.0, cases: list[CaseSpec] | None = None,
                   progress: Progress | None = None, adapter: str = "bundled",
                   between_cases: Callable[[], None] | None = None, params_only: bool = False,
+                  fast: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                   ) -> tuple[RunResult, RunResult, dict[str, list[float]]]:
     """(commit run, baseline run, per-step max |commit - baseline| of the cases whose digests differ).
-    `between_cases()` runs before each case (the worker's co-run yields to waiting runs there).
-    `params_only`: the kernels alone in both hosts, no references (the results then carry digests
-    and no metric series): what the per-step diffs of already-stored runs need, many times faster."""
+    `between_cases()` runs before each case, or each chunk when `fast` (the worker's co-run yields
+    to waiting runs there). `params_only`: the kernels alone in both hosts, no references (the
+    results then carry digests and no metric series): what the per-step diffs of already-stored
+    runs need, many times faster. `fast` (implies params_only): the fast engine's waves, in chunks
+    of at most `chunk_bytes` of parameters per side (module docstring)."""
     cases = battery.expand() if cases is None else cases
+    if fast:
+        hosts = [KernelHost(library, device=device, case_timeout_s=case_timeout_s, adapter=adapter)
+                 for library in (commit_library, baseline_library)]
+        with hosts[0], hosts[1]:
+            commit_results, baseline_results, diffs = _corun_fast(hosts, cases, chunk_bytes, between_cases, progress)
+            return (_run_result(battery, hosts[0], commit_digest, commit_results),
+                    _run_result(battery, hosts[1], baseline_digest, baseline_results), diffs)
     commit_results, baseline_results, diffs = [], [], {}
     with (KernelHost(commit_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter) as commit_host,
           KernelHost(baseline_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter) as baseline_host,
@@ -97,3 +122,106 @@ def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_lib
                 progress(index + 1, len(cases), commit_result)
         return (_run_result(battery, commit_host, commit_digest, commit_results),
                 _run_result(battery, baseline_host, baseline_digest, baseline_results), diffs)
+
+
+def plan_chunks(cases: list[CaseSpec], max_bytes: int) -> list[list[int]]:
+    """Indices of `cases` in chunks of one step count and at most `max_bytes` of float32
+    parameters (steps x size x 4) each; a case larger than that is a chunk of its own."""
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for index in sorted(range(len(cases)), key=lambda i: (cases[i].steps, i)):
+        cost = cases[index].steps * cases[index].size * 4
+        if current and (used + cost > max_bytes or cases[index].steps != cases[current[0]].steps):
+            chunks.append(current)
+            current, used = [], 0
+        current.append(index)
+        used += cost
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+class _Chunk:
+    """One chunk in flight: its cases, both sides' results, and where each case's parameters lie
+    (the host's chunk file, or a file of its own where the host fell back to one case at a time)."""
+
+    def __init__(self, number: int, indices: list[int], cases: list[CaseSpec], workdir: Path) -> None:
+        self.number, self.indices, self.cases = number, indices, [cases[i] for i in indices]
+        self.file_name = f"params-{number % 2}.f32"  # chunk k-1's file is read while k's is written
+        self.workdir = workdir
+        self.own_files: list[dict[int, Path]] = [{}, {}]  # per side: position -> its one-case file
+        self.results: list[list[CaseResult]] = []
+
+    def run_one(self, host: KernelHost, side: int) -> Callable[[int, CaseSpec], CaseResult]:
+        """The fallback for a case the host's fast run did not answer: the one-case co-run's way."""
+        def run(position: int, case: CaseSpec) -> CaseResult:
+            path = self.workdir / f"side{side}-chunk{self.number}-case{position}.f32"
+            host.submit(case, path, params_only=True)
+            result = host.collect()
+            self.own_files[side][position] = path
+            return result
+        return run
+
+    def diffs(self, hosts: list[KernelHost]) -> dict[str, list[float]]:
+        """Per-step max |commit - baseline| of this chunk's cases whose digests differ; its files go."""
+        commit, baseline = self.results
+        differing = [p for p, (a, b) in enumerate(zip(commit, baseline))
+                     if a.status == "ok" and b.status == "ok" and a.trajectory.digests != b.trajectory.digests]
+        layout = params_file.regions(self.cases)
+        try:
+            sides = []
+            for side, host in enumerate(hosts):
+                own = self.own_files[side]
+                mapped = (params_file.open_checked(host.scratch_path / self.file_name,
+                                                   params_file.total_elements(self.cases))
+                          if any(p not in own for p in differing) else None)
+
+                def rows(position: int, own=own, mapped=mapped) -> np.ndarray:  # noqa: ANN001
+                    region = layout[position]
+                    if position in own:
+                        return params_file.open_checked(own[position], region.elements).reshape(region.steps, region.size)
+                    return mapped[region.offset:region.offset + region.elements].reshape(region.steps, region.size)
+                sides.append(rows)
+            values = params_file.per_step_max_abs_diffs([(sides[0](p), sides[1](p)) for p in differing])
+        finally:
+            for side, host in enumerate(hosts):
+                (host.scratch_path / self.file_name).unlink(missing_ok=True)
+                for path in self.own_files[side].values():
+                    path.unlink(missing_ok=True)
+        return {self.cases[p].case_id: series for p, series in zip(differing, values)}
+
+
+def _corun_fast(hosts: list[KernelHost], cases: list[CaseSpec], chunk_bytes: int,
+                between_cases: Callable[[], None] | None, progress: Progress | None,
+                ) -> tuple[list[CaseResult], list[CaseResult], dict[str, list[float]]]:
+    results: list[list[CaseResult | None]] = [[None] * len(cases), [None] * len(cases)]
+    diffs: dict[str, list[float]] = {}
+    done = 0
+    with tempfile.TemporaryDirectory(prefix="optdrift-corun-") as workdir, \
+            ThreadPoolExecutor(max_workers=3, thread_name_prefix="optdrift-corun") as pool:
+        previous: _Chunk | None = None
+        for number, indices in enumerate(plan_chunks(cases, chunk_bytes)):
+            if between_cases:
+                between_cases()
+            chunk = _Chunk(number, indices, cases, Path(workdir))
+            # Both hosts run this chunk while this process diffs the previous one; every future is
+            # waited for before anything is raised, so no host is left mid-request.
+            running = [pool.submit(host.run_many, chunk.cases, params_file=chunk.file_name,
+                                   run_one=chunk.run_one(host, side)) for side, host in enumerate(hosts)]
+            diffing = [pool.submit(previous.diffs, hosts)] if previous else []
+            wait(running + diffing)
+            for future in diffing:
+                diffs.update(future.result())
+            chunk.results = [future.result() for future in running]
+            for side in (0, 1):
+                for position, index in enumerate(indices):
+                    results[side][index] = chunk.results[side][position]
+            for position in range(len(indices)):
+                done += 1
+                if progress:
+                    progress(done, len(cases), chunk.results[0][position])
+            previous = chunk
+        if previous:
+            diffs.update(previous.diffs(hosts))
+    return results[0], results[1], diffs

@@ -15,6 +15,9 @@ answers one line on its stdout.
     -> {"op": "params", "case": <CaseSpec>, "params_out": "/tmp/x.f32"}   (a co-run: kernels only,
        the parameters after each step into params_out; the result's trajectory has digests only)
     -> {"op": "run_many", "cases": [<CaseSpec>, ...]}       (fast mode: worker.engine.fast)
+       with "params_out": a file in the scratch: the co-run's kernels-only waves writing every
+       step's parameters there (worker.engine.params_file); with "known": {index: [series keys]}
+       the reference cache's two passes (worker.engine.kernels_only, worker.engine.reference_cache)
     <- {"index": i, "result": <CaseResult>} per case as its group finishes, then {"done": true},
        or {"stopped": "<error>", "restart": bool} after an error the fast runner could not
        attribute to a case (the parent then runs the unanswered cases one by one)
@@ -192,7 +195,7 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
     """Fast mode; False when the host must exit (a CUDA error left the context unusable)."""
     import torch
 
-    from worker.engine.fast import run_cases_fast
+    from worker.engine.kernels_only import run_request
 
     cases = [CaseSpec.model_validate(c) for c in request["cases"]]
 
@@ -210,8 +213,7 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
         else:
             runnable.append(index)
     try:
-        run_cases_fast([cases[i] for i in runnable], device, families=families,
-                       on_result=lambda position, result: emit(runnable[position], result))
+        run_request(request, cases, runnable, device, families, emit)
     except Exception as error:  # noqa: BLE001 - reported; the parent falls back to one case at a time
         restart = device.type == "cuda" and _is_cuda_error(error)
         protocol.write(json.dumps({"stopped": f"{type(error).__name__}: {error}", "restart": restart}) + "\n")
@@ -512,15 +514,29 @@ class KernelHost:
             self._kill()
         return answer
 
-    def run_many(self, cases: list[CaseSpec], on_result=None) -> list[CaseResult]:  # noqa: ANN001
+    @property
+    def scratch_path(self) -> Path:
+        """The host's scratch folder (the one place it may write; a co-run's parameter files)."""
+        return self._scratch.path
+
+    def run_many(self, cases: list[CaseSpec], on_result=None, *, params_file: str | None = None,  # noqa: ANN001
+                 known=None, run_one=None) -> list[CaseResult]:  # noqa: ANN001
         """All `cases` through the host's fast runner (worker.engine.fast), the same results as
         `run` one by one. `on_result(index, result)` as results arrive (out of order). Cases the
-        fast runner did not answer (crash, hang, CUDA error) are then run one by one with `run`,
-        so a faulty case is reported broken on its own."""
+        fast runner did not answer (crash, hang, CUDA error) are then run one by one with `run`
+        (or `run_one(index, case)`), so a faulty case is reported broken on its own.
+        `params_file`: a file name in `scratch_path` for the co-run's kernels-only run (its layout:
+        worker.engine.params_file). `known(environment) -> {index: [series keys]}`: the reference
+        cache's known digest series (worker.engine.reference_cache.run_many)."""
         results: list[CaseResult | None] = [None] * len(cases)
         self._ensure_running()  # a startup failure: the one-by-one pass below reports it per case
         if self._alive():
             request = {"op": "run_many", "cases": [c.model_dump(mode="json") for c in cases]}
+            if params_file:
+                request["params_out"] = str(self._scratch.path / params_file)
+            held = known(self.environment) if known is not None and self.environment is not None else None
+            if held:
+                request["known"] = {str(index): keys for index, keys in held.items()}
             try:
                 self._process.stdin.write((json.dumps(request) + "\n").encode())
                 self._process.stdin.flush()
@@ -556,7 +572,7 @@ class KernelHost:
                 break
         for index, case in enumerate(cases):
             if results[index] is None:
-                results[index] = self.run(case)
+                results[index] = run_one(index, case) if run_one is not None else self.run(case)
                 if on_result:
                     on_result(index, results[index])
         return results

@@ -1,0 +1,151 @@
+"""The fast co-run (worker.engine.corun, fast=True) gives the one-case co-run's numbers, bit for bit.
+
+Exactness, not tolerance: the per-step diffs are compared through repr (NaN matches NaN, -0.0 does
+not match 0.0) and every digest as a string. The commit is the decay-after-update copy of the
+bundled kernels (worker.mutations), the baseline the bundled kernels, on the CPU; the cases are a
+slice of the quick battery with Adam/AdEMAMix at weight decay (changed from step 1), other
+optimizers (unchanged), 8-bit and 16-bit ones. Small chunks force several chunks, so the
+pipelining (chunk k runs while chunk k-1 is diffed) and the alternating files are exercised.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from worker.battery import load_battery
+from worker.build import build_extension
+from worker.engine import params_file
+from worker.engine.corun import corun_battery, plan_chunks
+from worker.engine.host import FAULT_ENV
+from worker.engine.kernels_only import run_kernels_only
+from worker.engine.trajectory import run_params
+from worker.mutations import copy_tree, decay_after_update
+from tests.test_fast_engine import GROUPED
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def decay_build(tmp_path_factory, csrc_under_test, build_cache_dir):
+    # The same digest as tests/test_engine_check.py's copy: a cache hit after either builds it.
+    tree = decay_after_update(copy_tree(csrc_under_test, tmp_path_factory.mktemp("decay") / "csrc"))
+    result = build_extension(tree, cache_dir=build_cache_dir, cuda_archs=[])
+    assert result.ok, result.error
+    return result
+
+
+def _cases(count: int):
+    battery = load_battery("quick")
+    cases = battery.expand()
+    changed = [c for c in cases if c.optimizer in ("adam", "ademamix") and c.hyper["weight_decay"] > 0]
+    others = [c for c in cases if c not in changed]
+    # Both families, several dtypes and step counts, changed and unchanged cases.
+    picked = changed[::max(1, len(changed) // (count // 2))][:count // 2] + others[::max(1, len(others) // (count // 2))][:count // 2]
+    return battery, picked
+
+
+@pytest.fixture(scope="module")
+def one_case_corun(kernels_build, decay_build):
+    """The one-case co-run (the reference for the fast one) of 12 cases: (battery, cases, its result)."""
+    battery, cases = _cases(12)
+    return battery, cases, corun_battery(battery, decay_build.library_path, kernels_build.library_path,
+                                         device="cpu", cases=cases, params_only=True)
+
+
+def _digests(run):
+    return [(r.case.case_id, r.status, r.trajectory.digests if r.trajectory else None) for r in run.cases]
+
+
+def test_fast_corun_equals_the_one_case_corun(kernels_build, decay_build, one_case_corun):
+    battery, cases, (slow_commit, slow_base, slow_diffs) = one_case_corun
+    chunks_started = []
+    fast_commit, fast_base, fast_diffs = corun_battery(
+        battery, decay_build.library_path, kernels_build.library_path, device="cpu", cases=cases, fast=True,
+        chunk_bytes=200_000, between_cases=lambda: chunks_started.append(1))
+    assert len(slow_diffs) >= 4 and len(slow_diffs) < len(cases)  # changed and unchanged cases both present
+    assert sorted(fast_diffs) == sorted(slow_diffs)
+    assert {k: repr(v) for k, v in fast_diffs.items()} == {k: repr(v) for k, v in slow_diffs.items()}
+    assert any(value > 0 for series in fast_diffs.values() for value in series)
+    assert _digests(fast_commit) == _digests(slow_commit)
+    assert _digests(fast_base) == _digests(slow_base)
+    assert len(chunks_started) == len(plan_chunks(cases, 200_000)) > 2  # yields between chunks
+
+
+def test_a_host_crash_in_a_chunk_falls_back_to_one_case_at_a_time(kernels_build, decay_build, one_case_corun,
+                                                                   monkeypatch):
+    battery, cases, (_, _, slow_diffs) = one_case_corun
+    cases = cases[:4]
+    victim = cases[1].case_id
+    monkeypatch.setenv(FAULT_ENV, f"abort:{victim}")  # both hosts die on it, in the fast and one-case paths
+    commit, baseline, diffs = corun_battery(battery, decay_build.library_path, kernels_build.library_path,
+                                            device="cpu", cases=cases, fast=True)
+    statuses = {r.case.case_id: r.status for r in commit.cases}
+    assert statuses.pop(victim) == "broken" and set(statuses.values()) == {"ok"}
+    # The other cases ran one by one after the crash, their parameters in files of their own.
+    expected = {k: repr(v) for k, v in slow_diffs.items() if k != victim and k in {c.case_id for c in cases}}
+    assert {k: repr(v) for k, v in diffs.items()} == expected and expected
+
+
+def test_chunks_keep_one_step_count_and_the_byte_bound():
+    cases = load_battery("quick").expand()
+    bound = 400_000
+    chunks = plan_chunks(cases, bound)
+    assert sorted(i for chunk in chunks for i in chunk) == list(range(len(cases)))
+    for chunk in chunks:
+        assert len({cases[i].steps for i in chunk}) == 1
+        used = sum(cases[i].steps * cases[i].size * 4 for i in chunk)
+        assert used <= bound or len(chunk) == 1
+    assert plan_chunks(cases[:3], 1) == [[i] for i in sorted(range(3), key=lambda i: (cases[i].steps, i))]
+
+
+def test_the_parent_reads_only_a_plain_file_of_the_expected_size(tmp_path):
+    # A kernel host runs submitted code and writes the file: a link to one of the worker's files
+    # (it can name paths it cannot see) must not be followed, and the size must be exact.
+    secret = tmp_path / "worker-token"
+    secret.write_bytes(b"s" * 40)
+    link = tmp_path / "params-0.f32"
+    os.symlink(secret, link)
+    with pytest.raises(params_file.ParamsFileError, match="plain file"):
+        params_file.open_checked(link, 10)
+    real = tmp_path / "params-1.f32"
+    np.arange(12, dtype="<f4").tofile(real)
+    with pytest.raises(params_file.ParamsFileError, match="48 bytes, not the 40"):
+        params_file.open_checked(real, 10)
+    assert params_file.open_checked(real, 12).tolist() == list(range(12))
+
+
+def test_vectorised_diffs_are_the_per_step_diffs(monkeypatch):
+    # Blocks of steps in threads, NaN where both sides are non-finite, as the per-step loop gives.
+    rng = np.random.default_rng(0)
+    commit = rng.standard_normal((7, 1000)).astype("<f4")
+    baseline = commit.copy()
+    baseline[2, 5] += 1e-3
+    commit[4, :] = np.inf
+    baseline[4, :] = np.inf
+    with np.errstate(invalid="ignore"):
+        expected = [float(np.max(np.abs(commit[s].astype(np.float64) - baseline[s].astype(np.float64))))
+                    for s in range(7)]
+    monkeypatch.setattr(params_file, "DIFF_BLOCK_ELEMENTS", 2000)  # two steps a block: several threads
+    got = params_file.per_step_max_abs_diffs([(commit, baseline)], threads=3)[0]
+    assert repr(got) == repr(expected)
+    assert np.isnan(got[4]) and got[2] > 0 and got[0] == 0.0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_kernels_only_waves_write_run_params_bits(kernels, device):
+    # In-process (the `kernels` build loaded here): the co-run's host side against run_params,
+    # parameters byte for byte and digests, 32/8-bit, every dtype, open/closed/zeroed gradients.
+    cases = [c for c in GROUPED.expand() if c.seed == 0][::4]
+    for use_graphs in ([False, True] if device == "cuda" else [False]):
+        views = [np.full((c.steps, c.size), np.nan, dtype=np.float32) for c in cases]
+        fast = run_kernels_only(cases, device, params_out=views, use_graphs=use_graphs)
+        for case, result, view in zip(cases, fast, views):
+            sink = io.BytesIO()
+            slow = run_params(case, torch.device(device), sink)
+            assert result.status == "ok" and result.trajectory.digests == slow.trajectory.digests, case.case_id
+            assert result.trajectory.ref64_max_abs == [] and view.tobytes() == sink.getvalue(), case.case_id

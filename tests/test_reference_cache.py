@@ -1,0 +1,204 @@
+"""References computed once (worker.engine.reference_cache): a warm run is a cold run, bit for bit.
+
+Exactness, not tolerance: every per-step series of every case is compared through repr (NaN
+matches NaN, -0.0 does not match 0.0) and every digest as a string, between runs through the real
+pipeline (worker.pipeline.run: a sandboxed kernel host, the fast engine) without a cache, with an
+empty one, and with a warm one, on the CPU. The commit whose trajectories partly changed (the
+decay-after-update copy) runs against a cache that holds only the baseline's series: its
+unchanged cases come from the cache, its changed ones are computed.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+import torch
+
+from service.results import CaseResult, EnvironmentFingerprint, Trajectory
+from service.domain.project_config import load_project_config
+from worker import pipeline
+from worker.battery import load_battery
+from worker.build import build_extension
+from worker.engine import reference_cache
+from worker.engine.reference_cache import ReferenceCache, environment_key, series_key
+from worker.engine.fast import run_cases_fast
+from worker.engine.kernels_only import run_cases_known
+from worker.mutations import copy_tree, decay_after_update
+from tests.test_fast_engine import GROUPED
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def decay_build(tmp_path_factory, csrc_under_test, build_cache_dir):
+    tree = decay_after_update(copy_tree(csrc_under_test, tmp_path_factory.mktemp("decay") / "csrc"))
+    result = build_extension(tree, cache_dir=build_cache_dir, cuda_archs=[])
+    assert result.ok, result.error
+    return result
+
+
+def _job(csrc_under_test):
+    battery = load_battery("quick")
+    cases = battery.expand()
+    # Changed (Adam/AdEMAMix at weight decay) and unchanged cases, 32- and 8-bit, 16-bit dtypes.
+    cases = cases[::7]
+    return pipeline.Job(source_dir=csrc_under_test, config=load_project_config(csrc_under_test), battery=battery,
+                        battery_origin="test", cases=cases)
+
+
+def _series(ran):
+    return [(r.case.case_id, r.status, repr(r.trajectory.model_dump()) if r.trajectory else r.message)
+            for r in ran.results]
+
+
+class _Spy:
+    """What the cache gave a run: how many series it held and how many it reused."""
+
+    def __init__(self, monkeypatch):
+        self.reused: list[int] = []
+        store = ReferenceCache.store
+
+        def spying_store(cache, environment, results, reused=()):  # noqa: ANN001
+            reused = list(reused)
+            self.reused.append(len(reused))
+            return store(cache, environment, results, reused)
+
+        monkeypatch.setattr(ReferenceCache, "store", spying_store)
+
+
+def test_warm_references_give_the_cold_results_bit_for_bit(kernels_build, decay_build, csrc_under_test, tmp_path,
+                                                           monkeypatch):
+    spy = _Spy(monkeypatch)
+    job = _job(csrc_under_test)
+    folder = tmp_path / "references"
+
+    def run(build, cache=None, trusted=True):
+        policy = pipeline.Policy(device="cpu", reference_cache=cache, trusted=trusted)
+        return _series(pipeline.run(job, build, policy))
+
+    # An empty cache holds no series, so the host computes every reference as without one.
+    cold_base, cold_commit = run(kernels_build, folder), run(decay_build)
+    assert spy.reused == [0]
+    assert cold_base != cold_commit  # the commit really changed some cases
+    stored, _ = ReferenceCache(folder, writable=False).size()
+    assert stored == len(job.cases)
+    assert run(kernels_build, folder) == cold_base  # warm: every case from the cache
+    assert spy.reused[-1] == len(job.cases)
+    # The commit against the baseline's series: unchanged cases reused, changed ones computed.
+    assert run(decay_build, folder, trusted=False) == cold_commit
+    unchanged = sum(a == b for a, b in zip(cold_base, cold_commit))
+    assert spy.reused[-1] == unchanged and 0 < unchanged < len(job.cases)
+    assert ReferenceCache(folder, writable=False).size()[0] == stored  # an untrusted run adds nothing
+
+
+def test_the_metrics_of_a_known_series_come_from_the_cache_and_only_trusted_runs_write(tmp_path, kernels_build,
+                                                                                        csrc_under_test):
+    # A forged entry shows that a warm run takes the stored metrics (the test of the cache being
+    # read at all), and where the rule "only trusted runs write" matters.
+    job = _job(csrc_under_test)
+    job.cases = job.cases[:2]
+    folder = tmp_path / "references"
+    policy = pipeline.Policy(device="cpu", reference_cache=folder)
+    first = pipeline.run(job, kernels_build, policy)
+    forged = first.results[0].trajectory.model_copy(update={"ref64_max_abs": [123.0] * job.cases[0].steps})
+    forgery = [CaseResult(case=job.cases[0], status="ok", trajectory=forged)]
+    assert ReferenceCache(folder, writable=False).store(first.environment, forgery) == 0
+    [held] = ReferenceCache(folder, writable=False).lookup(first.environment, job.cases[:1])[0].values()
+    assert held == first.results[0].trajectory  # the untrusted store changed nothing
+    ReferenceCache(folder, writable=True).store(first.environment, forgery)
+    again = pipeline.run(job, kernels_build, policy)
+    assert again.results[0].trajectory.ref64_max_abs == [123.0] * job.cases[0].steps
+    assert again.results[1].trajectory == first.results[1].trajectory
+
+
+def _environment(class_key: str) -> EnvironmentFingerprint:
+    return EnvironmentFingerprint(device_kind="cpu", device_name="x", torch_version="2.13.0", python_version="3.12",
+                                  platform="Linux-x86_64", class_key=class_key)
+
+
+def _trajectory(steps: int) -> Trajectory:
+    return Trajectory(ref64_max_abs=[0.5] * steps, ref64_max_rel=[float("nan")] * steps,
+                      same_precision_max_abs=[-0.0] * steps, nonfinite_count=[3] * steps,
+                      digests=[f"od2:{step:032x}" for step in range(steps)])
+
+
+def test_another_environment_or_engine_finds_nothing(tmp_path, monkeypatch):
+    case = load_battery("quick").expand()[0]
+    cache = ReferenceCache(tmp_path, writable=True)
+    cache.store(_environment("cpu-a"), [CaseResult(case=case, status="ok", trajectory=_trajectory(case.steps))])
+    held = cache.lookup(_environment("cpu-a"), [case])
+    assert repr(held[0][series_key(_trajectory(case.steps).digests)].model_dump()) == \
+        repr(_trajectory(case.steps).model_dump())  # NaN, -0.0 and counts round-trip exactly
+    assert cache.lookup(_environment("cpu-b"), [case]) == {}  # another device class or torch
+    other = case.model_copy(update={"seed": case.seed + 1})
+    assert cache.lookup(_environment("cpu-a"), [other]) == {}  # another case
+    before = environment_key(_environment("cpu-a"))
+    monkeypatch.setattr(reference_cache, "engine_version", lambda: "edited references")
+    assert environment_key(_environment("cpu-a")) != before  # the reference code changed
+    assert cache.lookup(_environment("cpu-a"), [case]) == {}
+
+
+def test_a_case_keeps_its_most_recent_series_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(reference_cache, "MAX_SERIES_PER_CASE", 2)
+    case = load_battery("quick").expand()[0]
+    cache = ReferenceCache(tmp_path, writable=True)
+    keys = []
+    for variant in range(3):
+        trajectory = _trajectory(case.steps).model_copy(update={"digests": [f"od2:{variant:02x}{s:030x}" for s in range(case.steps)]})
+        keys.append(series_key(trajectory.digests))
+        cache.store(_environment("cpu-a"), [CaseResult(case=case, status="ok", trajectory=trajectory)])
+    assert set(cache.lookup(_environment("cpu-a"), [case])[0]) == set(keys[1:])
+
+
+class _LyingHost:
+    """A kernel host (it runs submitted code) that answers digests without metrics for a series
+    nobody told it of: the parent must not take that as a cache hit."""
+
+    environment = _environment("cpu-a")
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def run_many(self, cases, on_result=None, known=None):  # noqa: ANN001
+        known(self.environment)
+        return [self.answer]
+
+
+def test_a_host_claiming_an_unknown_series_gets_a_broken_case(tmp_path):
+    case = load_battery("quick").expand()[0]
+    cache = ReferenceCache(tmp_path, writable=True)
+    digests_only = _trajectory(case.steps).model_copy(update={"ref64_max_abs": [], "ref64_max_rel": [],
+                                                               "nonfinite_count": []})
+    [result] = reference_cache.run_many(_LyingHost(CaseResult(case=case, status="ok", trajectory=digests_only)),
+                                        [case], cache)
+    assert result.status == "broken" and "protocol violation" in result.message
+    assert cache.size()[0] == 0
+
+
+def test_an_unreadable_cache_is_skipped_not_fatal(tmp_path):
+    case = load_battery("quick").expand()[0]
+    (tmp_path / reference_cache.FILE_NAME).write_bytes(b"not a database" * 100)
+    cache = ReferenceCache(tmp_path, writable=True)
+    with pytest.raises(sqlite3.DatabaseError):
+        cache.size()
+    computed = CaseResult(case=case, status="ok", trajectory=_trajectory(case.steps))
+    assert reference_cache.run_many(_LyingHost(computed), [case], cache) == [computed]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_known_series_skip_the_references_in_the_host(kernels, device):
+    # The host side in-process (the `kernels` build loaded here): a case whose digest series is
+    # known is answered with digests only; a case with only other known series, or none, runs
+    # through the full engine and gives run_cases_fast's result exactly.
+    cases = [c for c in GROUPED.expand() if c.seed == 0][::5]
+    full = run_cases_fast(cases, torch.device(device))
+    known = {i: {series_key(r.trajectory.digests)} for i, r in enumerate(full) if i % 2 == 0}
+    known[1] = {"0" * 32}
+    got = run_cases_known(cases, device, known)
+    for index, (expected, result) in enumerate(zip(full, got)):
+        assert result.trajectory.digests == expected.trajectory.digests, expected.case.case_id
+        if index % 2 == 0:
+            assert result.trajectory.ref64_max_abs == [] and result.trajectory.nonfinite_count == []
+        else:
+            assert repr(result.trajectory.model_dump()) == repr(expected.trajectory.model_dump())

@@ -1,0 +1,187 @@
+"""The fast engine without references: the kernels under test in fast-engine waves, digests only.
+
+The same waves, arenas, gradients, bound kernel calls and od2 observation as worker.engine.fast
+(so the digests are run_case's and run_params', bit for bit), minus everything a reference needs:
+no bundles, no float64 or same-precision gradients, no reference steps, no metric maxima. Results
+look like worker.engine.trajectory.run_params's: digests, empty metric series. Two users:
+
+* **the co-run** (worker.engine.corun): each build runs the changed cases here and writes their
+  parameters after every step into a parameter file (worker.engine.params_file). The parameters of
+  a wave are gathered on the device into a [steps, elements] float32 history by the observation
+  (inside its CUDA graph), copied to the host once per wave and laid into the file per case.
+* **the reference cache's first pass** (worker.engine.reference_cache): cases whose digest
+  series the parent already holds metrics for run here first; only those whose series turns out
+  new run again through the full engine (`run_cases_known`).
+
+A case the wave could not run (its kernel or binding raised) runs alone with run_params, as the
+one-case co-run would run it, writing its own rows of the parameter file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import torch
+
+from service.results import CaseResult, CaseSpec, Trajectory
+from worker.engine import fast, params_file
+from worker.engine.reference_cache import series_key
+from worker.engine.trajectory import FamilyAdapter, bundled_families, run_params
+
+OnResult = Callable[[int, CaseResult], None]
+
+
+class _KernelsOnlyWave(fast._Wave):
+    with_references = False
+
+    def __init__(self, cases: list[CaseSpec], device: torch.device, families: Mapping[str, FamilyAdapter],
+                 initial: dict, closed_cache: dict, params_out: list[np.ndarray] | None) -> None:
+        self.params_out = params_out  # per wave case: its [steps, size] float32 rows of the file
+        super().__init__(cases, device, families, False, initial, closed_cache)
+
+    def _make_bundles(self, width_class, batch_low_precision_refs) -> None:  # noqa: ANN001
+        """No references, so no bundles."""
+
+    def _allocate_observation(self) -> None:
+        super()._allocate_observation()
+        self.gather: list[tuple[object, torch.Tensor]] = []  # (arena, flat indices of its valid elements)
+        self.param_at: dict[int, int] = {}  # wave case -> its first column in the history
+        if self.params_out is None:
+            return
+        at = 0
+        for arena in self.param_arenas:
+            self.gather.append((arena, (~arena.padding).reshape(-1).nonzero().squeeze(1)))
+            for row, case in enumerate(arena.cases):
+                self.param_at[arena.wave_index[row]] = at
+                at += case.size
+        self.param_hist = torch.zeros((self.steps, at), dtype=torch.float32, device=self.device)
+
+    def observe(self) -> None:
+        if self.gather:  # this step's parameters, exact in float32, into the wave's history
+            gathered = torch.cat([arena.param.reshape(-1).index_select(0, flat).to(torch.float32)
+                                  for arena, flat in self.gather])
+            self.param_hist.index_copy_(0, self.step_index, gathered.unsqueeze(0))
+        super().observe()
+
+    def _results(self, started: float) -> dict[int, CaseResult]:
+        if self.params_out is not None:
+            history = self.param_hist.cpu().numpy()  # the wave's one device -> host copy
+            for index, case in enumerate(self.cases):
+                if index not in self.broken:
+                    at = self.param_at[index]
+                    self.params_out[index][:] = history[:case.steps, at:at + case.size]
+        return super()._results(started)
+
+    def _trajectory(self, index: int, steps: int, f64: torch.Tensor, i64: torch.Tensor) -> Trajectory:
+        return Trajectory(ref64_max_abs=[], ref64_max_rel=[], nonfinite_count=[],
+                          digests=fast._digests(i64, steps, index))
+
+
+class _Rows:
+    """A run_params sink that fills a [steps, size] float32 array one step (row) at a time."""
+
+    def __init__(self, rows: np.ndarray | None) -> None:
+        self.rows, self.step = rows, 0
+
+    def write(self, data: bytes) -> int:
+        if self.rows is not None:
+            self.rows[self.step] = np.frombuffer(data, dtype=np.float32)
+        self.step += 1
+        return len(data)
+
+
+def run_kernels_only(cases: list[CaseSpec], device: torch.device | str, *,
+                     families: Mapping[str, FamilyAdapter] | None = None,
+                     params_out: list[np.ndarray] | None = None, on_result: OnResult | None = None,
+                     rerun_broken: bool = True, use_graphs: bool | None = None,
+                     max_wave_elements: int | None = None) -> list[CaseResult | None]:
+    """Each case's digests (run_params's result) in `cases` order; `params_out[i]`, when given, a
+    [steps, size] float32 array that receives case i's parameters after each step.
+    `rerun_broken=False` leaves a case the wave could not run unanswered (None) instead of running
+    it alone (the reference cache's first pass: the full engine runs it next anyway)."""
+    device = torch.device(device)
+    use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
+    if max_wave_elements is None:
+        max_wave_elements = fast.DEFAULT_MAX_WAVE_ELEMENTS.get(device.type, fast.DEFAULT_MAX_WAVE_ELEMENTS["cpu"])
+    families = bundled_families() if families is None else families
+    unknown = sorted({c.family for c in cases} - set(families))
+    if unknown:
+        raise ValueError(f"kernel families {unknown} have no adapter (known: {sorted(families)})")
+
+    def alone(index: int, case: CaseSpec) -> CaseResult | None:
+        if not rerun_broken:
+            return None
+        try:
+            return run_params(case, device, _Rows(None if params_out is None else params_out[index]),
+                              families=families)
+        except Exception as error:  # noqa: BLE001 - the kernel host's rule: a kernel error breaks its case
+            return CaseResult(case=case, status="broken", message=f"{type(error).__name__}: {error}")
+
+    def make_wave(indices: list[int], wave_cases: list[CaseSpec], initial: dict, closed_cache: dict) -> _KernelsOnlyWave:
+        rows = None if params_out is None else [params_out[i] for i in indices]
+        return _KernelsOnlyWave(wave_cases, device, families, initial, closed_cache, rows)
+
+    return fast.run_waves(cases, max_wave_elements, use_graphs, on_result, None, make_wave=make_wave,
+                          run_alone=alone)
+
+
+def run_cases_known(cases: list[CaseSpec], device: torch.device | str, known: dict[int, set[str]], *,
+                    families: Mapping[str, FamilyAdapter] | None = None,
+                    on_result: OnResult | None = None) -> list[CaseResult]:
+    """Every case's result, with the reference work skipped where it is known already.
+
+    `known[i]`: series keys (reference_cache.series_key) of digest series whose metrics the parent
+    holds for case i in this environment. Those cases run kernels-only first; a case whose digests
+    form a known series is answered with digests only (the parent fills in the metrics); every
+    other case runs through the full fast engine, as without a cache."""
+    results: list[CaseResult | None] = [None] * len(cases)
+    first = sorted(known)
+
+    def answer(index: int, result: CaseResult) -> None:
+        results[index] = result
+        if on_result:
+            on_result(index, result)
+
+    def first_pass(position: int, result: CaseResult) -> None:
+        index = first[position]
+        if result.status == "ok" and series_key(result.trajectory.digests) in known[index]:
+            answer(index, result)
+
+    if first:
+        run_kernels_only([cases[i] for i in first], device, families=families, on_result=first_pass,
+                         rerun_broken=False)
+    rest = [index for index, result in enumerate(results) if result is None]
+    fast.run_cases_fast([cases[i] for i in rest], torch.device(device), families=families,
+                        on_result=lambda position, result: answer(rest[position], result))
+    return results
+
+
+def run_request(request: dict, cases: list[CaseSpec], runnable: list[int], device: torch.device,
+                families: Mapping[str, FamilyAdapter], emit: OnResult) -> None:
+    """The kernel host's `run_many` (worker/engine/host.py) on the `runnable` indices of `cases`:
+    with "params_out" (a file in the host's scratch) the co-run's kernels-only run writing it; with
+    "known" ({case index: [series keys]}) the reference cache's two passes; else the fast engine."""
+    subset = [cases[i] for i in runnable]
+
+    def on_result(position: int, result: CaseResult) -> None:
+        emit(runnable[position], result)
+
+    if request.get("params_out"):
+        path, total = request["params_out"], params_file.total_elements(cases)
+        if total == 0:
+            open(path, "wb").close()
+            return
+        mapped = np.memmap(path, dtype="<f4", mode="w+", shape=(total,))
+        layout = params_file.regions(cases)
+        views = [mapped[r.offset:r.offset + r.elements].reshape(r.steps, r.size) for r in (layout[i] for i in runnable)]
+        run_kernels_only(subset, device, families=families, params_out=views, on_result=on_result)
+        del views, mapped  # no flush: the parent reads the same pages; writing them to disk is not needed
+        return
+    known = {int(index): set(keys) for index, keys in (request.get("known") or {}).items()}
+    if known:
+        position_of = {index: position for position, index in enumerate(runnable)}
+        run_cases_known(subset, device, {position_of[i]: keys for i, keys in known.items() if i in position_of},
+                        families=families, on_result=on_result)
+        return
+    fast.run_cases_fast(subset, device, families=families, on_result=on_result)

@@ -1,0 +1,236 @@
+"""References computed once: the metrics of a kernel trajectory kept where the next run finds them.
+
+What a run needs from the references is, per case and step, three numbers: max |p - r64|, the
+floored relative error against r64, and max |p - r_same| (worker.engine.trajectory). They depend
+on the kernel's parameters p and on the reference trajectory; the reference depends only on the
+case, the reference code and the environment. So for a kernel trajectory seen before, identified
+by its per-step od2 digests (which cover p and the states bit for bit), the metrics are the ones
+computed then, exactly. Keeping the reference trajectories themselves would not pay: for the
+standard battery they are 2.43e9 float64 element-steps (19.4 GB, plus 7 GB same-precision), more
+to read back than an H200 takes to recompute them; what is kept instead is each trajectory's
+metric series, 68 bytes a case-step (about 6 MB for the standard battery).
+
+The key is (environment, case, digest series):
+* environment: the kernel host's EnvironmentFingerprint.class_key (device class, torch and CUDA
+  versions, CPU vector ISA) and `engine_version()`, a digest of the source of the references, the
+  gradient streams, the metric definitions and the digest scheme; any change of either is a new
+  key, so stale entries are never read (they age out, see `MAX_ROWS`);
+* case: the whole CaseSpec (optimizer, hyperparameters, gradient stream, seed, size, dtype, ...);
+* digest series: `series_key(digests)`.
+
+How a run uses it (`run_many`): the parent (never the kernel host: it runs submitted code) looks
+up the series it holds for each case and sends their keys with the host's run_many request. The
+host runs those cases kernels-only first (worker.engine.kernels_only.run_cases_known); a case whose
+series is known is answered with digests only and the parent fills in the stored metrics after
+checking the digests; every other case runs the full fast engine, references included, and a
+trusted run stores what it computed. A run with a warm cache gives the same results, bit for bit,
+as one without (tests/test_reference_cache.py). Who may write, and why: docs/SECURITY.md.
+
+Storage: one SQLite file (WAL; several workers of one host may share it) in a folder the sandbox
+never shows (under the build cache root, a secret path of worker/sandbox/mounts.py). numpy and the
+standard library only: safe in a Celery parent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import closing, contextmanager
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from service.results import CaseResult, CaseSpec, EnvironmentFingerprint, Trajectory
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+FILE_NAME = "references.sqlite"
+MAX_SERIES_PER_CASE = 4  # a case's baseline, its commit and a couple more; the least recently used go
+MAX_ROWS = 50_000  # about 46 standard batteries' worth of series (~270 MB); oldest used go first
+_LOOKUP_CHUNK = 500  # case keys per query (SQLite's variable limit)
+# What a metric depends on besides the kernel's parameters (relative to the worker package).
+ENGINE_SOURCES = ("references/*.py", "engine/gradients.py", "engine/trajectory.py", "engine/fast.py",
+                  "engine/kernels_only.py", "engine/digest.py")
+
+
+def series_key(digests: list[str]) -> str:
+    """The key of one digest series (a trajectory's per-step od2 digests)."""
+    return hashlib.blake2b("\n".join(digests).encode(), digest_size=16).hexdigest()
+
+
+@lru_cache(maxsize=1)
+def engine_version() -> str:
+    worker_root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256(f"optdrift reference cache schema {SCHEMA_VERSION}\n".encode())
+    for pattern in ENGINE_SOURCES:
+        for path in sorted(worker_root.glob(pattern)):
+            digest.update(f"{path.relative_to(worker_root).as_posix()}\n".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def environment_key(environment: EnvironmentFingerprint) -> str:
+    return hashlib.sha256(f"{environment.class_key}\n{engine_version()}".encode()).hexdigest()
+
+
+def case_key(case: CaseSpec) -> str:
+    return hashlib.sha256(json.dumps(case.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
+def _encode(trajectory: Trajectory) -> tuple[str, bytes, bytes, int]:
+    series = [trajectory.ref64_max_abs, trajectory.ref64_max_rel]
+    if trajectory.same_precision_max_abs is not None:
+        series.append(trajectory.same_precision_max_abs)
+    metrics = np.asarray(series, dtype="<f8").tobytes()
+    return ("\n".join(trajectory.digests), metrics, np.asarray(trajectory.nonfinite_count, dtype="<i8").tobytes(),
+            int(trajectory.same_precision_max_abs is not None))
+
+
+def _decode(digests: str, metrics: bytes, nonfinite: bytes, has_same: int) -> Trajectory:
+    steps = digests.split("\n")
+    series = np.frombuffer(metrics, dtype="<f8").reshape(-1, len(steps))
+    return Trajectory(ref64_max_abs=series[0].tolist(), ref64_max_rel=series[1].tolist(),
+                      same_precision_max_abs=series[2].tolist() if has_same else None,
+                      nonfinite_count=np.frombuffer(nonfinite, dtype="<i8").tolist(), digests=steps)
+
+
+def _complete(result: CaseResult) -> bool:
+    """A result with every metric series, one value per step: what may be stored."""
+    t = result.trajectory
+    if result.status != "ok" or t is None or not t.digests:
+        return False
+    lengths = {len(t.digests), len(t.ref64_max_abs), len(t.ref64_max_rel), len(t.nonfinite_count)}
+    if t.same_precision_max_abs is not None:
+        lengths.add(len(t.same_precision_max_abs))
+    return lengths == {result.case.steps}
+
+
+class ReferenceCache:
+    """The store in `folder`. `writable`: whether this run may add to it (trusted runs only)."""
+
+    def __init__(self, folder: Path, *, writable: bool) -> None:
+        self.path = Path(folder) / FILE_NAME
+        self.writable = writable
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        """One transaction (committed when the block ends without error), then closed."""
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with closing(sqlite3.connect(self.path, timeout=30)) as connection, connection:
+            self._prepare(connection)
+            yield connection
+
+    @staticmethod
+    def _prepare(connection: sqlite3.Connection) -> None:
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("CREATE TABLE IF NOT EXISTS series (env TEXT NOT NULL, case_key TEXT NOT NULL, "
+                           "series TEXT NOT NULL, digests TEXT NOT NULL, metrics BLOB NOT NULL, "
+                           "nonfinite BLOB NOT NULL, has_same INTEGER NOT NULL, used REAL NOT NULL, "
+                           "PRIMARY KEY (env, case_key, series))")
+        connection.execute("CREATE INDEX IF NOT EXISTS series_used ON series (used)")
+
+    def lookup(self, environment: EnvironmentFingerprint, cases: list[CaseSpec]) -> dict[int, dict[str, Trajectory]]:
+        """{case index: {series key: its trajectory (metrics and digests)}} for the cases held."""
+        env = environment_key(environment)
+        indices_of: dict[str, list[int]] = {}
+        for index, case in enumerate(cases):
+            indices_of.setdefault(case_key(case), []).append(index)
+        found: dict[int, dict[str, Trajectory]] = {}
+        keys = list(indices_of)
+        with self._connect() as connection:
+            for start in range(0, len(keys), _LOOKUP_CHUNK):
+                chunk = keys[start:start + _LOOKUP_CHUNK]
+                rows = connection.execute(
+                    f"SELECT case_key, series, digests, metrics, nonfinite, has_same FROM series "
+                    f"WHERE env = ? AND case_key IN ({','.join('?' * len(chunk))})", [env, *chunk])
+                for key, series, *stored in rows:
+                    trajectory = _decode(*stored)
+                    for index in indices_of[key]:
+                        if len(trajectory.digests) == cases[index].steps:
+                            found.setdefault(index, {})[series] = trajectory
+        return found
+
+    def store(self, environment: EnvironmentFingerprint, results: Iterable[CaseResult],
+              reused: Iterable[tuple[CaseSpec, str]] = ()) -> int:
+        """Add the complete results' series (a no-op unless writable); mark `reused` (case,
+        series key) pairs as used now; keep at most MAX_SERIES_PER_CASE per case and MAX_ROWS in
+        all, the least recently used going first. Returns how many series were added."""
+        if not self.writable:
+            return 0
+        env, now = environment_key(environment), time.time()
+        rows = [(env, case_key(r.case), series_key(r.trajectory.digests), *_encode(r.trajectory), now)
+                for r in results if _complete(r)]
+        with self._connect() as connection:
+            connection.executemany("INSERT OR REPLACE INTO series VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            connection.executemany("UPDATE series SET used = ? WHERE env = ? AND case_key = ? AND series = ?",
+                                   [(now, env, case_key(case), series) for case, series in reused])
+            for key in {row[1] for row in rows}:
+                connection.execute("DELETE FROM series WHERE env = ? AND case_key = ? AND series NOT IN "
+                                   "(SELECT series FROM series WHERE env = ? AND case_key = ? "
+                                   "ORDER BY used DESC LIMIT ?)", (env, key, env, key, MAX_SERIES_PER_CASE))
+            connection.execute("DELETE FROM series WHERE rowid IN (SELECT rowid FROM series "
+                               "ORDER BY used DESC LIMIT -1 OFFSET ?)", (MAX_ROWS,))
+        return len(rows)
+
+    def size(self) -> tuple[int, int]:
+        """(series held, bytes of the database file and its write-ahead log)."""
+        with self._connect() as connection:
+            count = connection.execute("SELECT COUNT(*) FROM series").fetchone()[0]
+        files = [self.path, self.path.with_name(FILE_NAME + "-wal")]
+        return count, sum(f.stat().st_size for f in files if f.exists())
+
+
+def for_policy(folder: Path | None, *, trusted: bool) -> ReferenceCache | None:
+    return ReferenceCache(folder, writable=trusted) if folder is not None else None
+
+
+def run_many(host, cases: list[CaseSpec], cache: ReferenceCache | None, *,  # noqa: ANN001
+             on_result: Callable[[int, CaseResult], None] | None = None) -> list[CaseResult]:
+    """`host.run_many(cases)` (a worker.engine.host.KernelHost) with the metrics of known digest
+    series taken from `cache` instead of recomputed; the same results, bit for bit. A cache that
+    cannot be read or written is logged and the run goes on without it."""
+    if cache is None:
+        return host.run_many(cases, on_result=on_result)
+    held: dict[int, dict[str, Trajectory]] = {}
+    reused: dict[int, tuple[CaseSpec, str]] = {}  # case index -> (case, series key) taken from the cache
+
+    def known(environment: EnvironmentFingerprint) -> dict[int, list[str]]:
+        try:
+            held.update(cache.lookup(environment, cases))
+        except sqlite3.Error as error:
+            log.warning("reference cache %s unreadable (%s); computing every reference", cache.path, error)
+        return {index: sorted(series) for index, series in held.items()}
+
+    def filled(index: int, result: CaseResult) -> CaseResult:
+        trajectory = result.trajectory
+        if result.status != "ok" or trajectory is None or trajectory.ref64_max_abs or not trajectory.digests:
+            return result
+        key = series_key(trajectory.digests)
+        stored = held.get(index, {}).get(key)
+        if stored is None or stored.digests != trajectory.digests:
+            return CaseResult(case=result.case, status="broken", duration_s=result.duration_s,
+                              message="the kernel host answered digests without metrics for a digest series "
+                                      "it was not told of (a protocol violation)")
+        reused[index] = (result.case, key)
+        return result.model_copy(update={"trajectory": stored})
+
+    def on_raw(index: int, result: CaseResult) -> None:
+        if on_result:
+            on_result(index, filled(index, result))
+
+    results = [filled(index, result)
+               for index, result in enumerate(host.run_many(cases, on_result=on_raw, known=known))]
+    if host.environment is not None:
+        fresh = [r for index, r in enumerate(results) if r.status == "ok" and r.trajectory is not None
+                 and series_key(r.trajectory.digests) not in held.get(index, {})]
+        try:
+            cache.store(host.environment, fresh, reused.values())
+        except sqlite3.Error as error:
+            log.warning("reference cache %s not updated (%s)", cache.path, error)
+    return results

@@ -17,6 +17,8 @@ from service.verdicts import first_divergent_step
 from worker.engine.host import KernelHost
 
 log = logging.getLogger(__name__)
+# Hosts start one after the other, from this thread: a kernel host dies with the thread that started
+# it (the sandbox's parent-death signal), so starting them from worker threads would kill them.
 # The analysis of one case replays ~30 float64 variants: well under a second at the standard
 # battery's sizes; this bounds a whole run's analysis.
 ANALYSIS_TIMEOUT_S = 600.0
@@ -40,7 +42,8 @@ def record_parameters(commit_library: str | Path, baseline_library: str | Path, 
                 step = first_divergent_step(results[0].trajectory.digests, results[1].trajectory.digests)
                 files[case.case_id] = (commit_file, baseline_file, step)
             else:
-                log.warning("attribution: %s did not run on both builds; not attributed", case.case_id)
+                log.warning("attribution: %s did not run on both builds (%s); not attributed", case.case_id,
+                            "; ".join(r.message or r.status for r in results))
     return files
 
 

@@ -138,7 +138,9 @@ def test_where_each_defect_must_show():
       1e-8 at lr 1e-3, wd 1e-2 — seen where |p| < ~0.1); with wd = 0 both multiply by exactly 1.
     * mixup: the parameter at step 1 is the same (the interpolation is (1 - beta1) g1 either way)
       but the momentum after it is (1 - beta1) g1 instead of (1 - beta2) g1: the digest, which
-      covers the library's momentum, differs at step 1 exactly when beta1 != beta2."""
+      covers the library's momentum, differs at step 1 exactly when beta1 != beta2. The
+      parameters follow at step 2, where the interpolation beta1 m1 + (1 - beta1) g2 changes sign
+      for some element (g2 is the same: closed streams see the same p1)."""
     for case in (c for c in CASES if runnable(c)):
         h = case.hyper
         p0 = initial_parameters(case.seed, case.size)
@@ -149,6 +151,9 @@ def test_where_each_defect_must_show():
         assert bool((before != after).any()) == (case.case_id in DECAYED), case.case_id
         momentum, mixed = (1 - h["beta2"]) * g1, (1 - h["beta1"]) * g1
         assert bool((momentum != mixed).any()) == (case.case_id in MIXED_BETAS), case.case_id
+        g2 = _stream(case).kernel_gradient(2, before)
+        signs = [torch.sign(h["beta1"] * m + (1 - h["beta1"]) * g2) for m in (momentum, mixed)]
+        assert bool((signs[0] != signs[1]).any()) == (case.case_id in MIXED_BETAS), case.case_id
 
 
 # ----------------------------------------------------------------------------- `optdrift check`
@@ -229,5 +234,6 @@ def test_check_momentum_with_beta1_is_changed_from_step_1_in_the_librarys_state(
     changed = _changed(history, home, "mixup", MIXED_BETAS)
     for case_id, case in changed.items():
         diffs = case["max_abs_diff_per_step"]
-        # Step 1 is flagged by the library's momentum alone: the parameters are still equal.
-        assert diffs[0] == 0.0 and max(diffs) > 0, (case_id, diffs)
+        # Step 1 is flagged by the library's momentum alone: the parameters are still equal; they
+        # differ from step 2 (test_where_each_defect_must_show).
+        assert diffs[0] == 0.0 and diffs[1] > 0, (case_id, diffs)

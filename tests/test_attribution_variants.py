@@ -1,0 +1,46 @@
+"""The attribution's float64 variants (worker/attribution/variants.py): the uncatalogued setting is
+the float64 reference itself, and each variant differs from it where, and only where, it must."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from worker.attribution import variants
+from worker.battery import load_battery
+from worker.engine.gradients import GradientStream, initial_parameters
+from worker.references.optimizers import make_reference
+
+QUICK = load_battery("quick").expand()
+# Each optimizer in open and closed loop (float32), skip_zeros, and gnorm_scale at 16 bits.
+PICKED = list({(c.optimizer, c.gradient.kind, c.hyper.get("skip_zeros", False)): c
+               for c in QUICK if c.family == "32bit" and c.param_dtype == "float32"}.values()) + [
+    c for c in QUICK if c.family == "32bit" and c.optimizer in ("adam", "lion") and c.param_dtype != "float32"][:2]
+
+
+@pytest.mark.parametrize("case", PICKED, ids=lambda c: c.case_id.split("#")[0])
+def test_the_correct_setting_is_the_float64_reference(case):  # noqa: ANN001
+    path = variants.replay(case, [variants.CORRECT])["reference"]
+    dtype = variants._DTYPES[case.param_dtype]
+    reference = make_reference(case, initial_parameters(case.seed, case.size).to(dtype).to(torch.float64))
+    stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device="cpu", grad_dtype=dtype)
+    for step in range(1, case.steps + 1):
+        reference.step(step, stream.reference_gradient(step, reference.param))
+        # Both are float64 evaluations of one formula, in another association order at most: a few
+        # float64 roundings of parameters of magnitude <= ~40, far below any float32 ulp (~1e-7).
+        assert (path[step - 1] - reference.param).abs().max().item() <= 1e-12, step
+
+
+def test_variants_differ_only_where_their_hyperparameter_is_on():
+    by_id = {c.case_id.split("#")[0]: c for c in QUICK}
+    decayed = by_id["adam.32bit.fp32.lr=0.1.wd=0.1.open.n4097.s0.t20"]
+    undecayed = by_id["adam.32bit.fp32.lr=0.1.wd=0.0.open.n4097.s0.t20"]
+    names = {v.name for v in variants.applicable(decayed)}
+    assert {"decay_after_update", "eps_inside_sqrt", "betas_swapped", "bias_correction1_missing"} <= names
+    assert "decay_after_update" not in {v.name for v in variants.applicable(undecayed)}
+    assert "skip_zeros_ignored" not in names and "gnorm_scale_ignored" not in names
+    paths = variants.replay(decayed, [variants.CORRECT, variants.BY_NAME["decay_after_update"]])
+    # p(1 - lr wd) - u  versus  (p - u)(1 - lr wd): they differ by lr*wd*u at step 1, and Adam's
+    # first update has |u| = lr |g|/(|g| + eps) < lr: the largest gap is just under lr^2 wd = 1e-3.
+    gap = (paths["decay_after_update"][0] - paths["reference"][0]).abs().max().item()
+    assert 0.99e-3 < gap < 1e-3

@@ -17,9 +17,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.service_fixtures import REPO_ROOT
-
-FIXTURE = REPO_ROOT / "tests" / "fixtures" / "lion_project"
+# Not tests.service_fixtures' REPO_ROOT: that module needs psycopg, which the H200 script
+# (bench/gpu/h200_lion_pytorch.sh) does not carry.
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "lion_project"
 DISTRIBUTION = "lion-pytorch"
 VERSION = "0.2.5"
 

@@ -692,5 +692,9 @@ from service import cli_sensitivity  # noqa: E402  (`optdrift sensitivity`: the 
 
 app.command("sensitivity", epilog=cli_sensitivity.EXIT_CODES)(cli_sensitivity.sensitivity)
 
+from service import cli_adapter_check  # noqa: E402  (`optdrift adapter-check`: both engines on an adapter)
+
+app.command("adapter-check", epilog=cli_adapter_check.EXIT_CODES)(cli_adapter_check.adapter_check)
+
 if __name__ == "__main__":
     app()

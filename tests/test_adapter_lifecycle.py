@@ -270,3 +270,21 @@ def test_an_adapter_written_before_the_lifecycle_still_runs_as_handed_over_state
         by_hand.append(digest_tensors([param, buf]))
     pairs = engine_results(OWNED[:4], CPU, {"32bit": OldMomentum()})
     assert mismatches(pairs) == [] and pairs[1][1].trajectory.digests == by_hand
+
+
+def test_the_adapter_check_command_passes_ownedopt_and_fails_a_shared_optimizer(tmp_path):
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    battery = tmp_path / "battery.json"
+    battery.write_text(BatterySpec.model_validate({"name": "check", "version": 1, "groups": [
+        {"optimizers": ["adam"], "sizes": [5], "steps": 3,
+         "points": [{"lr": 0.1, "weight_decay": 0.1}, {"lr": 0.01, "beta1": 0.8, "beta2": 0.99}]}]}).model_dump_json())
+    common = ["--library", str(OWNEDOPT / "lib"), "--adapter-path", str(OWNEDOPT), "--battery", str(battery)]
+    good = CliRunner().invoke(app, ["adapter-check", "--adapter", "ownedopt_optdrift", *common])
+    assert good.exit_code == 0, good.output
+    assert "both engines agree on all 2 cases (2 betas" in good.output
+    bad = CliRunner().invoke(app, ["adapter-check", "--adapter", "wrong_adapters", *common])
+    assert bad.exit_code == 1, bad.output
+    assert "adapter wrong_adapters: the one-case and fast engines disagree on 1 of 2 cases" in bad.output

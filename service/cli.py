@@ -696,5 +696,9 @@ from service import cli_adapter_check  # noqa: E402  (`optdrift adapter-check`: 
 
 app.command("adapter-check", epilog=cli_adapter_check.EXIT_CODES)(cli_adapter_check.adapter_check)
 
+from service import cli_notify  # noqa: E402  (`optdrift notify`: GitHub checks and comments, webhooks)
+
+app.add_typer(cli_notify.notify_app, name="notify")
+
 if __name__ == "__main__":
     app()

@@ -21,6 +21,7 @@ from githubkit.exception import GitHubException, RateLimitExceeded, RequestError
 from githubkit.retry import RetryOption
 
 from service.db.notify_models import AUTH_APP, GitHubIntegration
+from service.notify.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +29,9 @@ DEFAULT_API_URL = "https://api.github.com"
 
 
 @dataclass(frozen=True)
-class NotifyRetry:
+class NotifyRetry(Backoff):
     """githubkit's auto_retry decision: `attempts` tries in all per request."""
 
-    attempts: int = 4
-    backoff_s: float = 1.0
-    max_backoff_s: float = 30.0
     max_wait_s: float = 120.0
 
     def __call__(self, exc: GitHubException, retry_count: int) -> RetryOption:
@@ -50,8 +48,7 @@ class NotifyRetry:
         server_error = isinstance(exc, RequestFailed) and exc.response.status_code >= 500
         network_error = isinstance(exc, RequestError) and not isinstance(exc, RequestFailed)
         if server_error or network_error:
-            delay = min(self.backoff_s * 2 ** retry_count, self.max_backoff_s)
-            return RetryOption(True, timedelta(seconds=delay))
+            return RetryOption(True, timedelta(seconds=self.delay_s(retry_count)))
         return RetryOption(False)
 
 

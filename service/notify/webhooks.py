@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from service.db.notify_models import PAYLOAD_SLACK, Webhook, WebhookDelivery
 from service.domain.dashboard_queries import RunPage
 from service.domain.redaction import scrub
+from service.notify.backoff import Backoff
 from service.notify.report import group_changed
 
 log = logging.getLogger(__name__)
@@ -50,9 +51,7 @@ def verify(secret: str, body: bytes, header: str | None) -> bool:
 
 
 @dataclass(frozen=True)
-class DeliveryPolicy:
-    attempts: int = 4
-    backoff_s: float = 1.0
+class DeliveryPolicy(Backoff):
     max_backoff_s: float = 60.0
     timeout_s: float = 10.0
 
@@ -139,7 +138,7 @@ def deliver(*, session: Session, webhook: Webhook, run_id: int, event: str, docu
     try:
         for attempt in range(policy.attempts):
             delivery.attempts += 1
-            wait = min(policy.backoff_s * 2 ** attempt, policy.max_backoff_s)
+            wait = policy.delay_s(attempt)
             try:
                 response = client.post(webhook.url, content=body, headers=headers)
             except httpx.HTTPError as exc:

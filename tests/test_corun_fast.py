@@ -149,3 +149,20 @@ def test_kernels_only_waves_write_run_params_bits(kernels, device):
             slow = run_params(case, torch.device(device), sink)
             assert result.status == "ok" and result.trajectory.digests == slow.trajectory.digests, case.case_id
             assert result.trajectory.ref64_max_abs == [] and view.tobytes() == sink.getvalue(), case.case_id
+
+
+def test_the_fast_corun_yields_before_running_a_chunk():
+    # The worker's co-run raises CorunYielded in between_cases when runs wait: nothing runs after it.
+    class Yielded(RuntimeError):
+        pass
+
+    calls = []
+
+    def yield_now() -> None:
+        calls.append(1)
+        raise Yielded
+
+    with pytest.raises(Yielded):
+        corun_battery(load_battery("quick"), "/nonexistent/commit.so", "/nonexistent/baseline.so", device="cpu",
+                      fast=True, between_cases=yield_now)
+    assert calls == [1]

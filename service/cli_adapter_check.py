@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+EXIT_CHANGED = 1
 EXIT_CODES = ("Exit codes: 0 both engines agree on every case checked; 1 they disagree or the adapter "
               "broke the contract (the message names the adapter and the cases); 2 bad input or usage.")
 
@@ -40,6 +41,9 @@ def adapter_check(
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
 ) -> None:
     """Run a few cases of BATTERY through both engines with ADAPTER and compare every digest."""
+    from service.cli import EXIT_USAGE, _fail, _needs_extra
+
+    _needs_extra("adapter-check", "worker", ("torch", "numpy"))
     import torch
 
     from worker.adapters import AdapterError, get_adapter
@@ -53,19 +57,16 @@ def adapter_check(
         project.load(library)
         spec = load_battery(battery)
     except (AdapterError, ValueError, OSError) as error:  # ValueError: an unknown or invalid battery
-        typer.echo(f"adapter-check: {error}", err=True)
-        raise typer.Exit(2) from error
+        raise _fail(f"adapter-check: {error}", EXIT_USAGE) from error
     target = torch.device(device)
     runnable = [c for c in spec.expand() if project.unsupported(c, target) is None]
     if not runnable:
-        typer.echo(f"adapter-check: adapter {adapter} supports none of battery {battery}'s cases on {device}; "
-                   "name a battery with cases it runs (--battery)", err=True)
-        raise typer.Exit(2)
+        raise _fail(f"adapter-check: adapter {adapter} supports none of battery {battery}'s cases on {device}; "
+                    "name a battery with cases it runs (--battery)", EXIT_USAGE)
     cases = pick_cases(runnable, max_cases)
     try:
         check_adapter(adapter, cases, target, project.families())
     except AdapterContractError as error:
-        typer.echo(f"adapter-check: FAILED: {error}", err=True)
-        raise typer.Exit(1) from error
+        raise _fail(f"adapter-check: {error}", EXIT_CHANGED) from error
     typer.echo(f"adapter-check: {adapter}: both engines agree on all {len(cases)} cases "
                f"({len({c.hyper.get('beta1') for c in cases})} betas, {sum(c.steps for c in cases)} steps)")

@@ -23,6 +23,10 @@ Why the bits stay run_case's:
   (the adapter's `bind`, which checks once and then makes the same call), on a tensor of the
   case's own length. Nothing about the kernel is assumed, so a kernel whose result depends on
   the length, blocks or tail sees the same length, blocks and tail as in run_case.
+* **States** are what each case's handle gives as `state_for_digest` (docs/PROJECTS.md, "The
+  adapter contract"): handed-over states move into the state arenas and the adapter steps them
+  there; library-owned ones stay with the library and are copied into their arena rows after
+  each step, so the arenas digest what the library updated, as run_case does.
 * **References** are torch elementwise ops; an element's value does not depend on where it sits
   on CUDA, nor for float32/float64 on the CPU. Padding holds parameter 0 and gradient 0, which
   stays exactly 0 under every reference optimizer. On the CPU, float16/bfloat16 kernels give

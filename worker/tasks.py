@@ -186,6 +186,9 @@ def execute_run(run_id: int, *, settings: Settings | None = None, worker: str | 
             notify.run_changed(run_id, settings=settings, with_dependants=True)
     if status == DONE:
         _send_corun(run_id)
+        from worker.speed import record as kernel_speed  # the kernels' own speed, after the verdict
+
+        kernel_speed.send(run_id, settings, settings.worker_environment)
     return status
 
 
@@ -363,13 +366,6 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
             fingerprint = ran.environment.model_dump(mode="json")
         if ran.adapter:  # what the kernel host loaded (the adapter's describe(): version, path)
             detail["adapter"] = ran.adapter
-        _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
-        from worker.speed.record import time_and_store  # the kernels' own speed (GPU workers by default)
-
-        speed_note = time_and_store(session=session, run_id=run_id, job=job, built=built, policy=policy,
-                                    settings=settings)
-        if speed_note:
-            detail["kernel_speed"] = speed_note
         runs.set_status(session=session, run_id=run_id, worker=worker, status=DONE,
                         environment_detail={**detail, **({"fingerprint": fingerprint} if fingerprint else {})})
         return DONE
@@ -383,3 +379,11 @@ def execute_run_task(run_id: int) -> str:
 @app.task(name=CORUN_TASK_NAME, ignore_result=True)
 def record_baseline_diffs_task(run_id: int) -> str:
     return _record_baseline_diffs(run_id, get_settings())
+
+
+@app.task(name="optdrift.time_kernels", ignore_result=True)
+def time_kernels_task(run_id: int) -> str:
+    """The kernels' own speed of a finished run (worker/speed/record.py)."""
+    from worker.speed.record import time_run
+
+    return time_run(run_id=run_id, settings=get_settings())

@@ -1,10 +1,13 @@
-"""Time the kernels of a run's build after its battery and store the timings with the run.
+"""Time the kernels of a finished run's build and store the timings with the run.
 
-Called from the Celery task (worker/tasks.py) in the Celery parent: the timing itself runs in a
-kernel host of its own (worker/engine/host.py, op `time_kernels`, sandboxed like the battery), so
-this module never touches torch or CUDA. Whether it runs: the worker's `speed_budget_s` (None:
-on for CUDA workers, off for CPU workers; 0: off) and the project's `kernel_speed` (optdrift.toml).
-A failure here is logged and noted on the run; it never fails the run (speed is judged apart).
+A task of its own (worker/tasks.py `time_kernels_task`), sent after the run's trajectory verdict is
+stored, on the environment's co-run queue, so timing never delays a verdict nor sits in front of a
+run. It fetches the run's source, builds it through the pipeline (a digest-cache hit: the run
+built it), and times every kernel in a kernel host of its own (worker/engine/host.py, op
+`time_kernels`, sandboxed like the battery), so this module never touches torch or CUDA. Whether it
+runs: the worker's `speed_budget_s` (None: on for CUDA workers, off for CPU workers; 0: off) and
+the project's `kernel_speed` (optdrift.toml). A failure is logged and noted on the run
+(environment_detail["kernel_speed"]); it never changes the run (speed is judged apart).
 """
 
 from __future__ import annotations
@@ -73,3 +76,60 @@ def time_and_store(*, session, run_id: int, job, built, policy, settings: Settin
     if errors:
         note += f"; {errors} failed"
     return note
+
+
+def send(run_id: int, settings: Settings, environment: str) -> None:
+    """Queue the timing of a finished run (after its verdict), where this worker times at all."""
+    if budget_s(settings) <= 0:
+        return
+    from service.domain.queueing import corun_queue_for
+    from worker.tasks import time_kernels_task
+
+    try:
+        time_kernels_task.apply_async(args=[run_id], queue=corun_queue_for(environment))
+    except Exception:  # noqa: BLE001  (the verdict stands without the speed)
+        log.exception("run %s: could not queue the kernel timing", run_id)
+
+
+def time_run(*, run_id: int, settings: Settings) -> str:
+    """The task's body: fetch, build (cached), time, store, note. Returns what happened."""
+    import tempfile
+    from pathlib import Path
+
+    from service.db.models import DONE, Project, Run
+    from service.db.session import get_sessionmaker
+    from service.domain.storage import archive_limits
+    from worker import pipeline
+    from worker.source_fetch import fetch_source
+
+    with get_sessionmaker()() as session, tempfile.TemporaryDirectory(prefix=f"optdrift-speed-{run_id}-") as tmp:
+        run = session.get(Run, run_id)
+        if run is None or run.status != DONE:
+            return "skipped"
+        try:
+            source = fetch_source(base_url=settings.resolved_public_url, digest=run.source_digest, dest=Path(tmp) / "src",
+                                  limits=archive_limits(settings), max_bytes=settings.max_upload_bytes,
+                                  token=settings.resolved_worker_token())
+            job = pipeline.prepare(source, project=session.get(Project, run.project_id), requested_battery=run.battery)
+            untrusted = run.kind == "verify"
+            policy = pipeline.Policy(
+                device=settings.worker_device, fast_engine=settings.fast_engine,
+                cache_dir=settings.resolved_build_cache_dir, trusted=not untrusted,
+                cuda_archs=[] if settings.worker_device == "cpu" else None,
+                max_build_s=settings.verify_max_build_s if untrusted else settings.max_build_s,
+                deadline=time.monotonic() + budget_s(settings) + ANSWER_SLACK_S + settings.max_build_s)
+            built = pipeline.build(job, policy)
+            if not built.ok:
+                raise RuntimeError(f"the build failed this time: {built.error}")
+        except Exception as error:  # noqa: BLE001 - noted on the run; the run stands
+            log.warning("run %s: preparing the kernel timing failed: %s", run_id, error)
+            note = f"failed: {error}"[:500]
+        else:
+            note = time_and_store(session=session, run_id=run_id, job=job, built=built, policy=policy,
+                                  settings=settings)
+        if note is None:
+            return "off"
+        session.refresh(run)  # the co-run may have written the run since it was read
+        run.environment_detail = {**(run.environment_detail or {}), "kernel_speed": note}
+        session.commit()
+        return note

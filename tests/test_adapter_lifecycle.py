@@ -288,3 +288,12 @@ def test_the_adapter_check_command_passes_ownedopt_and_fails_a_shared_optimizer(
     bad = CliRunner().invoke(app, ["adapter-check", "--adapter", "wrong_adapters", *common])
     assert bad.exit_code == 1, bad.output
     assert "adapter wrong_adapters: the one-case and fast engines disagree on 1 of 2 cases" in bad.output
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (bench/gpu/h200_adapter_lifecycle.sh)")
+def test_library_owned_state_gives_identical_digests_on_both_engines_cuda():
+    """On a GPU the fast engine replays its observation as a CUDA graph: the library-owned state
+    copied into the digest rows after each step must still be what the graph digests."""
+    pairs = engine_results(OWNED, torch.device("cuda"), _ownedopt().families())
+    assert mismatches(pairs) == []
+    assert all(r.status == "ok" and len(r.trajectory.digests) == r.case.steps for _, r in pairs)

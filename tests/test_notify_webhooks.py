@@ -163,11 +163,13 @@ def test_notification_settings_api_never_returns_a_secret(api, db_session):  # n
     bad_repo = api.put(f"{base}/github", json={"repository": "not a repo", "token": token})
     assert bad_repo.status_code == 422 and token not in bad_repo.text
 
-    created = api.post(f"{base}/webhooks", json={"url": "https://hooks.example.org/x", "secret": SECRET,
+    created = api.post(f"{base}/webhooks", json={"url": "https://hooks.example.org/x/T0/B0", "secret": SECRET,
                                                   "payload_format": "slack"})
     assert created.status_code == 201, created.text
     assert SECRET not in created.text and created.json()["events"] == ["changed", "broken", "error"]
-    assert SECRET not in api.get(f"{base}/webhooks").text
+    # The URL's path is masked too: a Slack incoming webhook's path is its key.
+    assert created.json()["url"] == "https://hooks.example.org/…"
+    assert SECRET not in api.get(f"{base}/webhooks").text and "/x" not in api.get(f"{base}/webhooks").text
     short = api.post(f"{base}/webhooks", json={"url": "https://hooks.example.org/x", "secret": "short"})
     assert short.status_code == 422 and "at least 16 characters" in short.text
     missing = api.get(f"{base}/webhooks/{created.json()['id'] + 1000}/deliveries")

@@ -7,9 +7,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field, HttpUrl, SecretStr, model_validator
+from pydantic import BaseModel, Field, HttpUrl, SecretStr, field_validator, model_validator
 
-from service.notify.webhooks import DEFAULT_EVENTS, WEBHOOK_EVENTS
+from service.notify.webhooks import DEFAULT_EVENTS, WEBHOOK_EVENTS, url_hint
 
 WebhookEvent = Literal["changed", "broken", "error", "nondeterministic"]
 assert set(WebhookEvent.__args__) == set(WEBHOOK_EVENTS)  # noqa: S101  (one list of events)
@@ -84,12 +84,17 @@ class WebhookCreate(BaseModel):
 
 class WebhookPublic(BaseModel):
     id: int
-    url: str
+    url: str = Field(description="scheme and host; the path is masked (a Slack webhook's path is its key)")
     events: list[str]
     payload_format: str
     active: bool
     has_secret: bool = True
     created_at: datetime
+
+    @field_validator("url")
+    @classmethod
+    def _masked(cls, value: str) -> str:
+        return url_hint(value)
 
 
 class WebhooksPublic(BaseModel):

@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from sqlalchemy import select
@@ -54,6 +55,13 @@ def verify(secret: str, body: bytes, header: str | None) -> bool:
 class DeliveryPolicy(Backoff):
     max_backoff_s: float = 60.0
     timeout_s: float = 10.0
+
+
+def url_hint(url: str) -> str:
+    """The webhook's URL as the API shows it: scheme and host, the path masked (a Slack incoming
+    webhook's path is its key, so the whole URL is a secret)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" + ("/…" if parts.path.strip("/") else "")
 
 
 def verdict_payload(*, event: str, project: str, page: RunPage, run_url: str) -> dict[str, Any]:
@@ -131,7 +139,8 @@ def deliver(*, session: Session, webhook: Webhook, run_id: int, event: str, docu
     headers = {"Content-Type": "application/json", "User-Agent": "optdrift-webhooks",
                SIGNATURE_HEADER: sign(webhook.secret, body), EVENT_HEADER: event,
                DELIVERY_HEADER: delivery.delivery_uuid}
-    secrets = (webhook.secret,)
+    # The URL is a credential too (a Slack incoming webhook's path is its key).
+    secrets = (webhook.secret, webhook.url)
     started = time.monotonic()
     own_client = client is None
     client = client or httpx.Client(timeout=policy.timeout_s, follow_redirects=False)

@@ -285,7 +285,8 @@ def _log_tested(report: Report, commit: HistoryCommit, tested: Tested) -> None:
 
 def _finding_json(finding: Finding, chain: list[HistoryCommit], candidates: list[int]) -> dict:
     first = chain[candidates[finding.first_differing]]
-    after_same = chain[candidates[finding.last_same] + 1]
+    # The first candidate after the last commit known same (those between build what it built).
+    after_same = chain[candidates[finding.last_same + 1]]
     comparison = finding.comparison
     return {"case_id": finding.case_id, "optimizer": comparison.optimizer, "exact": finding.exact,
             # midpoints tested while this case was open (good and bad not counted)

@@ -10,8 +10,10 @@ import random
 
 import pytest
 
+from service import cli_bisect
 from service.domain.bisection import Bisection, collapse_unchanged, select_cases, tree_groups
-from service.results import CaseComparison
+from service.git_history import HistoryCommit
+from service.results import CaseComparison, CaseResult, CaseSpec, Trajectory
 
 
 def _comparison(case_id: str, changed: bool) -> CaseComparison:
@@ -89,3 +91,46 @@ def test_case_selection_by_glob_or_substring() -> None:
     assert select_cases(ids, "ad") == ids[:2]
     assert select_cases(ids, None) == ids
     assert select_cases(ids, "sgd*") == []
+
+
+# ----------------------------------------------------------------------------- the command's search
+def _result(case_id: str, digests: list[str]) -> CaseResult:
+    spec = CaseSpec(case_id=case_id, optimizer="adam", hyper={"lr": 0.1}, seed=0, size=4, steps=len(digests))
+    return CaseResult(case=spec, status="ok", trajectory=Trajectory(
+        ref64_max_abs=[1e-6] * len(digests), ref64_max_rel=[1e-6] * len(digests),
+        nonfinite_count=[0] * len(digests), digests=digests))
+
+
+class FakeTester:
+    """Stands in for the service or the local pipeline: each tree's results, or None (no build)."""
+
+    def __init__(self, by_tree: dict[str, dict[str, CaseResult] | None]) -> None:
+        self.by_tree, self.asked = by_tree, []
+
+    def test(self, commits: list[HistoryCommit]) -> dict[str, cli_bisect.Tested]:
+        self.asked += [c.sha for c in commits]
+        return {c.sha: cli_bisect.Tested(self.by_tree[c.tree], "fake", new_build=True) for c in commits}
+
+
+def test_the_search_over_a_history_skips_unchanged_trees_and_reports_a_range_around_an_unbuildable_commit() -> None:
+    # Case a changes at c6; c5 does not build, so the answer is "c5..c6". Case b changes at c2.
+    trees = ["t0", "t0", "t1", "t2", "t2", "t3", "t4", "t5", "t5"]
+    chain = [HistoryCommit(f"c{i}", f"c{i - 1}" if i else None, f"commit {i}", tree) for i, tree in enumerate(trees)]
+    before, after = ["od2:1", "od2:2"], ["od2:1", "od2:X"]
+    by_tree = {tree: {"a": _result("a", after if index >= 6 else before),
+                      "b": _result("b", after if index >= 2 else before),
+                      "c": _result("c", before)}
+               for index, tree in enumerate(trees)}
+    by_tree["t3"] = None
+    tester = FakeTester(by_tree)
+    report = cli_bisect.bisect_history(chain, tester, case_pattern=None, source="csrc", say=lambda _: None)
+    findings = {f["case_id"]: f for f in report.findings}
+    assert set(findings) == {"a", "b"}
+    assert (findings["b"]["first_changed"], findings["b"]["exact"]) == ("c2", True)
+    assert (findings["a"]["range_from"], findings["a"]["first_changed"], findings["a"]["exact"]) == ("c5", "c6", False)
+    # c1 has good's tree and c4 c3's: never tested; each tested commit once.
+    assert {"c1", "c4"}.isdisjoint(tester.asked) and len(set(tester.asked)) == len(tester.asked)
+    assert report.candidates - 1 == 5 and report.cases_compared == 3
+    # Narrowed to a case that never changed: an answer with nothing to locate.
+    quiet = cli_bisect.bisect_history(chain, FakeTester(by_tree), case_pattern="c", source="csrc", say=lambda _: None)
+    assert quiet.findings == [] and "none of the 1 cases differs" in quiet.note

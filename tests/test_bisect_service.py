@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 
 import pytest
 from typer.testing import CliRunner
@@ -50,9 +51,12 @@ def service(tmp_path_factory):
         OptdriftClient(url, token=token).ensure_project(PROJECT)
         yield url, token
     finally:
-        for process in (worker, api):
-            if process is not None:
-                stop_process(process)
+        if worker is not None:
+            # Its own session (start_process): the group is the worker and its pool children. A warm
+            # shutdown would wait for a co-run the test no longer needs.
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+        stop_process(api)
         for log in ("api.log", "worker.log"):
             if (tmp / log).exists():
                 print((tmp / log).read_text()[-3000:])

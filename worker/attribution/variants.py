@@ -80,6 +80,8 @@ CATALOGUE: tuple[Variant, ...] = (
     Variant("bias_correction2_no_sqrt", "second-moment bias correction without its square root (wrong power)",
             "bias correction", TWO_MOMENT, {"bias2": "no_sqrt"}),
     Variant("betas_swapped", "beta1 and beta2 swapped", "betas", TWO_MOMENT + ("lion",), {"betas": "swapped"}),
+    Variant("betas_swapped_in_moments", "beta1 and beta2 swapped in the moment updates (bias corrections right)",
+            "betas", TWO_MOMENT, {"betas": "swapped_in_moments"}),
     Variant("beta_complement", "beta used where 1 − beta belongs in the moment updates", "betas",
             TWO_MOMENT + ("lion", "rmsprop"), {"betas": "complement"}),
     Variant("ademamix_beta3_for_beta1", "AdEMAMix's slow EMA with beta1 (beta3 unused)", "ademamix alpha/beta3",
@@ -133,9 +135,11 @@ class _Rule:
         lr = self.h["lr"]
         return {"squared": lr * lr, "missing": 1.0}.get(self.s.get("lr"), lr)
 
-    def _betas(self, first: str, second: str) -> tuple[float, float]:
+    def _betas(self, first: str, second: str, *, in_moments: bool = True) -> tuple[float, float]:
+        """The betas the moment updates (or, in_moments=False, the bias corrections) use."""
         b1, b2 = self.h[first], self.h[second]
-        return (b2, b1) if self.s.get("betas") == "swapped" else (b1, b2)
+        swapped = self.s.get("betas") == "swapped" or (in_moments and self.s.get("betas") == "swapped_in_moments")
+        return (b2, b1) if swapped else (b1, b2)
 
     def _ema(self, state: torch.Tensor, beta: float, value: torch.Tensor) -> torch.Tensor:
         if self.s.get("betas") == "complement":
@@ -183,10 +187,11 @@ class _Rule:
         if self.s.get("decay") == "coupled":
             g = g + self.h["weight_decay"] * self.param
         b1, b2 = self._betas("beta1", "beta2")
+        c1, c2 = self._betas("beta1", "beta2", in_moments=False)
         m, v = self._state("exp_avg"), self._state("exp_avg_sq")
         new_m, new_v = self._ema(m, b1, g), self._ema(v, b2, g * g)
-        update = self.s.get("sign", 1.0) * self._lr() / self._bias(b1, t, "bias1") * (
-            new_m / self._denominator(new_v, self._bias(b2, t, "bias2")))
+        update = self.s.get("sign", 1.0) * self._lr() / self._bias(c1, t, "bias1") * (
+            new_m / self._denominator(new_v, self._bias(c2, t, "bias2")))
         new_p = self._decoupled(self.param, update)
         skip = self.s.get("skip_zeros", "on")
         if self.h.get("skip_zeros") and skip != "ignored":
@@ -206,9 +211,10 @@ class _Rule:
         fast = self.states["fast"] = self._ema(self._state("fast"), b1, g)
         slow = self.states["slow"] = self._ema(self._state("slow"), b3, g)
         sq = self.states["sq"] = self._ema(self._state("sq"), b2, g * g)
+        c1, c2 = self._betas("beta1", "beta2", in_moments=False)
         slow_term = slow / (1.0 - b3 ** t) if self.s.get("slow_bias") == "on" else slow
-        mixed = fast / self._bias(b1, t, "bias1") + alpha * slow_term
-        update = self.s.get("sign", 1.0) * self._lr() * (mixed / self._denominator(sq, self._bias(b2, t, "bias2")))
+        mixed = fast / self._bias(c1, t, "bias1") + alpha * slow_term
+        update = self.s.get("sign", 1.0) * self._lr() * (mixed / self._denominator(sq, self._bias(c2, t, "bias2")))
         self.param = self._decoupled(self.param, update)
 
     def _lion(self, t: int, g: torch.Tensor, raw: torch.Tensor) -> None:

@@ -98,7 +98,9 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
                                         device=settings.worker_device, cases=cases,
                                         case_timeout_s=settings.case_timeout_s, adapter=adapter,
                                         between_cases=between_cases, params_only=True,
-                                        fast=settings.fast_engine)
+                                        fast=settings.fast_engine,
+                                        adapter_paths=tuple([j.source_dir / f for f in j.config.adapter_path]
+                                                            for j in (jobs["commit"], jobs["baseline"])))
     for result in rerun.cases:
         original = stored[result.case.case_id]
         if result.trajectory is None or original.trajectory is None \

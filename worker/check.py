@@ -132,7 +132,9 @@ def run_check(source: Path, baseline: Path | None, battery: str | None = None, *
         # Per-step |commit - baseline| of the changed cases only, as the service's co-run stores.
         _, _, diffs = corun_battery(job.battery, commit_build.library_path, baseline_build.library_path,
                                     device=device, case_timeout_s=case_timeout_s, cases=changed,
-                                    adapter=job.config.adapter, params_only=True, fast=policy.fast_engine)
+                                    adapter=job.config.adapter, params_only=True, fast=policy.fast_engine,
+                                    adapter_paths=tuple([j.source_dir / f for f in j.config.adapter_path]
+                                                        for j in (job, base_job)))
         comparison = pipeline.compare(commit_run, baseline_run, diffs)
     print_verdict(comparison, console, show_unchanged=show_unchanged)
     console.print(f"({time.monotonic() - started:.1f} s)", highlight=False)

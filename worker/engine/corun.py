@@ -85,25 +85,25 @@ def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_lib
                   progress: Progress | None = None, adapter: str = "bundled",
                   between_cases: Callable[[], None] | None = None, params_only: bool = False,
                   fast: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                  adapter_paths: tuple[list[Path], list[Path]] = ([], []),
                   ) -> tuple[RunResult, RunResult, dict[str, list[float]]]:
     """(commit run, baseline run, per-step max |commit - baseline| of the cases whose digests differ).
     `between_cases()` runs before each case, or each chunk when `fast` (the worker's co-run yields
     to waiting runs there). `params_only`: the kernels alone in both hosts, no references (the
     results then carry digests and no metric series): what the per-step diffs of already-stored
     runs need, many times faster. `fast` (implies params_only): the fast engine's waves, in chunks
-    of at most `chunk_bytes` of parameters per side (module docstring)."""
+    of at most `chunk_bytes` of parameters per side (module docstring). `adapter_paths`: (the
+    commit's, the baseline's) folders their adapter module is imported from (a tree's adapter_path)."""
     cases = battery.expand() if cases is None else cases
+    hosts = [KernelHost(library, device=device, case_timeout_s=case_timeout_s, adapter=adapter, adapter_paths=paths)
+             for library, paths in zip((commit_library, baseline_library), adapter_paths)]
     if fast:
-        hosts = [KernelHost(library, device=device, case_timeout_s=case_timeout_s, adapter=adapter)
-                 for library in (commit_library, baseline_library)]
         with hosts[0], hosts[1]:
             commit_results, baseline_results, diffs = _corun_fast(hosts, cases, chunk_bytes, between_cases, progress)
             return (_run_result(battery, hosts[0], commit_digest, commit_results),
                     _run_result(battery, hosts[1], baseline_digest, baseline_results), diffs)
     commit_results, baseline_results, diffs = [], [], {}
-    with (KernelHost(commit_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter) as commit_host,
-          KernelHost(baseline_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter) as baseline_host,
-          tempfile.TemporaryDirectory(prefix="optdrift-corun-") as workdir):
+    with hosts[0] as commit_host, hosts[1] as baseline_host, tempfile.TemporaryDirectory(prefix="optdrift-corun-") as workdir:
         commit_file, baseline_file = Path(workdir) / "commit.f32", Path(workdir) / "baseline.f32"
         for index, case in enumerate(cases):
             if between_cases:

@@ -9,6 +9,7 @@ import math
 import random
 
 import pytest
+from rich.console import Console
 
 from service import cli_bisect
 from service.domain.bisection import Bisection, collapse_unchanged, select_cases, tree_groups
@@ -134,3 +135,9 @@ def test_the_search_over_a_history_skips_unchanged_trees_and_reports_a_range_aro
     # Narrowed to a case that never changed: an answer with nothing to locate.
     quiet = cli_bisect.bisect_history(chain, FakeTester(by_tree), case_pattern="c", source="csrc", say=lambda _: None)
     assert quiet.findings == [] and "none of the 1 cases differs" in quiet.note
+    # The text report: one row per case, the range where commits could not be run, the tally.
+    console = Console(record=True, width=200)
+    cli_bisect.print_report(console, report)
+    text = console.export_text()
+    assert "c5..c6 (untestable between)" in text and "c2 'commit 2': first changed 1 case" in text
+    assert "8 commits after good, 5 change the source; tested" in text

@@ -231,7 +231,7 @@ def _standard() -> BatterySpec:
     # GPU: >= 500 cases of >= 100 steps.
     dtypes = ["float32", "float16", "bfloat16"]
     return BatterySpec.model_validate({
-        "name": "standard", "version": 1,
+        "name": "standard", "version": 2,
         "description": "GPU battery: typical, discriminating and wd=0 points for every optimizer and dtype, "
                        "sizes 1/4097/65536/2**20, exact zeros, gnorm_scale != 1, several seeds.",
         "groups": [
@@ -249,11 +249,42 @@ def _standard() -> BatterySpec:
              "points": [{**_TYPICAL, "skip_zeros": True}, {**_DISCRIMINATING, "skip_zeros": True}]},
             {"optimizers": _TWO_STATE, "sizes": [1 << 20], "steps": 100, "points": [_TYPICAL]},
             *_EIGHT_BIT_STANDARD,
+            # v2: the ci battery's cases at 100 steps, so standard catches every catalogued defect on the
+            # recorded evidence (a trajectory's first steps do not depend on how many follow);
+            # docs/ENGINE.md "Battery sensitivity".
+            *({**case, "steps": 100} for case in _CI_CASES),
         ],
     })
 
 
-BUILTIN_BATTERIES = {"quick": _quick, "standard": _standard}
+def _ci_case(optimizer: str, family: str, dtype: str, point: dict, gradient: dict, *, size: int, steps: int) -> dict:
+    return {"optimizers": [optimizer], "families": [family], "param_dtypes": [dtype], "points": [point],
+            "gradients": [gradient], "sizes": [size], "steps": steps}
+
+
+# The smallest subset of the candidate pool (worker/sensitivity/batteries/pool.json) that catches every
+# defect of the mutation catalogue: chosen by worker/sensitivity/ci_selection.py from the recorded
+# catalogue run (worker/sensitivity/recorded/cpu_pool.json); docs/ENGINE.md "Battery sensitivity".
+# Regenerate both when the catalogue or the kernels change; tests/test_sensitivity_batteries.py checks it.
+_CI_CASES = [
+    _ci_case("adam", "32bit", "float32", {"lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=1, steps=4),
+    _ci_case("lion", "32bit", "float32", {"lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=1, steps=4),
+    _ci_case("adagrad", "32bit", "bfloat16", {"lr": 0.1, "weight_decay": 0.0}, {"kind": "open", "zero_fraction": 0.25}, size=257, steps=4),
+    _ci_case("adam", "8bit_blockwise", "float32", {"lr": 0.1, "weight_decay": 0.0}, {"kind": "open", "zero_fraction": 0.25}, size=257, steps=4),
+]
+
+
+def _ci() -> BatterySpec:
+    # CPU CI: a whole `optdrift check` in <= 15 s on 2 cores with warm builds (docs/ENGINE.md).
+    return BatterySpec.model_validate({
+        "name": "ci", "version": 1,
+        "description": "The fewest, cheapest cases that catch every defect of the mutation catalogue "
+                       "(worker/sensitivity/catalogue): chosen from evidence, not by hand.",
+        "groups": _CI_CASES,
+    })
+
+
+BUILTIN_BATTERIES = {"quick": _quick, "standard": _standard, "ci": _ci}
 
 
 class BatteryError(ValueError):

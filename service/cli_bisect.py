@@ -363,6 +363,9 @@ def bisect(
         cli._needs_extra("bisect --local", "worker", ("torch", "numpy"))
         if project:
             raise cli._fail("--project is for the service; --local runs here and needs none", cli.EXIT_USAGE)
+        if device.startswith("cuda") and not cli._cuda_visible():
+            raise cli._fail(f"--device {device}: no CUDA GPU is visible on this machine; use --device cpu, or "
+                            "run on a machine with a GPU", cli.EXIT_USAGE)
     elif not project:
         raise cli._fail("--project is required (the service project whose runs to use), or pass --local "
                         "to build and run here", cli.EXIT_USAGE)

@@ -161,3 +161,13 @@ def test_not_a_repository_and_server_down(history, tmp_path) -> None:
                                  "--bad", history.shas[-1], "--project", "p", "--url", "http://127.0.0.1:9"])
     assert result.exit_code == 4, result.stderr
     assert "cannot reach the optdrift service at http://127.0.0.1:9" in result.stderr
+
+
+def test_local_on_cuda_without_a_gpu_is_exit_2(history) -> None:
+    from service.cli import _cuda_visible
+
+    if _cuda_visible():
+        pytest.skip("a GPU is visible here: --device cuda is valid")
+    result = runner.invoke(app, ["bisect", "--repo", str(history.repo), "--good", history.shas[0],
+                                 "--bad", history.shas[-1], "--local", "--device", "cuda"])
+    assert result.exit_code == 2 and "--device cuda: no CUDA GPU is visible" in result.stderr, result.stderr

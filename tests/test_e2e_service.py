@@ -89,6 +89,13 @@ def three_commit_scenario(url: str, home: Path) -> None:
         first = case["first_divergent_step"]
         assert all(d == 0.0 for d in diffs[: first - 1]) and diffs[first - 1] > 0.0, (case_id, diffs[:3])
     assert "largest |commit - baseline|" in detail["summary"]
+    # Then the attribution (issue 17, worker/attribution): the fp32 cases follow the float64 variant
+    # with weight decay after the update.
+    while "attribution" not in detail and time.monotonic() < deadline + 300:
+        time.sleep(1)
+        detail = client.http.get(f"/api/v1/runs/{ids['buggy']}").json()["verdict"]["detail"]
+    named = {case_id: found.get("variant") for case_id, found in detail["attribution"].items()}
+    assert {named.get(case_id) for case_id in must_change} == {"decay_after_update"}, named
 
     unchanged = runs["commented"]["verdict"]
     assert unchanged["outcome"] == "unchanged" and unchanged["flagged"] is False

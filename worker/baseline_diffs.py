@@ -31,7 +31,7 @@ from service.domain.project_config import load_project_config
 from service.domain.storage import archive_limits
 from service.settings import Settings
 from service.verdicts import compare_runs
-from worker.attribution.record import attribute_or_note
+from worker.attribution.record import store_attribution
 from worker.source_fetch import fetch_source
 
 log = logging.getLogger(__name__)
@@ -110,10 +110,6 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
             return 0
 
     comparison = compare_runs(commit_result, baseline_result, diffs)
-    # Issue 17: rounding-level or semantic, and which variant (worker/attribution); beside the verdict.
-    attribution = attribute_or_note(comparison, baseline_result, cases, libraries["commit"], libraries["baseline"],
-                                    device=settings.worker_device, adapter=adapter,
-                                    case_timeout_s=settings.case_timeout_s)
     with sessions() as session:
         verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
         if comparison.verdict != verdict.outcome:  # cannot happen: the same stored results
@@ -125,6 +121,10 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
         window = {"worker": worker_name(), "started_at": started_at.isoformat(),
                   "finished_at": datetime.now(timezone.utc).isoformat()}
         verdict.detail = {**comparison.model_dump(mode="json"), "corun_seconds": time.monotonic() - started,
-                          "corun_window": window, "attribution": attribution}
+                          "corun_window": window}
         session.commit()
+    # Issue 17: rounding-level or semantic, and which variant (worker/attribution), added beside the
+    # stored diffs afterwards, so they are served without waiting for it.
+    store_attribution(run_id=run_id, comparison=comparison, baseline=baseline_result, cases=cases,
+                      libraries=libraries, settings=settings, adapter=adapter)
     return len(diffs)

@@ -58,3 +58,23 @@ def attribute_or_note(*args, **kwargs) -> dict:  # noqa: ANN002, ANN003
     except Exception as error:  # noqa: BLE001 - attribution never costs a run its verdict or diffs
         log.exception("attribution failed")
         return {"error": f"{type(error).__name__}: {error}"}
+
+
+def store_attribution(*, run_id: int, comparison: RunComparison, baseline: RunResult, cases: list[CaseSpec],
+                      libraries: dict[str, str], settings, adapter: str) -> None:  # noqa: ANN001
+    """The attribution of `run_id`'s changed cases into its verdict's detail (after the co-run stored
+    the diffs; the outcome and every other key stay as they are)."""
+    from sqlalchemy import select
+
+    from service.db.models import Verdict
+    from service.db.session import get_sessionmaker
+
+    attribution = attribute_or_note(comparison, baseline, cases, libraries["commit"], libraries["baseline"],
+                                    device=settings.worker_device, adapter=adapter,
+                                    case_timeout_s=settings.case_timeout_s)
+    with get_sessionmaker()() as session:
+        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
+        if verdict is None:
+            return
+        verdict.detail = {**verdict.detail, "attribution": attribution}
+        session.commit()

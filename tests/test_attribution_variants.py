@@ -44,3 +44,41 @@ def test_variants_differ_only_where_their_hyperparameter_is_on():
     # first update has |u| = lr |g|/(|g| + eps) < lr: the largest gap is just under lr^2 wd = 1e-3.
     gap = (paths["decay_after_update"][0] - paths["reference"][0]).abs().max().item()
     assert 0.99e-3 < gap < 1e-3
+
+
+def _rounded_paths(case, variant_name):  # noqa: ANN001, ANN202
+    """(commit, baseline): the variant's and the algorithm's float64 trajectories rounded to float32
+    at each step, as stand-ins for two kernels that implement them (rounding-level apart)."""
+    paths = variants.replay(case, [variants.CORRECT, variants.BY_NAME[variant_name]])
+    return paths[variant_name].to(torch.float32).numpy(), paths["reference"].to(torch.float32).numpy()
+
+
+@pytest.mark.parametrize("case_name, variant_name", [
+    ("adam.32bit.fp32.lr=0.1.wd=0.1.open.n4097.s0.t20", "eps_inside_sqrt"),
+    ("ademamix.32bit.fp32.lr=0.1.wd=0.1.closed.n4097.s0.t20", "bias_correction1_missing"),
+    ("lion.32bit.fp32.lr=0.01.wd=0.1.open.n4097.s0.t20", "decay_after_update"),
+    ("rmsprop.32bit.fp32.lr=0.01.wd=0.1.closed.n4097.s0.t20", "decay_decoupled"),
+    ("momentum.32bit.fp32.lr=0.01.wd=0.1.open.n4097.s0.t20", "momentum_dampened"),
+])
+def test_analysis_names_the_variant_a_trajectory_follows(case_name, variant_name):  # noqa: ANN001
+    from worker.attribution.analysis import analyze
+
+    case = next(c for c in QUICK if c.case_id.startswith(case_name + "#"))
+    commit, baseline = _rounded_paths(case, variant_name)
+    step = next(t for t in range(case.steps) if (commit[t] != baseline[t]).any()) + 1
+    found = analyze(case, commit, baseline, step)
+    assert (found["class"], found["variant"]) == ("semantic", variant_name), found["candidates"]
+
+
+def test_large_cases_replay_a_subset_and_still_name_the_variant():
+    from worker.attribution.analysis import MAX_REPLAYED_ELEMENTS, analyze
+
+    template = next(c for c in QUICK if c.case_id.startswith("adam.32bit.fp32.lr=0.1.wd=0.1.open.n4097"))
+    case = template.model_copy(update={"size": MAX_REPLAYED_ELEMENTS + 5000, "steps": 3})
+    commit, baseline = _rounded_paths(case, "decay_after_update")
+    found = analyze(case, commit, baseline, 1)
+    assert found["replayed_elements"] <= MAX_REPLAYED_ELEMENTS
+    assert (found["class"], found["variant"]) == ("semantic", "decay_after_update"), found["candidates"]
+    # Only rounding apart (the same float64 path rounded twice): rounding-level, zero ulps.
+    same = analyze(case, baseline, baseline.copy(), 1)
+    assert same["first_step_ulps"] == 0 and same["class"] == "rounding-level"

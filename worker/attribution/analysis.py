@@ -64,94 +64,135 @@ def rounding_allowance(first_divergent_step: int, steps: int) -> np.ndarray:
     return ROUNDING_ULPS_PER_STEP * np.maximum(since, 0)
 
 
-def _series_max(values: np.ndarray) -> list[float]:
+# Cases larger than this replay the variants on a subset of elements (every rule is elementwise,
+# so a subset replays exactly): the TOP_CHANGED_ELEMENTS that changed most at the first divergent
+# step and an even spread of the rest. A wrong variant misses on most changed elements, so the
+# subset finds it; memory stays ~30 variants x this many float64 values, not x 2**20 x 100 steps.
+MAX_REPLAYED_ELEMENTS = 65536
+TOP_CHANGED_ELEMENTS = 4096
+
+
+def replayed_elements(size: int, first_change: np.ndarray) -> np.ndarray | None:
+    """Indices the variants replay (sorted), or None for all of them."""
+    if size <= MAX_REPLAYED_ELEMENTS:
+        return None
     with np.errstate(invalid="ignore"):
-        return [float(x) for x in np.nanmax(values, axis=1)] if values.size else []
+        top = np.argsort(-np.nan_to_num(np.abs(first_change), nan=np.inf))[:TOP_CHANGED_ELEMENTS]
+    spread = np.linspace(0, size - 1, MAX_REPLAYED_ELEMENTS - TOP_CHANGED_ELEMENTS).astype(np.int64)
+    return np.unique(np.concatenate([top, spread]))
 
 
-def scale_units(case: CaseSpec, baseline: np.ndarray) -> np.ndarray:
-    """(steps, size) float64: the ulp of each element's running max |baseline parameter|."""
-    start = initial_parameters(case.seed, case.size).to(catalogue._DTYPES[case.param_dtype]).float().numpy()
-    magnitude = np.maximum.accumulate(np.abs(np.vstack([start[None, :], baseline]).astype(np.float64)), axis=0)[1:]
-    return ulp(magnitude, case.param_dtype)
+class _Residuals:
+    """Per variant: the peak residual (scale ulps), whether every step is within the allowance, and
+    the largest |commit − variant|; fed one step at a time."""
+
+    def __init__(self, names: list[str]):
+        self.peak = dict.fromkeys(names, 0.0)
+        self.fits = dict.fromkeys(names, True)
+        self.distance = dict.fromkeys(names, 0.0)
+        self.reference_distance = 0.0
+
+    def add(self, params: dict, delta: np.ndarray, commit: np.ndarray, units: np.ndarray, allowed: float) -> None:
+        reference = params[catalogue.CORRECT.name].numpy()
+        with np.errstate(invalid="ignore", over="ignore"):
+            self.reference_distance = max(self.reference_distance, _finite_max(np.abs(commit - reference)))
+            for name in self.peak:
+                path = params[name].numpy()
+                residual = _finite_max(np.abs(delta - (path - reference)) / units)
+                self.peak[name] = max(self.peak[name], residual)
+                self.fits[name] = self.fits[name] and residual <= allowed
+                self.distance[name] = max(self.distance[name], _finite_max(np.abs(commit - path)))
+
+
+def _finite_max(values: np.ndarray) -> float:
+    """max, or inf when any value is not finite (a variant gone to inf/NaN fits nothing)."""
+    return float(np.max(values)) if values.size and np.isfinite(values).all() else (0.0 if not values.size else math.inf)
 
 
 def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_divergent_step: int,
             baseline_ref64: list[float] | None = None) -> dict:
-    """The attribution of one changed case (JSON-ready; floats at full precision)."""
-    steps = case.steps
+    """The attribution of one changed case (JSON-ready; floats at full precision). `commit` and
+    `baseline`: (steps, size) float32 (a memmap is read one step at a time)."""
+    steps, dtype, s = case.steps, case.param_dtype, first_divergent_step
     commit = np.asarray(commit, dtype=np.float32).reshape(steps, case.size)
     baseline = np.asarray(baseline, dtype=np.float32).reshape(steps, case.size)
-    for side in (commit, baseline):
-        check_representable(side, case.param_dtype)
-    s = first_divergent_step
     if not 1 <= s <= steps:
         raise ValueError(f"attribution of {case.case_id}: first divergent step {s} is outside 1..{steps}")
-    units = scale_units(case, baseline)
-    with np.errstate(invalid="ignore"):
-        delta = commit.astype(np.float64) - baseline.astype(np.float64)
-        ulps = _series_max(np.abs(delta) / units)
     eight_bit = case.family != "32bit"
-    window = slice(s - 1, s) if eight_bit else slice(s - 1, steps)
-    change_peak = max(ulps[window])
-    allowance = rounding_allowance(s, steps)[window]
-    within_rounding = bool(np.all(np.asarray(ulps[window]) <= allowance))
-    elementwise_first = int(ulp_distance(commit[s - 1], baseline[s - 1], case.param_dtype).max())
+    last = s if eight_bit else steps  # 8-bit: judged at the first divergent step alone
+    allowance = rounding_allowance(s, steps)
+    # Variants carry no quantization: an 8-bit step is the 32-bit rule only from zero states.
+    matched = not (eight_bit and s != 1)
+    candidates = catalogue.applicable(case) if matched else []
+    elements = replayed_elements(case.size, commit[s - 1].astype(np.float64) - baseline[s - 1])
+    chosen = slice(None) if elements is None else elements
+    replay = catalogue.replay_steps(case, [catalogue.CORRECT, *candidates],
+                                    None if elements is None else torch.from_numpy(elements)) if matched else None
+    residuals = _Residuals([v.name for v in candidates])
+
+    running = np.abs(initial_parameters(case.seed, case.size).to(catalogue._DTYPES[dtype]).float().numpy()
+                     ).astype(np.float64)
+    ulps, max_abs_diff = [], 0.0
+    for t in range(1, steps + 1):
+        params = next(replay)[1] if replay is not None and t <= last else None
+        c, b = commit[t - 1], baseline[t - 1]
+        check_representable(c, dtype)
+        check_representable(b, dtype)
+        np.maximum(running, np.abs(b), out=running)
+        units = ulp(running, dtype)
+        with np.errstate(invalid="ignore"):
+            delta = c.astype(np.float64) - b
+            ulps.append(float(np.nanmax(np.abs(delta) / units)))
+        if t < s:
+            continue
+        max_abs_diff = max(max_abs_diff, float(np.nanmax(np.abs(delta))))
+        if params is not None:
+            allowed = allowance[t - 1] * (MATCH_ULPS_PER_STEP / ROUNDING_ULPS_PER_STEP)
+            residuals.add(params, delta[chosen], c.astype(np.float64)[chosen], units[chosen], allowed)
+
+    judged = ulps[s - 1:last]
+    change_peak = max(judged)
+    within_rounding = all(u <= a for u, a in zip(judged, allowance[s - 1:last]))
     result = {
         "first_divergent_step": s,
         "first_step_ulps": ulps[s - 1],
-        "first_step_ulps_elementwise": elementwise_first,
+        "first_step_ulps_elementwise": int(ulp_distance(commit[s - 1], baseline[s - 1], dtype).max()),
         "peak_ulps": max(ulps[s - 1:]),
         "judged_ulps": change_peak,
         "ulps_per_step": ulps,
-        "max_abs_diff": float(np.nanmax(np.abs(delta[s - 1:]))),
+        "max_abs_diff": max_abs_diff,
         "scale": "rounding-level" if within_rounding else "semantic",
         "rounding_ulps_per_step": ROUNDING_ULPS_PER_STEP,
         "judged_over": "first divergent step" if eight_bit else "steps from the first divergent one",
+        "replayed_elements": case.size if elements is None else int(elements.size),
     }
     if baseline_ref64:
         band = max(baseline_ref64[s - 1:])
         result["baseline_ref64_peak"] = band
-        result["change_vs_baseline_distance"] = result["max_abs_diff"] / band if band > 0 else math.inf
-    match_allowance = allowance * (MATCH_ULPS_PER_STEP / ROUNDING_ULPS_PER_STEP)
-    result.update(_match(case, commit, baseline, units, window, change_peak, match_allowance, result["scale"]))
+        result["change_vs_baseline_distance"] = max_abs_diff / band if band > 0 else math.inf
+    if not matched:
+        result.update({"class": result["scale"], "variant": None,
+                       "note": "8-bit case first divergent after step 1: variants carry no quantization, not matched"})
+        return result
+    result.update(_verdict(candidates, residuals, change_peak, result["scale"]))
     return result
 
 
-def _match(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, units: np.ndarray, window: slice,
-           change_peak: float, allowance: np.ndarray, scale: str) -> dict:
-    """Each applicable variant's residual; the verdict: which one, none, or rounding-level."""
-    if case.family != "32bit" and window.start != 0:
-        # Variants are the 32-bit rule in float64: exactly an 8-bit step only from zero states.
-        return {"class": scale, "variant": None,
-                "note": "8-bit case first divergent after step 1: variants carry no quantization, not matched"}
-    candidates = catalogue.applicable(case)
-    paths = catalogue.replay(case, [catalogue.CORRECT, *candidates])
-    reference = paths.pop(catalogue.CORRECT.name).numpy()
-    delta = (commit.astype(np.float64) - baseline.astype(np.float64))[window]
-    scored = []
-    for variant in candidates:
-        path = paths[variant.name].numpy()
-        with np.errstate(invalid="ignore", over="ignore"):
-            residual = np.abs(delta - (path - reference)[window]) / units[window]
-            distance = np.abs(commit.astype(np.float64)[window] - path[window])
-        per_step = np.max(residual, axis=1) if np.isfinite(residual).all() else np.full(len(allowance), math.inf)
-        fits = bool(np.all(per_step <= allowance))
-        scored.append((float(np.max(per_step)), float(np.max(distance)) if np.isfinite(distance).all() else math.inf,
-                       variant, fits))
-    scored.sort(key=lambda item: item[0])
-    with np.errstate(invalid="ignore"):
-        reference_distance = float(np.max(np.abs(commit.astype(np.float64)[window] - reference[window])))
-    out = {"reference_distance": reference_distance,
-           "candidates": [{"variant": v.name, "label": v.label, "kind": v.kind, "residual_ulps": r, "distance": d}
-                          for r, d, v, _ in scored[:3]]}
+def _verdict(candidates: list, residuals: _Residuals, change_peak: float, scale: str) -> dict:
+    """Which variant, none (unexplained), or rounding-level, from the residuals."""
+    scored = sorted(candidates, key=lambda v: residuals.peak[v.name])
+    out = {"reference_distance": residuals.reference_distance,
+           "candidates": [{"variant": v.name, "label": v.label, "kind": v.kind,
+                           "residual_ulps": residuals.peak[v.name], "distance": residuals.distance[v.name]}
+                          for v in scored[:3]]}
     best = scored[0] if scored else None
-    if best and best[3] and max(best[0], RESIDUAL_FLOOR_ULPS) * SEPARATION <= change_peak:
-        residual, distance, variant, _ = best
-        following = scored[1][0] if len(scored) > 1 else math.inf
-        out.update({"class": "semantic", "variant": variant.name, "label": variant.label, "kind": variant.kind,
-                    "residual_ulps": residual, "distance": distance,
-                    "next_best": scored[1][2].name if len(scored) > 1 else None,
+    if best and residuals.fits[best.name] and \
+            max(residuals.peak[best.name], RESIDUAL_FLOOR_ULPS) * SEPARATION <= change_peak:
+        residual = residuals.peak[best.name]
+        following = residuals.peak[scored[1].name] if len(scored) > 1 else math.inf
+        out.update({"class": "semantic", "variant": best.name, "label": best.label, "kind": best.kind,
+                    "residual_ulps": residual, "distance": residuals.distance[best.name],
+                    "next_best": scored[1].name if len(scored) > 1 else None,
                     "next_best_ratio": following / max(residual, RESIDUAL_FLOOR_ULPS)})
     elif scale == "rounding-level":
         out.update({"class": "rounding-level", "variant": None})
@@ -162,8 +203,8 @@ def _match(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, units: np.n
 
 def analyze_files(case: CaseSpec, commit_file: str, baseline_file: str, first_divergent_step: int,
                   baseline_ref64: list[float] | None = None) -> dict:
-    commit = np.fromfile(commit_file, dtype="<f4")
-    baseline = np.fromfile(baseline_file, dtype="<f4")
+    commit = np.memmap(commit_file, dtype="<f4", mode="r")
+    baseline = np.memmap(baseline_file, dtype="<f4", mode="r")
     expected = case.steps * case.size
     if commit.size != expected or baseline.size != expected:
         raise ValueError(f"attribution of {case.case_id}: parameter files hold {commit.size} and "

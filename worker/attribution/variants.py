@@ -259,16 +259,33 @@ class _Rule:
         self.param = self.param * factor - update
 
 
-def replay(case: CaseSpec, variants: list[Variant]) -> dict[str, torch.Tensor]:
-    """Each variant's float64 parameters after every step, (steps, size), over the case's gradients."""
+def replay_steps(case: CaseSpec, variants: list[Variant], elements: torch.Tensor | None = None):  # noqa: ANN201
+    """Yield (step, {variant name: float64 parameters after it}) over the case's gradients, one step at
+    a time (memory: one parameter vector per variant). `elements`: replay only these indices. Every
+    rule is elementwise, so a subset replays exactly; the gradient is computed at full size (the
+    closed loop's at the variant's parameters scattered into the start vector) and then indexed."""
     dtype = _DTYPES[case.param_dtype]
     start = initial_parameters(case.seed, case.size).to(dtype).to(torch.float64)
     stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device="cpu", grad_dtype=dtype)
-    rules = {v.name: _Rule(case, v, start) for v in variants}
-    out = {name: torch.empty((case.steps, case.size), dtype=torch.float64) for name in rules}
+    rules = {v.name: _Rule(case, v, start if elements is None else start[elements]) for v in variants}
+    open_loop = case.gradient.kind == "open"
     with torch.no_grad():
         for t in range(1, case.steps + 1):
-            for name, rule in rules.items():
-                rule.step(t, stream.reference_gradient(t, rule.param))
-                out[name][t - 1] = rule.param
+            shared = stream.reference_gradient(t, start) if open_loop else None
+            for rule in rules.values():
+                if elements is None:
+                    rule.step(t, shared if open_loop else stream.reference_gradient(t, rule.param))
+                elif open_loop:
+                    rule.step(t, shared[elements])
+                else:
+                    rule.step(t, stream.reference_gradient(t, start.index_put((elements,), rule.param))[elements])
+            yield t, {name: rule.param for name, rule in rules.items()}
+
+
+def replay(case: CaseSpec, variants: list[Variant]) -> dict[str, torch.Tensor]:
+    """Each variant's float64 parameters after every step, (steps, size): replay_steps collected."""
+    out = {v.name: torch.empty((case.steps, case.size), dtype=torch.float64) for v in variants}
+    for t, params in replay_steps(case, variants):
+        for name, param in params.items():
+            out[name][t - 1] = param
     return out

@@ -41,9 +41,9 @@ def test_sensitivity_cli_on_the_ci_battery_shows_the_catches_and_no_false_positi
         caught = status[mutant_id]
         assert caught.status == "caught" and caught.catches, mutant_id
         assert sum(caught.group_catches) >= len(caught.catches)  # every catching case sits in a group
-    # Adam's states swapped: only Adam 32-bit cases can see it, and from step 1 on.
+    # Adam's states swapped: only Adam 32-bit cases can see it (the 8-bit kernels pass their own states).
     swapped = status["writeback/adam_states_swapped_cpu"]
-    assert all(c.case_id.startswith("adam.32bit.") and c.first_divergent_step == 1 for c in swapped.catches)
+    assert all(c.case_id.startswith("adam.32bit.") and c.first_divergent_step for c in swapped.catches)
     assert status[REFACTOR].status == "clean" and not status[REFACTOR].catches
     assert status[CUDA_ONLY].status == "not_applicable"
     # The tables went to stderr, with the progress lines.

@@ -84,22 +84,17 @@ class SensitivityRun:
             base_tree = work_dir / "baseline"
             shutil.copytree(self.source, base_tree, ignore=shutil.ignore_patterns("__pycache__", "build"))
             job = pipeline.prepare(base_tree, requested_battery=self.battery, local_battery_file=True)
-            base_build = pipeline.build(job, policy)
-            if not base_build.ok:
-                raise RuntimeError(f"the unmutated tree {self.source} does not build:\n{base_build.error}")
-            self.progress(f"baseline {self.source}: built ({'cached' if base_build.cached else f'{base_build.duration_s:.1f} s'}); "
-                          f"battery {job.battery.name} v{job.battery.version}, {len(job.cases)} cases")
-            base_run = self._run(job, base_build, policy, job.cases)
-            self._baseline_digests = {r.case.case_id: r.trajectory.digests for r in base_run.cases
-                                      if r.status == "ok" and r.trajectory is not None}
-            membership = case_groups(job.battery)
             done = self._resumed(job.battery, mutants)
             if done:
                 self.progress(f"resuming {self.checkpoint}: {len(done)} mutant(s) already judged")
+            baseline = None  # built and run once, only if a mutant still needs judging
+            membership = case_groups(job.battery)
             # Classes interleaved, so an interrupted run has judged some of every class.
             for number, mutant in enumerate(_interleaved(mutants), 1):
                 if mutant.id not in done:
-                    done[mutant.id] = self._one(mutant, job, base_build, base_run, policy, membership, work_dir)
+                    if self._applicable(mutant):
+                        baseline = baseline or self._baseline(job, policy)
+                    done[mutant.id] = self._one(mutant, job, baseline, policy, membership, work_dir)
                     self._report(job, mutants, done, started, write=True)
                 self.progress(f"[{number}/{len(mutants)}] {mutant.id}: {_describe(done[mutant.id])}")
         return self._report(job, mutants, done, started, write=True)
@@ -128,6 +123,18 @@ class SensitivityRun:
         return {o.id: o for o in previous.mutants
                 if o.id in current and o.kind == current[o.id].kind and o.patch_sha256 == current[o.id].patch_sha256}
 
+    def _baseline(self, job: pipeline.Job, policy: pipeline.Policy) -> tuple:
+        """The unmutated tree's build and battery run (and its digests for the repeats)."""
+        base_build = pipeline.build(job, policy)
+        if not base_build.ok:
+            raise RuntimeError(f"the unmutated tree {self.source} does not build:\n{base_build.error}")
+        self.progress(f"baseline {self.source}: built ({'cached' if base_build.cached else f'{base_build.duration_s:.1f} s'}); "
+                      f"battery {job.battery.name} v{job.battery.version}, {len(job.cases)} cases")
+        base_run = self._run(job, base_build, policy, job.cases)
+        self._baseline_digests = {r.case.case_id: r.trajectory.digests for r in base_run.cases
+                                  if r.status == "ok" and r.trajectory is not None}
+        return base_build, base_run
+
     def _run(self, job: pipeline.Job, built, policy: pipeline.Policy, cases: list[CaseSpec],  # noqa: ANN001
              baseline_digests: dict[str, list[str]] | None = None) -> RunResult:
         subset = pipeline.Job(source_dir=job.source_dir, config=job.config, battery=job.battery,
@@ -135,14 +142,19 @@ class SensitivityRun:
         ran = pipeline.run(subset, built, policy, cases=cases, baseline_digests=baseline_digests)
         return pipeline.run_result(subset, built, ran)
 
-    def _one(self, mutant: Mutant, job: pipeline.Job, base_build, base_run: RunResult,  # noqa: ANN001
-             policy: pipeline.Policy, membership: dict[str, list[int]], work_dir: Path) -> MutantOutcome:
+    def _applicable(self, mutant: Mutant) -> bool:
+        return self.device.split(":")[0] in mutant.reaches
+
+    def _one(self, mutant: Mutant, job: pipeline.Job, baseline: tuple | None, policy: pipeline.Policy,
+             membership: dict[str, list[int]], work_dir: Path) -> MutantOutcome:
         outcome = MutantOutcome(id=mutant.id, kind=mutant.kind, mutant_class=mutant.mutant_class,
                                 expect=mutant.expect, reaches=sorted(mutant.reaches), status="not_applicable",
                                 patch_sha256=mutant.patch_sha256,
                                 group_catches=[0] * len(job.battery.groups))
-        if self.device.split(":")[0] not in mutant.reaches:
+        if not self._applicable(mutant) or baseline is None:
             return outcome
+        base_build, base_run = baseline
+        self.progress(f"  {mutant.id}: building ({', '.join(mutant.touched_files)} changed)")
         tree = mutant_tree(mutant, job.source_dir, work_dir / "mutant")
         mutant_job = pipeline.Job(source_dir=tree, config=job.config, battery=job.battery,
                                   battery_origin=job.battery_origin, cases=job.cases)

@@ -40,8 +40,8 @@ def child(args: argparse.Namespace) -> int:
     adapter = BundledAdapter()
     adapter.load(args.library)
     families = adapter.families()
-    if args.mutant:
-        families = slowed_families(families, args.mutant, args.mutant_fraction)
+    if args.slow:
+        families = slowed_families(families, args.slow, args.mutant_fraction)
     plan = timing.TimingPlan(sizes=tuple(args.sizes), repeats=args.repeats, budget_s=args.budget_s)
     device = resolve_device(args.device)
     torch.set_num_threads(1)
@@ -54,7 +54,7 @@ def _spawn(args: argparse.Namespace, library: str, out: Path, mutant: list[str])
     command = [sys.executable, __file__, "--child", "--library", library, "--out", str(out), "--device", args.device,
                "--repeats", str(args.repeats), "--budget-s", str(args.budget_s), "--sizes", *map(str, args.sizes)]
     if mutant:
-        command += ["--mutant", *mutant, "--mutant-fraction", str(args.mutant_fraction)]
+        command += ["--slow", *mutant, "--mutant-fraction", str(args.mutant_fraction)]
     subprocess.run(command, check=True)
     return json.loads(out.read_text())
 
@@ -77,6 +77,8 @@ def main() -> int:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--library", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    # The child's own flag: --mutant's default must not slow the baseline and rerun children too.
+    parser.add_argument("--slow", nargs="*", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args)

@@ -71,6 +71,7 @@ def run_page(request: Request, run_id: RunIdPath, session: SessionDep) -> HTMLRe
 
 def _run_page(request: Request, session: SessionDep, run_id: int) -> HTMLResponse:
     data = queries.run_page(session=session, run_id=run_id)
+    attribution_view.order_by_relative_change(data.changed, data.run.verdict.detail if data.run.verdict else None)
     fingerprint = (data.run.environment_detail or {}).get("fingerprint") or {}
     # The adapter's describe() as the kernel host reported it ({"adapter", "module", "version"...});
     # a run from before it was recorded has only the adapter's name.

@@ -116,3 +116,18 @@ def headline(detail: dict | None) -> str | None:
         ratio, where = max(relative)
         text += f"; largest change {ratio:.3g}x the baseline's own distance to float64 ({where})"
     return text
+
+
+def order_by_relative_change(rows: list, detail: dict | None) -> None:
+    """Sort changed-case rows (anything with .case_id) in place, largest change relative to the
+    baseline's own distance to float64 first, so the page leads with what matters rather than with an
+    8-bit case's quantization-sized |Δ|; rows without an attribution keep their order, after."""
+    cases = by_case(detail)
+    if not cases:
+        return
+
+    def key(row) -> float:  # noqa: ANN001
+        ratio = cases[row.case_id].change_vs_baseline_distance if row.case_id in cases else None
+        return -ratio if ratio is not None and not math.isnan(ratio) else math.inf
+
+    rows.sort(key=key)

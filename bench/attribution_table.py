@@ -1,7 +1,7 @@
 """The attribution (worker/attribution) over hand-made kernel mutants on the quick battery, CPU:
 per mutant, how many cases changed and what each was called.
 
-    .venv/bin/python bench/attribution_table.py [--cache DIR] [--cases] [MUTANT ...]
+    .venv/bin/python bench/attribution_table.py [--cache DIR] [--device cpu|cuda] [--battery quick] [--cases] [MUTANT ...]
 
 Mutants (text substitutions in csrc/optimizer_math.h; each must match, or the script stops):
 semantic — decay (weight decay after the update, worker.mutations), eps (eps inside the square
@@ -61,8 +61,10 @@ def main() -> None:
     parser.add_argument("mutants", nargs="*", default=list(EXPECTED))
     parser.add_argument("--cache", type=Path, default=ROOT / ".optdrift" / "test-build-cache")
     parser.add_argument("--cases", action="store_true", help="print every changed case")
+    parser.add_argument("--device", default="cpu", help="where the kernels run (the analysis is CPU float64)")
+    parser.add_argument("--battery", default="quick")
     args = parser.parse_args()
-    cases = load_battery("quick").expand()
+    cases = load_battery(args.battery).expand()
     by_id = {c.case_id: c for c in cases}
     baseline = build_extension(ROOT / "csrc", cache_dir=args.cache).library_path
     print("| mutant | changed cases | called | expected | right | seconds (kernels + analysis) |")
@@ -71,7 +73,7 @@ def main() -> None:
         for name in args.mutants:
             library = build_extension(mutant(name, Path(tmp)), cache_dir=args.cache).library_path
             started = time.monotonic()
-            files = record_parameters(library, baseline, cases, Path(tmp), device="cpu")
+            files = record_parameters(library, baseline, cases, Path(tmp), device=args.device)
             called = collections.Counter()
             for case_id, (commit_file, baseline_file, step) in files.items():
                 if step is None:

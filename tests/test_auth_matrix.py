@@ -61,6 +61,15 @@ POLICY: dict[tuple[str, str], set[str] | str] = {
     ("GET", "/projects/{project}/releases"): PUBLIC,
     ("GET", "/dashboard/api/runs/{run_id}/series"): PUBLIC,
     ("GET", "/static/vendor/plotly.min.js"): ALWAYS_PUBLIC,
+    # results read like the rest of a run's results: the kernels' speed (issue 18), a case's
+    # history across commits (issue 16)
+    ("GET", "/api/v1/runs/{run_id}/speed"): PUBLIC,
+    ("GET", "/api/v1/projects/{project}/speed/history"): PUBLIC,
+    ("GET", "/api/v1/projects/{project}/speed/kernels"): PUBLIC,
+    ("GET", "/api/v1/projects/{project}/case-history"): PUBLIC,
+    ("GET", "/projects/{project}/case-history"): PUBLIC,
+    ("GET", "/runs/{run_id}/speed"): PUBLIC,
+    ("GET", "/projects/{project}/speed"): PUBLIC,
     # notifications (issue 16): the settings hold credentials, so admin only, reads included
     ("PUT", "/api/v1/projects/{project}/github"): {"admin"},
     ("GET", "/api/v1/projects/{project}/github"): {"admin"},

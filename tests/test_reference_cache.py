@@ -92,24 +92,25 @@ def test_warm_references_give_the_cold_results_bit_for_bit(kernels_build, decay_
     assert ReferenceCache(folder, writable=False).size()[0] == stored  # an untrusted run adds nothing
 
 
-def test_the_metrics_of_a_known_series_come_from_the_cache_and_only_trusted_runs_write(tmp_path, kernels_build,
-                                                                                        csrc_under_test):
-    # A forged entry shows that a warm run takes the stored metrics (the test of the cache being
-    # read at all), and where the rule "only trusted runs write" matters.
-    job = _job(csrc_under_test)
-    job.cases = job.cases[:2]
-    folder = tmp_path / "references"
-    policy = pipeline.Policy(device="cpu", reference_cache=folder)
-    first = pipeline.run(job, kernels_build, policy)
-    forged = first.results[0].trajectory.model_copy(update={"ref64_max_abs": [123.0] * job.cases[0].steps})
-    forgery = [CaseResult(case=job.cases[0], status="ok", trajectory=forged)]
-    assert ReferenceCache(folder, writable=False).store(first.environment, forgery) == 0
-    [held] = ReferenceCache(folder, writable=False).lookup(first.environment, job.cases[:1])[0].values()
-    assert held == first.results[0].trajectory  # the untrusted store changed nothing
-    ReferenceCache(folder, writable=True).store(first.environment, forgery)
-    again = pipeline.run(job, kernels_build, policy)
-    assert again.results[0].trajectory.ref64_max_abs == [123.0] * job.cases[0].steps
-    assert again.results[1].trajectory == first.results[1].trajectory
+def test_the_metrics_of_a_known_series_come_from_the_cache_and_only_trusted_runs_write(tmp_path):
+    # A forged entry shows that a hit takes the stored metrics (the host's digests-only answer is
+    # filled from the cache, never recomputed), and where the rule "only trusted runs write" matters.
+    case = load_battery("quick").expand()[0]
+    environment = _environment("cpu-a")
+    computed = _trajectory(case.steps)
+    ReferenceCache(tmp_path, writable=True).store(environment, [CaseResult(case=case, status="ok", trajectory=computed)])
+    forged = computed.model_copy(update={"ref64_max_abs": [123.0] * case.steps})
+    forgery = [CaseResult(case=case, status="ok", trajectory=forged)]
+    assert ReferenceCache(tmp_path, writable=False).store(environment, forgery) == 0
+    [held] = ReferenceCache(tmp_path, writable=False).lookup(environment, [case])[0].values()
+    assert repr(held.model_dump()) == repr(computed.model_dump())  # the untrusted store changed nothing
+    hit = CaseResult(case=case, status="ok", trajectory=computed.model_copy(
+        update={"ref64_max_abs": [], "ref64_max_rel": [], "same_precision_max_abs": None, "nonfinite_count": []}))
+    [result] = reference_cache.run_many(_LyingHost(hit), [case], ReferenceCache(tmp_path, writable=False))
+    assert repr(result.trajectory.model_dump()) == repr(computed.model_dump())
+    ReferenceCache(tmp_path, writable=True).store(environment, forgery)
+    [result] = reference_cache.run_many(_LyingHost(hit), [case], ReferenceCache(tmp_path, writable=False))
+    assert result.trajectory.ref64_max_abs == [123.0] * case.steps
 
 
 def _environment(class_key: str) -> EnvironmentFingerprint:

@@ -63,18 +63,24 @@ def _rounded_paths(case, variant_name):  # noqa: ANN001, ANN202
 def test_analysis_names_the_variant_a_trajectory_follows(case_name, variant_name):  # noqa: ANN001
     from worker.attribution.analysis import analyze
 
-    case = next(c for c in QUICK if c.case_id.startswith(case_name + "#"))
+    # Five steps: every variant here differs from the algorithm from step 1 or 2.
+    case = next(c for c in QUICK if c.case_id.startswith(case_name + "#")).model_copy(update={"steps": 5})
     commit, baseline = _rounded_paths(case, variant_name)
     step = next(t for t in range(case.steps) if (commit[t] != baseline[t]).any()) + 1
     found = analyze(case, commit, baseline, step)
     assert (found["class"], found["variant"]) == ("semantic", variant_name), found["candidates"]
 
 
-def test_large_cases_replay_a_subset_and_still_name_the_variant():
-    from worker.attribution.analysis import MAX_REPLAYED_ELEMENTS, analyze
+def test_large_cases_replay_a_subset_and_still_name_the_variant(monkeypatch):  # noqa: ANN001
+    from worker.attribution import analysis
+    from worker.attribution.analysis import analyze
 
+    # The subset's rule at a smaller scale (the real cap, 65536, needs a case 16x this one).
+    monkeypatch.setattr(analysis, "MAX_REPLAYED_ELEMENTS", 1024)
+    monkeypatch.setattr(analysis, "TOP_CHANGED_ELEMENTS", 64)
+    MAX_REPLAYED_ELEMENTS = analysis.MAX_REPLAYED_ELEMENTS
     template = next(c for c in QUICK if c.case_id.startswith("adam.32bit.fp32.lr=0.1.wd=0.1.open.n4097"))
-    case = template.model_copy(update={"size": MAX_REPLAYED_ELEMENTS + 5000, "steps": 3})
+    case = template.model_copy(update={"steps": 3})
     commit, baseline = _rounded_paths(case, "decay_after_update")
     found = analyze(case, commit, baseline, 1)
     assert found["replayed_elements"] <= MAX_REPLAYED_ELEMENTS

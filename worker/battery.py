@@ -267,10 +267,15 @@ def _ci_case(optimizer: str, family: str, dtype: str, point: dict, gradient: dic
 # catalogue run (worker/sensitivity/recorded/cpu_pool.json); docs/ENGINE.md "Battery sensitivity".
 # Regenerate both when the catalogue or the kernels change; tests/test_sensitivity_batteries.py checks it.
 _CI_CASES = [
+    _ci_case("adagrad", "32bit", "float32", {"lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=1, steps=4),
     _ci_case("adam", "32bit", "float32", {"lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=1, steps=4),
-    _ci_case("lion", "32bit", "float32", {"lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=1, steps=4),
+    _ci_case("ademamix", "32bit", "float32", {"lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=1, steps=4),
     _ci_case("adagrad", "32bit", "bfloat16", {"lr": 0.1, "weight_decay": 0.0}, {"kind": "open", "zero_fraction": 0.25}, size=257, steps=4),
-    _ci_case("adam", "8bit_blockwise", "float32", {"lr": 0.1, "weight_decay": 0.0}, {"kind": "open", "zero_fraction": 0.25}, size=257, steps=4),
+    _ci_case("adam", "8bit_blockwise", "float32", {"gnorm_scale": 0.5, "lr": 0.1, "skip_zeros": True, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.5}, size=257, steps=4),
+    _ci_case("lion", "32bit", "bfloat16", {"gnorm_scale": 0.5, "lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=257, steps=4),
+    _ci_case("momentum", "32bit", "bfloat16", {"gnorm_scale": 0.5, "lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=257, steps=4),
+    _ci_case("rmsprop", "32bit", "bfloat16", {"gnorm_scale": 0.5, "lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=257, steps=4),
+    _ci_case("lion", "8bit_blockwise", "bfloat16", {"lr": 0.1, "weight_decay": 0.0}, {"kind": "open", "zero_fraction": 0.25}, size=1031, steps=10),
 ]
 
 

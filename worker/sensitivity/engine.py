@@ -102,7 +102,7 @@ class SensitivityRun:
     def _report(self, job: pipeline.Job, mutants: list[Mutant], done: dict[str, MutantOutcome], started: float,
                 *, write: bool) -> SensitivityReport:
         report = SensitivityReport(
-            catalogue=str(self.catalogue), battery=job.battery.name, battery_version=job.battery.version,
+            catalogue=_shown(self.catalogue), battery=job.battery.name, battery_version=job.battery.version,
             battery_digest=job.battery.digest, device=self.device,
             groups=[group_label(i, job.battery) for i in range(len(job.battery.groups))],
             case_count=len(job.cases), mutants=[done[m.id] for m in mutants if m.id in done],
@@ -154,7 +154,7 @@ class SensitivityRun:
         if not self._applicable(mutant) or baseline is None:
             return outcome
         base_build, base_run = baseline
-        self.progress(f"  {mutant.id}: building ({', '.join(mutant.touched_files)} changed)")
+        self.progress(f"  {mutant.id}: patching {', '.join(mutant.touched_files)}, building")
         tree = mutant_tree(mutant, job.source_dir, work_dir / "mutant")
         mutant_job = pipeline.Job(source_dir=tree, config=job.config, battery=job.battery,
                                   battery_origin=job.battery_origin, cases=job.cases)
@@ -208,6 +208,13 @@ class SensitivityRun:
                                      verdict=best.verdict, first_divergent_step=best.first_divergent_step,
                                      cases_tried=tried)
         return None
+
+
+def _shown(path: Path) -> str:
+    """A path inside this checkout relative to it, so recorded reports do not name one machine."""
+    resolved = Path(path).resolve()
+    root = BUNDLED_CSRC.parent
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(resolved)
 
 
 def _interleaved(mutants: list[Mutant]) -> list[Mutant]:

@@ -4,10 +4,12 @@
 # `ci` battery by default. Each mutant recompiles one CUDA translation unit through ccache (the CPU
 # units and the other .cu files are hits); about 14 builds of ~20-40 s with MAX_JOBS=16.
 #
-# HERE first, once (a machine with a package index): the carried ccache and wheels,
-#     bash bench/gpu/h200_builds.sh --fetch
-# On the H200, through the device tool:
-#     run(command="bash bench/gpu/sensitivity_cuda.sh", carry=[".tools"], timeout_s=600)
+# On the H200, through the device tool (the wheels the image lacks travel in .whl, as for
+# h200_check_quick.sh):
+#     run(command="bash bench/gpu/sensitivity_cuda.sh", carry=[".whl"], timeout_s=600)
+# With a carried ccache (`bash bench/gpu/h200_builds.sh --fetch` here first, then
+# carry=[".whl", ".tools"]) each mutant recompiles only its own unit; without one, where the image
+# has no ccache, every mutant is a whole CUDA build and BUDGET_S ends the run after a few.
 # Options (environment): BATTERY=ci|quick|standard|<file>; MUTANTS=cuda (default: the mutants of
 # csrc/cuda/) or all (every mutant that reaches the CUDA build: ~70 builds, needs several calls, which
 # resume from $OUT/... only within one warm machine); BUDGET_S (default 500) stops the run in time to

@@ -53,7 +53,7 @@ def test_battery_is_a_builtin_name_or_a_relative_path(kern, battery: str) -> Non
     _submit(kern, "base1")
     response = _submit(kern, "c2", battery=battery)
     assert response.status_code == 422, response.text
-    assert "built-in battery (quick, standard)" in response.json()["detail"]
+    assert "built-in battery (quick, standard, ci)" in response.json()["detail"]
     verify = kern.post("/api/v1/projects/kern/verify", data={"base": "base1", "battery": battery},
                        files={"archive": ("s.tar.gz", make_archive({"a.cpp": "1"}))})
     assert verify.status_code == 422 and "relative to the submitted tree" in verify.json()["detail"]

@@ -14,7 +14,7 @@ from service.domain.errors import BadInputError
 
 # The worker's built-in batteries (worker/battery.py BUILTIN_BATTERIES). Copied, not imported: the
 # API does not import worker/ (torch). tests/test_request_limits.py checks the two lists agree.
-BUILTIN_BATTERIES = ("quick", "standard")
+BUILTIN_BATTERIES = ("quick", "standard", "ci")
 
 MAX_BATTERY_PATH_CHARS = 200
 # A relative path inside the submitted tree: components of letters, digits, `.`, `_`, `-`, none

@@ -33,7 +33,7 @@ def verify(
     response: Response,
     principal: VerifyDep,
     base: Annotated[str, Form(description="sha or release tag to compare with")],
-    battery: Annotated[str | None, Form(description="a built-in battery (quick, standard) or a "
+    battery: Annotated[str | None, Form(description="a built-in battery (quick, standard, ci) or a "
                                                     "JSON file's path relative to the tree")] = None,
     environment: Annotated[str | None, Form(description="one of the project's environments")] = None,
     archive: Annotated[UploadFile | None, File(description="a source tree as tar.gz")] = None,

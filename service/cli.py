@@ -650,7 +650,7 @@ def check(
     source: Annotated[Path, typer.Option(help="the kernel source tree to check (e.g. csrc)")],
     baseline: Annotated[Optional[Path], typer.Option(help="the tree to compare with")] = None,
     battery: Annotated[Optional[str], typer.Option(
-        help="quick, standard or a battery JSON file; default: the tree's optdrift.toml battery, else quick")] = None,
+        help="quick, standard, ci or a battery JSON file; default: the tree's optdrift.toml battery, else quick")] = None,
     device: Annotated[str, typer.Option(help="auto (cuda when a GPU is visible), cpu or cuda")] = "auto",
     json_out: Annotated[Optional[Path], typer.Option(help="write both runs and the verdict as JSON")] = None,
     show_unchanged: bool = False,

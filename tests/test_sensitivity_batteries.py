@@ -111,11 +111,12 @@ def test_ci_selection_refuses_a_recording_of_another_pool(tmp_path):
         ci_groups(Path(RECORDED_POOL), other)
 
 
-def test_the_recorded_real_run_of_the_ci_battery_caught_every_defect():
-    """`optdrift sensitivity --battery ci --json-out worker/sensitivity/recorded/cpu_ci.json`: the
-    ci battery itself run on every mutant (not inferred from the pool), with the current ci battery."""
-    real = SensitivityReport.model_validate_json((RECORDED_POOL.parent / "cpu_ci.json").read_text())
-    assert real.battery_digest == BUILTIN_BATTERIES["ci"]().digest
+@pytest.mark.parametrize("battery", ["ci", "quick"])
+def test_the_recorded_real_runs_caught_every_defect(battery):
+    """`optdrift sensitivity --battery <ci|quick> --json-out worker/sensitivity/recorded/cpu_<battery>.json`:
+    the battery itself run on every mutant (not inferred from the pool), as the battery is now."""
+    real = SensitivityReport.model_validate_json((RECORDED_POOL.parent / f"cpu_{battery}.json").read_text())
+    assert real.battery_digest == BUILTIN_BATTERIES[battery]().digest
     assert real.catch_rate() == (len(REPORT.judged("defect")), len(REPORT.judged("defect")))
     assert not real.escaped() and not real.false_positives()
     assert {m.id for m in real.judged("refactor")} == {m.id for m in REPORT.judged("refactor")}

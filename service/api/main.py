@@ -12,9 +12,9 @@ from service.api import docs, maintenance
 from service.api.auth import install_error_handlers, read_access
 from service.api.request_guard import RequestGuard
 from service.api.routes import commits, health, projects, runs, sources, verify
-from service.api.routes import notify as notify_routes
 from service.api.routes import speed
 from service.api.routes import case_history
+from service.api.routes import notify as notify_routes
 from service.dashboard.routes import install as install_dashboard
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
 from service.settings import get_settings

@@ -100,6 +100,13 @@ def _aware(moment: datetime | str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
+def _stop_and_show(processes: list, logs: Path) -> None:
+    for process in reversed(processes):
+        stop_process(process)
+    for log in sorted(logs.glob("*.log")):
+        print(f"--- {log.name}\n{log.read_text()[-3000:]}")
+
+
 def _env(home: Path, **extra: str) -> dict[str, str]:
     return {"OPTDRIFT_HOME": str(home), "OPTDRIFT_BUILD_CACHE_DIR": shared_build_cache(),
             "OPTDRIFT_MAINTENANCE_INTERVAL_S": "2", "OPTDRIFT_HEARTBEAT_INTERVAL_S": "2", **extra}
@@ -125,10 +132,7 @@ def test_two_workers_one_queue_postgres_redis(tmp_path: Path) -> None:
         _assert_each_run_taken_once(client, database_url, ids)
         client.close()
     finally:
-        for process in reversed(processes):
-            stop_process(process)
-        for log in sorted(tmp_path.glob("*.log")):
-            print(f"--- {log.name}\n{log.read_text()[-3000:]}")
+        _stop_and_show(processes, tmp_path)
         drop_database(name)
 
 
@@ -150,7 +154,4 @@ def test_two_workers_one_queue_embedded_default(tmp_path: Path) -> None:
         _assert_each_run_taken_once(client, f"sqlite:///{home / 'optdrift.db'}", ids)
         client.close()
     finally:
-        for process in reversed(processes):
-            stop_process(process)
-        for log in sorted(tmp_path.glob("*.log")):
-            print(f"--- {log.name}\n{log.read_text()[-3000:]}")
+        _stop_and_show(processes, tmp_path)

@@ -88,6 +88,24 @@ def test_a_host_whose_adapter_fails_to_import_says_why_in_full(adapter_folder: P
     assert LONG_REASON in str(failed.value)
 
 
+@pytest.mark.slow
+def test_a_host_that_cannot_start_is_not_started_again_for_every_case(adapter_folder: Path):
+    """An adapter that cannot be imported fails every start the same way: after two failed starts
+    the other cases are answered broken at once, with the reason, instead of a start each."""
+    pytest.importorskip("torch")
+    from service.results import CaseSpec
+    from worker.engine.host import STARTS_BEFORE_GIVING_UP, KernelHost
+
+    cases = [CaseSpec(case_id=f"adam-{seed}", optimizer="adam", hyper={"lr": 0.1, "weight_decay": 0.1},
+                      seed=seed, size=8, steps=2) for seed in range(6)]
+    with KernelHost("installed", device="cpu", adapter="broken_adapter", adapter_paths=[adapter_folder]) as host:
+        results = host.run_many(cases)
+    assert host.start_attempts == STARTS_BEFORE_GIVING_UP
+    assert [r.status for r in results] == ["broken"] * len(cases)
+    assert all(LONG_REASON in r.message for r in results)
+    assert "not started again" in results[-1].message
+
+
 def test_the_run_page_shows_the_adapters_description(db_session, api_settings, api):  # noqa: ANN001
     from service.domain import runs
     from tests.test_db_runs import _commit_run

@@ -225,6 +225,11 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
 
 
 # ----------------------------------------------------------------------------- parent side
+# A host that cannot start twice in a row will not start for the next case either (a deterministic
+# import or load failure); the remaining cases get its reason at once instead of a start each.
+STARTS_BEFORE_GIVING_UP = 2
+
+
 class KernelHostError(RuntimeError):
     pass
 
@@ -283,6 +288,9 @@ class KernelHost:
         self.deadline = deadline
         self.environment: EnvironmentFingerprint | None = None
         self.restarts = 0
+        # Starts that failed in a row (an adapter that cannot be imported, a library that will not
+        # load): after STARTS_BEFORE_GIVING_UP the host is not started again for every case.
+        self.start_attempts, self._failed_starts, self._start_error = 0, 0, ""
         self._process: subprocess.Popen | None = None
         self._buffer = bytearray()
         self._stderr = tempfile.NamedTemporaryFile(prefix="optdrift-host-", suffix=".log", delete=False)
@@ -425,13 +433,19 @@ class KernelHost:
         """(Re)start the host process if it is not alive; the reason when it cannot start."""
         if self._alive():
             return None
+        if self._failed_starts >= STARTS_BEFORE_GIVING_UP:
+            return (f"{self._start_error} (not started again: it failed to start "
+                    f"{self._failed_starts} times in a row)")
         if self._process is not None:  # it died: a crash in the previous case
             self._kill()
             self.restarts += 1
+        self.start_attempts += 1
         try:
             self.start()
         except KernelHostError as error:
+            self._failed_starts, self._start_error = self._failed_starts + 1, str(error)
             return str(error)
+        self._failed_starts = 0
         return None
 
     def submit(self, case: CaseSpec, params_out: str | Path | None = None, *, params_only: bool = False) -> None:

@@ -22,7 +22,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from service.db.models import CANCELLED, DONE, ERROR, FAILED, RUNNING, Run, Verdict
 from service.db.session import get_sessionmaker
-from service.domain import runs, trajectories, verdict_store
+from service.domain import baselines, runs, trajectories, verdict_store
 from service.domain.queueing import CORUN_TASK_NAME, RUN_TASK_NAME, corun_queue_for
 from service.domain.storage import archive_limits
 from service.notify import hooks as notify
@@ -179,12 +179,19 @@ def execute_run(run_id: int, *, settings: Settings | None = None, worker: str | 
                     _send_again(session, settings, run_id, delay)
                     return "retrying"
             status = ERROR
+    waited_for_this = []
     with sessions() as session:
         run = session.get(Run, run_id)
         if run.status in (DONE, FAILED, ERROR) and run.worker == worker:
+            # Runs that finished before this one, their baseline (another worker was faster), have
+            # no verdict yet: they are judged now, and their co-runs are sent from here.
+            if run.status == DONE:
+                waited_for_this = [other.id for other in baselines.dependants(session=session, run=run)]
             verdict_store.evaluate_with_dependants(session=session, run=run)
             notify.run_changed(run_id, settings=settings, with_dependants=True)
     if status == DONE:
+        for dependant in waited_for_this:
+            _send_corun(dependant)
         _send_corun(run_id)
         from worker.speed import record as kernel_speed  # the kernels' own speed, after the verdict
 
@@ -278,8 +285,6 @@ def _refusal(run: Run, settings: Settings) -> str | None:
 def _baseline_digests(session, run: Run) -> dict[str, list[str]]:  # noqa: ANN001
     """case id -> digests of the run's baseline, if it has finished: the cases that differ from it
     are repeated before the run ends (worker/pipeline.py)."""
-    from service.domain import baselines
-
     choice = baselines.choose(session=session, run=run)
     if choice.run is None or choice.pending or choice.run.status != DONE:
         return {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.db.models import DONE, FAILED, Run, Verdict
@@ -60,13 +61,25 @@ def evaluate(*, session: Session, run: Run) -> Verdict | None:
 
 
 def evaluate_with_dependants(*, session: Session, run: Run) -> Verdict | None:
-    """The run's own verdict, then those of runs that were waiting for it as their baseline."""
-    verdict = evaluate(session=session, run=run)
-    if run.status == DONE:
-        for other in baselines.dependants(session=session, run=run):
-            evaluate(session=session, run=other)
-    session.commit()
-    return verdict
+    """The run's own verdict, then those of runs that were waiting for it as their baseline.
+
+    With several workers a run and its baseline can finish at the same moment, and both workers
+    then judge the child: one insert wins (one verdict per run), the other meets the unique key.
+    It starts again, finds the stored verdict and keeps it (the same stored results give the same
+    comparison)."""
+    for attempt in (1, 2):
+        try:
+            verdict = evaluate(session=session, run=run)
+            if run.status == DONE:
+                for other in baselines.dependants(session=session, run=run):
+                    evaluate(session=session, run=other)
+            session.commit()
+            return verdict
+        except IntegrityError:
+            session.rollback()
+            if attempt == 2:
+                raise
+    return None  # not reached
 
 
 def acknowledge(*, session: Session, run: Run, note: str, by: str | None) -> Verdict:

@@ -98,7 +98,7 @@ def main() -> int:
         results.append(result)
         print(json.dumps(result), flush=True)
     first = results[0]["drain_s"]
-    print(f"\n| configuration | commits | drain s | vs first | verdicts | attempts | runs per worker |")
+    print("\n| configuration | commits | drain s | vs first | verdicts | attempts | runs per worker |")
     print("|---|---:|---:|---:|---|---|---|")
     for r in results:
         print(f"| {r['config']} | {r['commits']} | {r['drain_s']:.2f} | {r['drain_s'] / first:.2f} | "

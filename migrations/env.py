@@ -4,7 +4,6 @@ SQLite file) unless the caller put one in the config (service.db.migrate does, f
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import pool
 
 from service.db import models  # noqa: F401  (registers every table on Base.metadata)
 from service.db import token_models  # noqa: F401

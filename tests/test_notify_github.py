@@ -4,6 +4,8 @@ included. Real server on a port, real githubkit client, real database rows."""
 
 from __future__ import annotations
 
+import os
+
 import time
 
 import httpx
@@ -24,8 +26,10 @@ SHA = "a1" * 20
 # Short backoff so the retry tests take seconds; the rate-limit waits are GitHub's own numbers.
 FAST_RETRY = NotifyRetry(attempts=3, backoff_s=0.05, max_wait_s=5.0)
 
+# Skipped only off CI, where npm may be missing; in CI (.ci/run installs the description) a missing
+# file fails these tests rather than hiding them.
 pytestmark = pytest.mark.skipif(
-    not github_standin.SPEC_PATH.exists(),
+    not github_standin.SPEC_PATH.exists() and not os.environ.get("CI"),
     reason=f"GitHub's OpenAPI description is not installed at {github_standin.SPEC_PATH} "
            "(.ci/run installs it: npm install --prefix .optdrift/npm @octokit/openapi@23.0.2)")
 

@@ -51,6 +51,7 @@ import logging
 import os
 import select
 import shutil
+import stat
 import signal
 import subprocess
 import sys
@@ -263,6 +264,22 @@ def checked_result(answer: dict, case: CaseSpec) -> CaseResult:
         raise HostProtocolError(f"the kernel host answered for case {result.case.case_id!r}, "
                                 f"not the one asked for ({case.case_id!r})")
     return result
+
+
+def take_params_file(written: Path, destination: Path) -> str | None:
+    """Move the parameters the host wrote in its scratch to `destination`; the reason when the file
+    must not be read. The host runs submitted code: a link planted there would point the worker's
+    own reads (the co-run's diffs, attribution) at a file outside the box, so only a plain file
+    with one name is taken."""
+    try:
+        info = written.lstat()
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        return ("the kernel host left its parameter file as a link or a special file; "
+                "not read (submitted code may only write plain files in its scratch)")
+    shutil.move(written, destination)
+    return None
 
 
 class KernelHost:
@@ -503,9 +520,11 @@ class KernelHost:
                               duration_s=time.monotonic() - started)
         if answer.get("restart"):
             self._kill()
-        written = self._scratch.path / "params.f32"
-        if self._pending_params_out is not None and written.is_file():
-            shutil.move(written, self._pending_params_out)
+        if self._pending_params_out is not None:
+            refused = take_params_file(self._scratch.path / "params.f32", self._pending_params_out)
+            if refused:
+                return CaseResult(case=case, status="broken", message=refused,
+                                  duration_s=time.monotonic() - started)
         return result
 
     def run(self, case: CaseSpec, params_out: str | Path | None = None) -> CaseResult:

@@ -54,6 +54,19 @@ def kernels_build(csrc_under_test: Path, build_cache_dir: Path):
 
 
 @pytest.fixture(scope="session")
+def decay_build(tmp_path_factory, csrc_under_test: Path, build_cache_dir: Path):
+    """The kernels with weight decay applied after the update (the PR-2040 reorder), built once;
+    the same digest as the other tests' copies, so a cache hit after any of them builds it."""
+    from worker.build import build_extension
+    from worker.mutations import copy_tree, decay_after_update
+
+    tree = decay_after_update(copy_tree(csrc_under_test, tmp_path_factory.mktemp("decay") / "csrc"))
+    result = build_extension(tree, cache_dir=build_cache_dir, cuda_archs=[])
+    assert result.ok, result.error
+    return result
+
+
+@pytest.fixture(scope="session")
 def kernels(kernels_build):
     """The kernel build loaded into this test process (one build per process)."""
     from worker.engine import kernel_ops

@@ -18,25 +18,14 @@ import pytest
 import torch
 
 from worker.battery import load_battery
-from worker.build import build_extension
 from worker.engine import params_file
 from worker.engine.corun import corun_battery, plan_chunks
 from worker.engine.host import FAULT_ENV
 from worker.engine.kernels_only import run_kernels_only
 from worker.engine.trajectory import run_params
-from worker.mutations import copy_tree, decay_after_update
 from tests.test_fast_engine import GROUPED
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-@pytest.fixture(scope="module")
-def decay_build(tmp_path_factory, csrc_under_test, build_cache_dir):
-    # The same digest as tests/test_engine_check.py's copy: a cache hit after either builds it.
-    tree = decay_after_update(copy_tree(csrc_under_test, tmp_path_factory.mktemp("decay") / "csrc"))
-    result = build_extension(tree, cache_dir=build_cache_dir, cuda_archs=[])
-    assert result.ok, result.error
-    return result
 
 
 def _cases(count: int):

@@ -19,23 +19,13 @@ from service.results import CaseResult, EnvironmentFingerprint, Trajectory
 from service.domain.project_config import load_project_config
 from worker import pipeline
 from worker.battery import load_battery
-from worker.build import build_extension
 from worker.engine import reference_cache
 from worker.engine.reference_cache import ReferenceCache, environment_key, series_key
 from worker.engine.fast import run_cases_fast
 from worker.engine.kernels_only import run_cases_known
-from worker.mutations import copy_tree, decay_after_update
 from tests.test_fast_engine import GROUPED
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-@pytest.fixture(scope="module")
-def decay_build(tmp_path_factory, csrc_under_test, build_cache_dir):
-    tree = decay_after_update(copy_tree(csrc_under_test, tmp_path_factory.mktemp("decay") / "csrc"))
-    result = build_extension(tree, cache_dir=build_cache_dir, cuda_archs=[])
-    assert result.ok, result.error
-    return result
 
 
 def _job(csrc_under_test):

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Issue 18 on the H200: where the warm-reference standard battery's time goes
+# (bench/warm_battery_profile.py: phases through the kernel host, the host's half in-process, the
+# protocol alone, and cProfile's heaviest functions). Here first: bash bench/gpu/fetch_wheels.sh and
+# bash bench/gpu/h200_builds.sh --fetch (ccache). Through the device tool:
+#   run(command="bash bench/gpu/h200_warm_profile.sh", carry=[".whl", ".tools"], timeout_s=600)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 OPTDRIFT_CUDA_ARCHS=9.0 MAX_JOBS=16
+source bench/gpu/carried_wheels.sh
+install_carried_wheels || exit 1
+[ -x .tools/ccache/bin/ccache ] && export OPTDRIFT_CCACHE=$PWD/.tools/ccache/bin/ccache
+if ls .tools/bubblewrap_*.deb >/dev/null 2>&1; then
+  mkdir -p /tmp/bwrap-root && dpkg -x .tools/bubblewrap_*.deb /tmp/bwrap-root && export OPTDRIFT_BWRAP=/tmp/bwrap-root/usr/bin/bwrap
+fi
+python3 bench/warm_battery_profile.py --battery "${BATTERY:-standard}" --device cuda --top "${TOP:-30}" \
+  --json-out "$OUT/warm_profile.json" 2>&1 | tee "$OUT/warm_profile.txt"

@@ -1,0 +1,134 @@
+"""Where a warm-reference battery's time goes (issue 18: the standard battery with warm references).
+
+    python bench/warm_battery_profile.py [--battery standard] [--device auto] [--top 25]
+
+Builds the bundled kernels, fills an empty reference cache with one run, then times the warm run
+three ways, each printed as a table of phases and, with --top, the heaviest functions (cProfile):
+
+1. through the kernel host, as the pipeline runs it (worker.engine.reference_cache.run_many):
+   the cache lookup, the host's answers arriving, the parent's checks and the store;
+2. the host's half in this process (worker.engine.kernels_only.run_cases_known on the loaded
+   build, no sandbox, no protocol): what the kernels-only pass itself costs;
+3. the protocol alone: the host's answers for the whole battery encoded and parsed as the
+   parent parses them (worker.engine.host.parse_answer / checked_result).
+
+Nothing here changes a result: it reads the same code paths the worker runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from worker.battery import load_battery  # noqa: E402
+from worker.build import build_extension  # noqa: E402
+from worker.engine import reference_cache  # noqa: E402
+from worker.engine.host import KernelHost, checked_result, parse_answer  # noqa: E402
+
+
+def top(profile: cProfile.Profile, count: int) -> str:
+    if count <= 0:
+        return ""
+    out = io.StringIO()
+    pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(count)
+    return "\n".join(line for line in out.getvalue().splitlines() if line.strip())[-6000:]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--battery", default="standard")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--json-out", type=Path)
+    args = parser.parse_args()
+    import torch
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    cases = load_battery(args.battery).expand()
+    build = build_extension(Path(__file__).resolve().parents[1] / "csrc", cuda_archs=[] if device == "cpu" else None)
+    if not build.ok:
+        raise SystemExit(f"the bundled kernels do not build: {build.error}")
+    figures: dict[str, float] = {"cases": len(cases)}
+    print(f"{args.battery}: {len(cases)} cases on {device}", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="optdrift-warm-profile-") as folder:
+        cache = reference_cache.ReferenceCache(Path(folder), writable=True)
+        with KernelHost(build.library_path, device=device, case_timeout_s=600) as host:
+            started = time.perf_counter()
+            host.start()
+            figures["host_start_s"] = time.perf_counter() - started
+            started = time.perf_counter()
+            reference_cache.run_many(host, cases, cache)
+            figures["cold_fill_s"] = time.perf_counter() - started
+            # 1. the pipeline's way, timed by phase
+            environment = host.environment
+            started = time.perf_counter()
+            held = cache.lookup(environment, cases)
+            figures["lookup_s"] = time.perf_counter() - started
+            arrivals: list[float] = []
+            profile = cProfile.Profile()
+            started = time.perf_counter()
+            profile.enable()
+            results = reference_cache.run_many(host, cases, cache,
+                                               on_result=lambda i, r: arrivals.append(time.perf_counter()))
+            profile.disable()
+            figures["warm_run_many_s"] = time.perf_counter() - started
+            figures["warm_first_answer_s"] = arrivals[0] - started if arrivals else float("nan")
+            figures["warm_last_answer_s"] = arrivals[-1] - started if arrivals else float("nan")
+            started = time.perf_counter()
+            cache.store(environment, [], [(r.case, reference_cache.series_key(r.trajectory.digests))
+                                          for r in results if r.trajectory])
+            figures["store_reused_s"] = time.perf_counter() - started
+            print(top(profile, args.top), flush=True)
+
+        # 2. the host's half in this process
+        from worker.adapters import get_adapter
+        from worker.engine.environment import resolve_device
+        from worker.engine.kernels_only import run_cases_known
+
+        adapter = get_adapter("bundled")
+        adapter.load(build.library_path)
+        families = adapter.families()
+        known = {index: set(series) for index, series in held.items()}
+        torch_device = resolve_device(device)
+        for attempt in range(2):  # the first pays one-time work (graph capture, allocator): reported apart
+            profile = cProfile.Profile()
+            started = time.perf_counter()
+            profile.enable()
+            answers = run_cases_known(cases, torch_device, known, families=families)
+            if torch_device.type == "cuda":
+                torch.cuda.synchronize(torch_device)
+            profile.disable()
+            figures[f"in_process_known_{attempt + 1}_s"] = time.perf_counter() - started
+        print(top(profile, args.top), flush=True)
+
+        # 3. the protocol alone
+        started = time.perf_counter()
+        lines = [json.dumps({"index": i, "result": r.model_dump(mode="json")}).encode() + b"\n"
+                 for i, r in enumerate(answers)]
+        figures["protocol_encode_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        for case, line in zip(cases, lines):
+            checked_result(parse_answer(line), case)
+        figures["protocol_parse_s"] = time.perf_counter() - started
+        figures["protocol_bytes"] = sum(len(line) for line in lines)
+
+    width = max(len(k) for k in figures)
+    print("\n".join(f"{k:<{width}}  {v:10.3f}" if isinstance(v, float) else f"{k:<{width}}  {v:>10}"
+                    for k, v in figures.items()), flush=True)
+    if args.json_out:
+        args.json_out.write_text(json.dumps(figures, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

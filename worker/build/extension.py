@@ -247,7 +247,9 @@ def _compile(
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             cwd=staging if sandbox.available() else Path(__file__).resolve().parents[2],
             limits=sandbox.BUILD_LIMITS, guard_group=True, writable=[staging] + ([ccache_dir] if ccache and trusted else []),
-            readable=[ccache_dir] if ccache and not trusted else [],
+            # The ccache executable's own folder too: an operator's OPTDRIFT_CCACHE may live outside
+            # the system folders the box shows (e.g. a ccache unpacked under the worker's home).
+            readable=([ccache_dir] if ccache and not trusted else []) + ([Path(ccache).resolve().parent] if ccache else []),
         )
         try:
             returncode = child.wait(timeout=timeout_s)

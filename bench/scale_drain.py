@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sqlite3
 import sys
 import tempfile
@@ -24,13 +25,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_latency import REPO_ROOT, child_environment, free_port, start, stop, wait_ready  # noqa: E402
+from e2e_latency import (  # noqa: E402
+    REPO_ROOT, Interrupted, _interrupted, child_environment, free_port, kill_leftovers, start, stop, wait_ready,
+)
 
 sys.path.insert(0, str(REPO_ROOT))
 from service.client import OptdriftClient  # noqa: E402
 
 
-def _workers(config: str, env: dict[str, str], logs: Path) -> list:
+def start_workers(config: str, env: dict[str, str], logs: Path) -> list:
+    """`gpus=SPEC`: one `optdrift worker --gpus SPEC` (its supervisor starts one Celery worker per GPU);
+    `cpu=N`: N `optdrift worker --name wI` processes. Each in its own process group (e2e_latency.start)."""
     kind, _, value = config.partition("=")
     command = [sys.executable, "-m", "service.cli", "worker"]
     if kind == "gpus":
@@ -50,10 +55,10 @@ def drain(config: str, *, battery: str, commits: int, build_cache: Path, logs: P
     logs.mkdir(parents=True, exist_ok=True)
     api = start([sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--no-worker"],
                 env=env, log_path=logs / "api.log")
-    workers = []
+    workers, interrupted = [], False
     try:
         wait_ready(url, api, logs / "api.log", 120)
-        workers = _workers(config, env, logs)
+        workers = start_workers(config, env, logs)
         client = OptdriftClient(url, token=(home / "admin-token").read_text().strip())
         client.ensure_project("drain")
         tree = REPO_ROOT / "csrc"
@@ -69,9 +74,17 @@ def drain(config: str, *, battery: str, commits: int, build_cache: Path, logs: P
         done = client.wait(ids, timeout_s=1800, poll_s=0.2)
         drained = time.monotonic() - started
         client.close()
+    except (Interrupted, KeyboardInterrupt):
+        interrupted = True
+        raise
     finally:
+        # Cut short (the device script's `timeout`): a short warm shutdown, so that the next part
+        # of the call gets the GPUs, and the base's build if it was still compiling (the sandbox
+        # gives it its own session; it works in the build cache).
         for process in [*workers, api]:
-            stop(process, 30)
+            stop(process, 5 if interrupted else 30)
+        if interrupted:
+            kill_leftovers(build_cache)
     with sqlite3.connect(home / "optdrift.db") as db:
         rows = db.execute(f"SELECT id, attempt, worker FROM runs WHERE id IN ({','.join(map(str, ids))})").fetchall()
     per_worker: dict[str, int] = {}
@@ -91,10 +104,17 @@ def main() -> int:
     parser.add_argument("--logs", type=Path, default=Path("drain-logs"))
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
+    # `timeout` sends SIGTERM: stop this configuration's service and workers (their own sessions
+    # would outlive us) and keep the lines already printed.
+    signal.signal(signal.SIGTERM, _interrupted)
     results = []
     for index, config in enumerate(args.config):
-        result = drain(config, battery=args.battery, commits=args.commits, build_cache=args.build_cache,
-                       logs=args.logs / f"{index}-{config.replace('=', '-')}")
+        try:
+            result = drain(config, battery=args.battery, commits=args.commits, build_cache=args.build_cache,
+                           logs=args.logs / f"{index}-{config.replace('=', '-')}")
+        except (Interrupted, KeyboardInterrupt):
+            print(json.dumps({"config": config, "commits": args.commits, "cut_short": True}), flush=True)
+            return 2
         results.append(result)
         print(json.dumps(result), flush=True)
     first = results[0]["drain_s"]

@@ -37,6 +37,9 @@ def sensitivity(
     json_out: Annotated[Optional[Path], typer.Option(
         help="write the report as JSON after every mutant; an existing report of the same battery resumes")] = None,
     output: Annotated[str, typer.Option("--format", help="text (tables) or json (the report on stdout)")] = "text",
+    build_jobs: Annotated[int, typer.Option(
+        min=0, help="mutant builds made ahead of (and while) the mutant being judged runs its battery; "
+                    "0: each built when judged. Same builds either way; more jobs pay on more cores")] = 1,
 ) -> None:
     """Apply each catalogued mutant, build it, run the battery against the unmutated build, and print
     the detection matrix, the catch rate per class, the false positives and the escaped mutants."""
@@ -59,7 +62,7 @@ def sensitivity(
     run = SensitivityRun(battery=battery, device=device, catalogue=catalogue or DEFAULT_CATALOGUE,
                          only=only or None, source=source or BUNDLED_CSRC,
                          fallback_battery=None if fallback_battery == "none" else fallback_battery,
-                         checkpoint=json_out, progress=lambda line: console.print(line, markup=False, highlight=False))
+                         checkpoint=json_out, build_jobs=build_jobs, progress=lambda line: console.print(line, markup=False, highlight=False))
     try:
         report = run.run()
     except (CatalogueError, BatteryError, FileNotFoundError) as problem:

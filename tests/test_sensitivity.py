@@ -1,56 +1,22 @@
-"""`optdrift sensitivity` for real: mutants built through the digest cache and ccache, the battery
-through the production pipeline, on the CPU.
-
-The mutants are chosen so each rebuild recompiles one translation unit (a cpu/ file or ops.cpp):
-two defects the ci battery must catch, one refactor it must not flag, and one CUDA-only defect
-that is not applicable here. Builds share the session's build cache (tests/conftest.py)."""
+"""`optdrift sensitivity` for real on one mutant (the cheapest-case search, resuming from the
+report), the exit codes, and the build-ahead pool. The whole catalogue on the ci battery, through
+the CLI, is tests/test_sensitivity_ci_catalogue.py. Builds share the session's build cache
+(tests/conftest.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from worker.battery import BatterySpec
+from worker.sensitivity.build_ahead import BuildAhead
+from worker.sensitivity.catalogue import CatalogueError, Mutant
 from worker.sensitivity.engine import SensitivityRun
 from worker.sensitivity.report import exit_code
 from worker.sensitivity.results import MutantOutcome, SensitivityReport
-
-REPO = Path(__file__).resolve().parents[1]
-CAUGHT = ["writeback/adam_states_swapped_cpu", "tail/cpu_8bit_partial_block_dropped"]
-REFACTOR = "refactor/comment_ops"
-CUDA_ONLY = "quant8/cuda_half_warps"
-
-
-def test_sensitivity_cli_on_the_ci_battery_shows_the_catches_and_no_false_positive(build_cache_dir):
-    only = [arg for mutant_id in [*CAUGHT, REFACTOR, CUDA_ONLY] for arg in ("--only", mutant_id)]
-    done = subprocess.run(
-        [sys.executable, "-m", "service.cli", "sensitivity", "--battery", "ci", "--device", "cpu", *only,
-         "--fallback-battery", "none", "--format", "json"],
-        cwd=REPO, capture_output=True, text=True, timeout=900,
-        env={**os.environ, "OPTDRIFT_BUILD_CACHE": str(build_cache_dir), "COLUMNS": "200"})
-    assert done.returncode == 0, done.stderr[-4000:]
-    report = SensitivityReport.model_validate_json(done.stdout)
-    status = {m.id: m for m in report.mutants}
-    assert report.battery == "ci"
-    for mutant_id in CAUGHT:
-        caught = status[mutant_id]
-        assert caught.status == "caught" and caught.catches, mutant_id
-        assert sum(caught.group_catches) >= len(caught.catches)  # every catching case sits in a group
-    # Adam's states swapped: only Adam 32-bit cases can see it (the 8-bit kernels pass their own states).
-    swapped = status["writeback/adam_states_swapped_cpu"]
-    assert all(c.case_id.startswith("adam.32bit.") and c.first_divergent_step for c in swapped.catches)
-    assert status[REFACTOR].status == "clean" and not status[REFACTOR].catches
-    assert status[CUDA_ONLY].status == "not_applicable"
-    # The tables went to stderr, with the progress lines.
-    for text in ("detection matrix", "catch rate per class", "false positives (refactors flagged): none",
-                 "quant8/cuda_half_warps: not applicable"):
-        assert text in done.stderr, text
-
 
 def _battery_file(tmp_path: Path, name: str, groups: list[dict]) -> str:
     path = tmp_path / f"{name}.json"
@@ -103,3 +69,52 @@ def test_exit_code_and_catch_rates(statuses, code):
     caught = sum(m.status == "caught" for m in mutants)
     judged = sum(m.kind == "defect" and m.status in ("caught", "escaped") for m in mutants)
     assert report.catch_rate() == (caught, judged)  # not-applicable and unbuilt mutants are not judged
+
+
+def _mutants(count: int) -> list[Mutant]:
+    return [Mutant(id=f"c/m{i}", kind="defect", expect="x", patch_path=Path(f"/nonexistent/m{i}.patch"))
+            for i in range(count)]
+
+
+def test_build_ahead_keeps_jobs_builds_running_ahead_of_the_judged_mutant():
+    """With jobs=2, the first two builds run at the same time (a barrier both must reach), and taking
+    mutant k has started no build past k+2: the look-ahead is bounded, the order kept."""
+    mutants = _mutants(6)
+    both_running = threading.Barrier(2, timeout=10)
+    started: list[str] = []
+
+    def build(mutant: Mutant) -> str:
+        started.append(mutant.id)
+        if mutant.id in ("c/m0", "c/m1"):
+            both_running.wait()  # BrokenBarrierError (a failed take) unless m0 and m1 build together
+        return f"built {mutant.id}"
+
+    with BuildAhead(build, mutants, jobs=2) as builds:
+        builds.start()
+        for index, mutant in enumerate(mutants):
+            assert builds.take(mutant) == f"built {mutant.id}"
+            assert set(started) <= {m.id for m in mutants[:index + 3]}
+    assert started[:2] in (["c/m0", "c/m1"], ["c/m1", "c/m0"]) and sorted(started) == [m.id for m in mutants]
+
+
+def test_build_ahead_with_no_jobs_builds_each_mutant_when_taken_and_passes_errors_on():
+    mutants = _mutants(3)
+    started: list[str] = []
+
+    def build(mutant: Mutant) -> str:
+        started.append(mutant.id)
+        if mutant.id == "c/m2":
+            raise CatalogueError("c/m2 does not apply")
+        return mutant.id
+
+    with BuildAhead(build, mutants, jobs=0) as builds:
+        builds.start()
+        assert started == []
+        assert builds.take(mutants[1]) == "c/m1" and started == ["c/m1"]
+        with pytest.raises(CatalogueError, match="does not apply"):
+            builds.take(mutants[2])
+    with BuildAhead(build, mutants, jobs=1) as builds:  # from a build thread, the same error
+        builds.start()
+        builds.take(mutants[0]), builds.take(mutants[1])
+        with pytest.raises(CatalogueError, match="does not apply"):
+            builds.take(mutants[2])

@@ -1,26 +1,49 @@
 #!/usr/bin/env bash
-# Issue 17 on the H200: `optdrift sensitivity --device cuda` over the catalogue's mutants of the CUDA
-# sources (csrc/cuda/: the defects that cannot run on a CPU, and the CUDA refactors), against the
-# `ci` battery by default. Each mutant recompiles one CUDA translation unit through ccache (the CPU
-# units and the other .cu files are hits); about 14 builds of ~20-40 s with MAX_JOBS=16.
+# Issue 17 on the H200: `optdrift sensitivity --device cuda` over the catalogue's mutants that reach
+# the CUDA build, against a battery (default `ci`). Each mutant recompiles, through ccache, only the
+# translation units its patch reaches; BUILD_JOBS mutants build at once while the current one runs
+# its battery (`--build-jobs`, worker/sensitivity/build_ahead.py), each build with MAX_JOBS compiles.
 #
-# On the H200, through the device tool (the wheels the image lacks travel in .whl, as for
-# h200_check_quick.sh):
-#     run(command="bash bench/gpu/sensitivity_cuda.sh", carry=[".whl"], timeout_s=600)
-# With a carried ccache (`bash bench/gpu/h200_builds.sh --fetch` here first, then
-# carry=[".whl", ".tools"]) each mutant recompiles only its own unit; without one, where the image
-# has no ccache, every mutant is a whole CUDA build and BUDGET_S ends the run after a few.
+# HERE first, once: `bash bench/gpu/h200_builds.sh --fetch` (a ccache binary and the wheels
+# worker.build needs, into the git-excluded .tools/).
+#
+# The CUDA mutants on the ci battery (14 mutants of csrc/cuda/, one call; 469 s with one build at a
+# time on 2026-12-01, docs/ENGINE.md):
+#     run(command="bash bench/gpu/sensitivity_cuda.sh", carry=[".whl", ".tools"], timeout_s=600)
+#
+# EVERY mutant reaching the CUDA build (72: 58 of the shared headers, 14 of csrc/cuda/) on the
+# standard battery, in as few 600 s calls as it takes (expected 2, maybe 3: ~25-30 s per build, 4 at
+# once on the 16 cores, ~6-9 s per mutant for the battery with its host start and repeats, the
+# battery being the bottleneck once builds overlap; not measured yet). Call 1:
+#     run(command="BATTERY=standard MUTANTS=all bash bench/gpu/sensitivity_cuda.sh",
+#         carry=[".whl", ".tools"], timeout_s=600, kind="nvidia-h200")
+# It ends by itself before the call's limit (BUDGET_S) and leaves the report judged so far in
+# $OUT/sensitivity_cuda_standard.json. Then, while the log's last line says "exit code: 124" (out of
+# time, mutants left), copy that report into the git-excluded .device/ and call again with it:
+#     mkdir -p .device && cp <files_at>/sensitivity_cuda_standard.json .device/
+#     run(command="BATTERY=standard MUTANTS=all RESUME=.device/sensitivity_cuda_standard.json bash bench/gpu/sensitivity_cuda.sh",
+#         carry=[".whl", ".tools", ".device/sensitivity_cuda_standard.json"], timeout_s=600, kind="nvidia-h200")
+# Each call judges only the mutants the report lacks (same battery digest, same patches) and writes
+# the whole report, old and new, to $OUT again; the unmutated build's battery runs once per call.
+# "exit code: 0" (every defect caught, no refactor flagged) or 1 ends it; the log
+# sensitivity_cuda_standard.txt has the tables of the whole report.
+#
 # Options (environment): BATTERY=ci|quick|standard|<file>; MUTANTS=cuda (default: the mutants of
-# csrc/cuda/) or all (every mutant that reaches the CUDA build: ~70 builds, needs several calls, which
-# resume from $OUT/... only within one warm machine); BUDGET_S (default 500) stops the run in time to
-# write what it has: the JSON report is rewritten after every mutant.
+# csrc/cuda/) or all; RESUME=<a report of an earlier call>; BUILD_JOBS (default 4: builds at once
+# ahead of the battery); MAX_JOBS (default 8: compiles per build; 4 x 8 on 16 cores, since nvcc
+# spends part of each compile in single-threaded host passes); BUDGET_S (default 560: the whole
+# script's time, setup included; the run stops GRACE_S (default 60) before it so that the builds in
+# flight finish and the call ends well inside 600 s). The JSON report is rewritten after every mutant.
 # Writes under $OUT: sensitivity_cuda_<battery>.txt (progress and the tables) and .json (the report).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 BATTERY=${BATTERY:-ci}
 MUTANTS=${MUTANTS:-cuda}
-export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} OPTDRIFT_CUDA_ARCHS=${OPTDRIFT_CUDA_ARCHS:-9.0}
+BUILD_JOBS=${BUILD_JOBS:-4}
+BUDGET_S=${BUDGET_S:-560}
+GRACE_S=${GRACE_S:-60}
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-8} OPTDRIFT_CUDA_ARCHS=${OPTDRIFT_CUDA_ARCHS:-9.0}
 export OPTDRIFT_BUILD_CACHE=${OPTDRIFT_BUILD_CACHE:-/tmp/optdrift-sensitivity-builds}
 TAG=$(basename "$BATTERY" .json)
 LOG="$OUT/sensitivity_cuda_$TAG.txt"
@@ -48,8 +71,19 @@ print(" ".join(f"--only {mutant_id}" for mutant_id in chosen))
 EOF
 ) || fail "reading the catalogue failed"
 echo "mutants: $ONLY" | tee -a "$LOG"
+REPORT="$OUT/sensitivity_cuda_$TAG.json"
+if [ -n "${RESUME:-}" ]; then
+  [ -f "$RESUME" ] || fail "RESUME=$RESUME is not a file here: carry it (see the header)"
+  cp "$RESUME" "$REPORT"  # --json-out resumes from the report it is given
+  echo "resuming from $RESUME" | tee -a "$LOG"
+fi
+LEFT=$(( BUDGET_S - SECONDS - GRACE_S ))
+[ "$LEFT" -gt 30 ] || fail "no time left for the run after the setup ($SECONDS s of BUDGET_S=$BUDGET_S)"
+echo "build jobs: $BUILD_JOBS x MAX_JOBS=$MAX_JOBS; run budget: $LEFT s" | tee -a "$LOG"
 
+# SIGINT at the budget: the run stops between mutants' work, waits for its builds in flight and has
+# written the report of every judged mutant; SIGKILL GRACE_S later if it has not ended.
 # shellcheck disable=SC2086  # $ONLY is a list of options
-timeout --signal=INT "${BUDGET_S:-500}" python3 -m service.cli sensitivity --device cuda --battery "$BATTERY" $ONLY \
-  --fallback-battery none --json-out "$OUT/sensitivity_cuda_$TAG.json" 2>&1 | tee -a "$LOG"
-echo "exit code: ${PIPESTATUS[0]} (0: every defect caught and no refactor flagged; 1: an escape or a false positive; 124: out of time)" | tee -a "$LOG"
+timeout --signal=INT --kill-after="$GRACE_S" "$LEFT" python3 -m service.cli sensitivity --device cuda --battery "$BATTERY" $ONLY \
+  --build-jobs "$BUILD_JOBS" --fallback-battery none --json-out "$REPORT" 2>&1 | tee -a "$LOG"
+echo "exit code: ${PIPESTATUS[0]} (0: every defect caught and no refactor flagged; 1: an escape or a false positive; 124: out of time, call again with RESUME)" | tee -a "$LOG"

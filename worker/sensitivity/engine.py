@@ -9,6 +9,10 @@ case reads changed, broken or nondeterministic; a refactor is a false positive w
 For a defect the battery misses, the cheapest case of a larger battery that catches it (fewest
 elements x steps) is searched in rounds of growing cost, stopping at the first round that
 catches, so the search costs little when a small case would have done.
+
+Mutants are built ahead of the one being judged (`build_jobs` builds at once,
+worker.sensitivity.build_ahead), so compiles overlap the batteries; the builds themselves are the
+ones a sequential run makes, and mutants are judged and reported in the same order.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from pathlib import Path
 
 from service.results import CaseSpec, RunResult
 from worker import pipeline
+from worker.build import BuildResult
 from worker.battery import BatterySpec, load_battery
+from worker.sensitivity.build_ahead import BuildAhead
 from worker.sensitivity.catalogue import DEFAULT_CATALOGUE, Mutant, load_catalogue, mutant_tree, select
 from worker.sensitivity.results import (
     CATCHING_VERDICTS, CaseCatch, CheapestCatch, MutantOutcome, SensitivityReport,
@@ -30,6 +36,12 @@ from worker.sensitivity.results import (
 
 BUNDLED_CSRC = Path(__file__).resolve().parents[2] / "csrc"
 Progress = Callable[[str], None]
+
+
+@dataclass
+class MutantBuild:
+    job: pipeline.Job  # the mutant's job: its patched tree, the run's battery and cases
+    built: BuildResult
 
 
 def case_cost(case: CaseSpec) -> int:
@@ -69,6 +81,7 @@ class SensitivityRun:
     case_timeout_s: float = 300.0
     progress: Progress = print
     checkpoint: Path | None = None  # the report so far, rewritten after each mutant; resumed from
+    build_jobs: int = 1  # mutant builds running ahead of the one judged (0: each built when judged)
     _baseline_digests: dict[str, list[str]] = field(default_factory=dict)
 
     def policy(self) -> pipeline.Policy:
@@ -90,13 +103,17 @@ class SensitivityRun:
             baseline = None  # built and run once, only if a mutant still needs judging
             membership = case_groups(job.battery)
             # Classes interleaved, so an interrupted run has judged some of every class.
-            for number, mutant in enumerate(_interleaved(mutants), 1):
-                if mutant.id not in done:
-                    if self._applicable(mutant):
-                        baseline = baseline or self._baseline(job, policy)
-                    done[mutant.id] = self._one(mutant, job, baseline, policy, membership, work_dir)
-                    self._report(job, mutants, done, started, write=True)
-                self.progress(f"[{number}/{len(mutants)}] {mutant.id}: {_describe(done[mutant.id])}")
+            order = _interleaved(mutants)
+            to_build = [m for m in order if m.id not in done and self._applicable(m)]
+            with BuildAhead(lambda m: self._build_mutant(m, job, policy, work_dir), to_build,
+                            self.build_jobs) as builds:
+                for number, mutant in enumerate(order, 1):
+                    if mutant.id not in done:
+                        if self._applicable(mutant) and baseline is None:
+                            baseline = self._baseline(job, policy, builds)
+                        done[mutant.id] = self._one(mutant, job, baseline, policy, membership, builds)
+                        self._report(job, mutants, done, started, write=True)
+                    self.progress(f"[{number}/{len(mutants)}] {mutant.id}: {_describe(done[mutant.id])}")
         return self._report(job, mutants, done, started, write=True)
 
     def _report(self, job: pipeline.Job, mutants: list[Mutant], done: dict[str, MutantOutcome], started: float,
@@ -123,11 +140,14 @@ class SensitivityRun:
         return {o.id: o for o in previous.mutants
                 if o.id in current and o.kind == current[o.id].kind and o.patch_sha256 == current[o.id].patch_sha256}
 
-    def _baseline(self, job: pipeline.Job, policy: pipeline.Policy) -> tuple:
-        """The unmutated tree's build and battery run (and its digests for the repeats)."""
+    def _baseline(self, job: pipeline.Job, policy: pipeline.Policy, builds: BuildAhead) -> tuple:
+        """The unmutated tree's build and battery run (and its digests for the repeats). The mutant
+        builds start once the unmutated one is in the compiler cache (each then recompiles only
+        what its patch reaches) and overlap the unmutated battery."""
         base_build = pipeline.build(job, policy)
         if not base_build.ok:
             raise RuntimeError(f"the unmutated tree {self.source} does not build:\n{base_build.error}")
+        builds.start()
         self.progress(f"baseline {self.source}: built ({'cached' if base_build.cached else f'{base_build.duration_s:.1f} s'}); "
                       f"battery {job.battery.name} v{job.battery.version}, {len(job.cases)} cases")
         base_run = self._run(job, base_build, policy, job.cases)
@@ -145,8 +165,17 @@ class SensitivityRun:
     def _applicable(self, mutant: Mutant) -> bool:
         return self.device.split(":")[0] in mutant.reaches
 
+    def _build_mutant(self, mutant: Mutant, job: pipeline.Job, policy: pipeline.Policy,
+                      work_dir: Path) -> MutantBuild:
+        """The patched copy of the tree and its build (runs in a build-ahead thread: no progress
+        lines from here, so the log reads in judging order)."""
+        tree = mutant_tree(mutant, job.source_dir, work_dir / "mutants" / mutant.id.replace("/", "--"))
+        mutant_job = pipeline.Job(source_dir=tree, config=job.config, battery=job.battery,
+                                  battery_origin=job.battery_origin, cases=job.cases)
+        return MutantBuild(job=mutant_job, built=pipeline.build(mutant_job, policy))
+
     def _one(self, mutant: Mutant, job: pipeline.Job, baseline: tuple | None, policy: pipeline.Policy,
-             membership: dict[str, list[int]], work_dir: Path) -> MutantOutcome:
+             membership: dict[str, list[int]], builds: BuildAhead) -> MutantOutcome:
         outcome = MutantOutcome(id=mutant.id, kind=mutant.kind, mutant_class=mutant.mutant_class,
                                 expect=mutant.expect, reaches=sorted(mutant.reaches), status="not_applicable",
                                 patch_sha256=mutant.patch_sha256,
@@ -154,11 +183,17 @@ class SensitivityRun:
         if not self._applicable(mutant) or baseline is None:
             return outcome
         base_build, base_run = baseline
-        self.progress(f"  {mutant.id}: patching {', '.join(mutant.touched_files)}, building")
-        tree = mutant_tree(mutant, job.source_dir, work_dir / "mutant")
-        mutant_job = pipeline.Job(source_dir=tree, config=job.config, battery=job.battery,
-                                  battery_origin=job.battery_origin, cases=job.cases)
-        built = pipeline.build(mutant_job, policy)
+        self.progress(f"  {mutant.id}: patched {', '.join(mutant.touched_files)}; waiting for its build")
+        mutant_build = builds.take(mutant)
+        try:
+            return self._judge(mutant, outcome, mutant_build, job, base_build, base_run, policy, membership)
+        finally:
+            shutil.rmtree(mutant_build.job.source_dir, ignore_errors=True)
+
+    def _judge(self, mutant: Mutant, outcome: MutantOutcome, mutant_build: MutantBuild, job: pipeline.Job,
+               base_build, base_run: RunResult, policy: pipeline.Policy,  # noqa: ANN001
+               membership: dict[str, list[int]]) -> MutantOutcome:
+        mutant_job, built = mutant_build.job, mutant_build.built
         outcome.build_s, outcome.build_cached = round(built.duration_s, 1), built.cached
         if not built.ok:
             outcome.status, outcome.error = "build_failed", (built.error or "")[-2000:]
@@ -180,7 +215,6 @@ class SensitivityRun:
             outcome.status = "caught" if outcome.catches else "escaped"
         if outcome.status == "escaped" and self.fallback_battery and self.fallback_battery != job.battery.name:
             outcome.cheapest_catch = self._cheapest_catch(mutant_job, built, base_build, policy)
-        shutil.rmtree(tree, ignore_errors=True)
         return outcome
 
     def _cheapest_catch(self, mutant_job: pipeline.Job, built, base_build,  # noqa: ANN001

@@ -7,8 +7,9 @@ the base's tree under new shas submitted at once; the drain is first submit -> l
 Afterwards the runs' rows say who took each and how often (every run must be taken once).
 Kernel timing is off (OPTDRIFT_SPEED_BUDGET_S=0): it runs after verdicts and is not drain work.
 
-    # the H200 pair (bench/gpu/h200x2_scale.sh): one GPU worker, then one per GPU
-    python3 bench/scale_drain.py --battery standard --commits 6 --config gpus=0 --config gpus=all
+    # the H200 pair (bench/gpu/h200x2_scale.sh): one GPU worker, then one per GPU; at most 20
+    # commits, fewer when 20 would not fit in the 490 s given (decided after the first base)
+    python3 bench/scale_drain.py --battery standard --commits 20 --budget-s 490 --config gpus=0 --config gpus=all
     # this machine: one CPU worker, then two
     .venv/bin/python bench/scale_drain.py --battery quick --commits 4 --config cpu=1 --config cpu=2
 """
@@ -17,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sqlite3
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_latency import (  # noqa: E402
@@ -46,7 +49,32 @@ def start_workers(config: str, env: dict[str, str], logs: Path) -> list:
     raise SystemExit(f"--config {config!r}: use gpus=0|all|0,1 or cpu=N")
 
 
-def drain(config: str, *, battery: str, commits: int, build_cache: Path, logs: Path) -> dict:
+def worker_count(config: str) -> int:
+    """How many Celery workers a configuration runs (`gpus=`: as many as GPUs it selects)."""
+    kind, _, value = config.partition("=")
+    if kind == "cpu":
+        return int(value)
+    from worker.gpu_workers import list_gpus, plan_workers  # nvidia-smi only, no CUDA
+
+    return len(plan_workers(list_gpus(), value))
+
+
+def commits_that_fit(*, most: int, left_s: float, configs: list[str], per_commit_s: float,
+                     setup_s: float) -> int:
+    """The most commits (at most `most`) every configuration can drain in `left_s`: configuration i
+    drains N commits in about N * per_commit_s / workers_i, and each configuration after the first
+    costs setup_s (stop, start, its warm base). Rounded down to a multiple of the largest worker
+    count, so that every worker gets as many runs (an odd N on two workers would add half a run);
+    at least that count."""
+    counts = [worker_count(config) for config in configs]
+    per_round = per_commit_s * sum(1 / count for count in counts)
+    fit = math.floor((left_s - setup_s * (len(configs) - 1)) / per_round)
+    step = max(counts)
+    return max(step, min(most, fit) // step * step)
+
+
+def drain(config: str, *, battery: str, commits_to_drain: Callable[[], int], build_cache: Path,
+          logs: Path) -> dict:
     home = Path(tempfile.mkdtemp(prefix="optdrift-drain-"))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -64,6 +92,7 @@ def drain(config: str, *, battery: str, commits: int, build_cache: Path, logs: P
         tree = REPO_ROOT / "csrc"
         base = client.submit_commit(project="drain", sha="base", source_dir=tree, battery=battery)["runs"][0]["id"]
         warm = client.wait([base], timeout_s=900)[0]
+        commits = commits_to_drain()  # with --budget-s: decided once the first base is in
         started = time.monotonic()
         ids, parent = [], "base"
         for index in range(commits):
@@ -103,17 +132,41 @@ def main() -> int:
     parser.add_argument("--build-cache", type=Path, default=Path(tempfile.gettempdir()) / "optdrift-drain-builds")
     parser.add_argument("--logs", type=Path, default=Path("drain-logs"))
     parser.add_argument("--json-out", type=Path)
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="seconds this whole command may take: drain the most commits, at most --commits, "
+                             "that fit in what is left once the first configuration's base is in (0: --commits)")
+    parser.add_argument("--per-commit-s", type=float, default=13.0,
+                        help="with --budget-s: one worker's seconds per commit (the H200's standard battery, warm: ~12)")
+    parser.add_argument("--setup-s", type=float, default=30.0,
+                        help="with --budget-s: each later configuration's stop, start and warm base")
     args = parser.parse_args()
+    deadline = time.monotonic() + args.budget_s
+    chosen: list[int] = []
+
+    def commits_to_drain() -> int:
+        if not chosen:
+            if not args.budget_s:
+                chosen.append(args.commits)
+            else:
+                left = deadline - time.monotonic()
+                chosen.append(commits_that_fit(most=args.commits, left_s=left, configs=args.config,
+                                               per_commit_s=args.per_commit_s, setup_s=args.setup_s))
+                print(json.dumps({"plan": {"commits": chosen[0], "asked": args.commits, "left_s": round(left, 1),
+                                           "per_commit_s": args.per_commit_s, "setup_s": args.setup_s}}),
+                      flush=True)
+        return chosen[0]
+
     # `timeout` sends SIGTERM: stop this configuration's service and workers (their own sessions
     # would outlive us) and keep the lines already printed.
     signal.signal(signal.SIGTERM, _interrupted)
     results = []
     for index, config in enumerate(args.config):
         try:
-            result = drain(config, battery=args.battery, commits=args.commits, build_cache=args.build_cache,
-                           logs=args.logs / f"{index}-{config.replace('=', '-')}")
+            result = drain(config, battery=args.battery, commits_to_drain=commits_to_drain,
+                           build_cache=args.build_cache, logs=args.logs / f"{index}-{config.replace('=', '-')}")
         except (Interrupted, KeyboardInterrupt):
-            print(json.dumps({"config": config, "commits": args.commits, "cut_short": True}), flush=True)
+            print(json.dumps({"config": config, "commits": chosen[0] if chosen else None, "cut_short": True}),
+                  flush=True)
             return 2
         results.append(result)
         print(json.dumps(result), flush=True)

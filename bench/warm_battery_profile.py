@@ -9,6 +9,8 @@ three ways, each printed as a table of phases and, with --top, the heaviest func
    the cache lookup, the host's answers arriving, the parent's checks and the store;
 2. the host's half in this process (worker.engine.kernels_only.run_cases_known on the loaded
    build, no sandbox, no protocol): what the kernels-only pass itself costs;
+1b. the same, split over 2, 3, 4 kernel hosts running at once (`--split`): whether the
+   case-by-case kernel calls, which are host CPU time, spread over processes;
 3. the protocol alone: the host's answers for the whole battery encoded and parsed as the
    parent parses them (worker.engine.host.parse_answer / checked_result).
 
@@ -25,6 +27,7 @@ import pstats
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -48,6 +51,8 @@ def main() -> int:
     parser.add_argument("--battery", default="standard")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--split", type=int, nargs="*", default=[2, 3, 4],
+                        help="also run the warm battery split over this many hosts at once")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
     import torch
@@ -66,6 +71,8 @@ def main() -> int:
             started = time.perf_counter()
             host.start()
             figures["host_start_s"] = time.perf_counter() - started
+            print("host startup phases (s since its module started; spawn to ready on the parent's clock):",
+                  json.dumps(host.startup_s), flush=True)
             started = time.perf_counter()
             reference_cache.run_many(host, cases, cache)
             figures["cold_fill_s"] = time.perf_counter() - started
@@ -90,11 +97,38 @@ def main() -> int:
             figures["store_reused_s"] = time.perf_counter() - started
             print(top(profile, args.top), flush=True)
 
+        # 1b. the same warm run split over N hosts at once (cases dealt by cost, largest first)
+        for count in args.split:
+            shares: list[list] = [[] for _ in range(count)]
+            loads = [0] * count
+            for case in sorted(cases, key=lambda c: -c.size * c.steps):
+                lightest = loads.index(min(loads))
+                shares[lightest].append(case)
+                loads[lightest] += case.size * case.steps
+            hosts = [KernelHost(build.library_path, device=device, case_timeout_s=600) for _ in range(count)]
+            try:
+                started = time.perf_counter()
+                with ThreadPoolExecutor(count) as pool:
+                    list(pool.map(lambda h: h.start(), hosts))
+                figures[f"split{count}_starts_s"] = time.perf_counter() - started
+                started = time.perf_counter()
+                with ThreadPoolExecutor(count) as pool:
+                    split = list(pool.map(lambda pair: reference_cache.run_many(pair[0], pair[1], cache),
+                                          zip(hosts, shares)))
+                figures[f"split{count}_warm_s"] = time.perf_counter() - started
+                by_id = {r.case.case_id: r for share in split for r in share}
+                figures[f"split{count}_identical"] = int(all(
+                    repr(by_id[r.case.case_id].trajectory) == repr(r.trajectory) for r in results))
+            finally:
+                for host in hosts:
+                    host.close()
+
         # 2. the host's half in this process
         from worker.adapters import get_adapter
         from worker.engine.environment import resolve_device
         from worker.engine.kernels_only import run_cases_known
 
+        torch.set_num_threads(1)  # as the kernel host runs (worker/engine/host.py --threads)
         adapter = get_adapter("bundled")
         adapter.load(build.library_path)
         families = adapter.families()

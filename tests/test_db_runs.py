@@ -168,3 +168,47 @@ def test_a_baseline_corun_yields_to_queued_runs_of_its_environment(db_session, a
         corun_battery(load_battery("quick"), "/nonexistent/commit.so", "/nonexistent/baseline.so",
                       device="cpu", between_cases=yield_now)
     assert asked == [True]  # asked before the first case, so no kernel host was started
+
+
+def test_results_are_stored_in_batches_with_their_progress_and_a_lost_run_stops(db_session, api_settings,  # noqa: ANN001
+                                                                                 monkeypatch):
+    import threading
+    from types import SimpleNamespace
+
+    import pytest
+
+    from service.db.models import Run
+    from worker.tasks import RunLost, StoredResults
+
+    run = _commit_run(db_session, api_settings, "a", [])
+    assert runs.claim(session=db_session, run_id=run.id, worker="w")
+    monkeypatch.setattr(StoredResults, "BATCH", 3)
+    monkeypatch.setattr(StoredResults, "FLUSH_AFTER_S", 3600.0)  # only a full batch (or flush()) writes
+    stored = StoredResults(session=db_session, run_id=run.id, worker="w", beat=SimpleNamespace(lost=threading.Event()))
+    digests = [f"{i:032x}" for i in range(len(AWKWARD))]
+
+    def rows() -> int:
+        return db_session.scalar(select(func.count()).select_from(Trajectory).where(Trajectory.run_id == run.id))
+
+    def progress() -> int:
+        return db_session.scalar(select(Run.cases_done).where(Run.id == run.id)) or 0
+
+    seen = []
+    # Case 0 answered twice (a re-run, as the repeat check makes): its last result stays.
+    for position, index in enumerate([0, 1, 0, 2, 3, 4, 5]):
+        stored.add(index, _result(digests, case_id=f"c{index}", status="broken" if position == 2 else "ok"))
+        seen.append((rows(), progress()))
+    # Written when a batch of 3 fills (results 3 and 6), progress equal to the rows each time.
+    assert seen == [(0, 0), (0, 0), (2, 2), (2, 2), (2, 2), (5, 5), (5, 5)]
+    stored.flush()
+    assert (rows(), progress(), len(stored)) == (6, 6, 6)
+    by_case = {row.case_id: row for row in trajectories.list_rows(session=db_session, run_id=run.id)}
+    assert by_case["c0"].status == "broken"
+
+    # Taken away (the reaper gave the run to another worker): the next batch is not written.
+    db_session.execute(Run.__table__.update().where(Run.id == run.id).values(worker="other"))
+    db_session.commit()
+    stored.add(7, _result(digests, case_id="c6"))
+    with pytest.raises(RunLost):
+        stored.flush()
+    assert rows() == 6, sorted(r.case_id for r in trajectories.list_rows(session=db_session, run_id=run.id))

@@ -262,6 +262,45 @@ def _record_baseline_diffs(run_id: int, settings: Settings) -> str:
         return "failed"
 
 
+class StoredResults:
+    """The run's case results, stored in batches: one transaction holds up to BATCH results and
+    the progress they make (`cases_done`), so progress never runs ahead of what is stored, and a
+    battery of a thousand cases costs a few dozen commits instead of a thousand (each with its
+    cancel check and heartbeat), which held the kernel host's answers back (docs/PERFORMANCE.md).
+    A batch is written when it is full or FLUSH_AFTER_S after its first result, and at the end."""
+
+    BATCH = 128
+    FLUSH_AFTER_S = 0.5
+
+    def __init__(self, *, session, run_id: int, worker: str, beat: Heartbeat) -> None:  # noqa: ANN001
+        self.session, self.run_id, self.worker, self.beat = session, run_id, worker, beat
+        self.pending: list[tuple[int, object]] = []
+        self.indices: set[int] = set()
+        self.oldest = 0.0
+
+    def __len__(self) -> int:  # cases stored or about to be (what the budget counts)
+        return len(self.indices) + len(self.pending)
+
+    def add(self, index: int, result) -> None:  # noqa: ANN001
+        if not self.pending:
+            self.oldest = time.monotonic()
+        self.pending.append((index, result))
+        if len(self.pending) >= self.BATCH or time.monotonic() - self.oldest >= self.FLUSH_AFTER_S:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        session = self.session
+        _checkpoint(session=session, run_id=self.run_id, worker=self.worker, beat=self.beat)
+        trajectories.store_case_results(session=session, run_id=self.run_id, results=self.pending)
+        done = self.indices | {index for index, _ in self.pending}
+        # The trajectories and the progress commit together, or (the run was taken away) neither.
+        if not runs.heartbeat(session=session, run_id=self.run_id, worker=self.worker, cases_done=len(done)):
+            raise RunLost("the run was taken away while running cases")
+        self.indices, self.pending = done, []
+
+
 def _checkpoint(*, session, run_id: int, worker: str, beat: Heartbeat) -> None:  # noqa: ANN001
     """Between phases: stop if the run was taken from us or a cancel was asked for."""
     if beat.lost.is_set():
@@ -348,23 +387,19 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
 
         runs.set_status(session=session, run_id=run_id, worker=worker, status=RUNNING,
                         cases_total=len(job.cases), cases_done=0)
-        stored: set[int] = set()
-        fingerprint: dict | None = None
+        stored = StoredResults(session=session, run_id=run_id, worker=worker, beat=beat)
 
         def store(index: int, result) -> None:  # noqa: ANN001
-            _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
-            trajectories.store_case_result(session=session, run_id=run_id, case_index=index, result=result)
-            stored.add(index)
-            # The trajectory and the progress commit together: progress never runs ahead.
-            if not runs.heartbeat(session=session, run_id=run_id, worker=worker, cases_done=len(stored)):
-                session.rollback()
-                raise RunLost("the run was taken away while running cases")
+            stored.add(index, result)
             if budget.exceeded():
+                stored.flush()
                 raise RunBudgetExceeded(budget.reason(len(stored), len(job.cases)))
 
+        fingerprint: dict | None = None
         try:
             ran = pipeline.run(job, built, policy, on_result=store,
                                baseline_digests=_baseline_digests(session, run))
+            stored.flush()
         except RunBudgetExceeded as exceeded:
             return fail(str(exceeded))
         if ran.environment is not None:

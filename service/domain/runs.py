@@ -78,8 +78,14 @@ def heartbeat(*, session: Session, run_id: int, worker: str, **values) -> bool: 
         .where(Run.id == run_id, Run.worker == worker, Run.status.in_(ACTIVE_STATUSES))
         .values(heartbeat_at=_now(), **values)
     )
-    session.commit()
-    return result.rowcount == 1
+    # Whatever the caller wrote with it (a batch of trajectories) commits only while the run is
+    # still this worker's: a run taken away keeps what its new owner writes, nothing of ours.
+    owned = result.rowcount == 1
+    if owned:
+        session.commit()
+    else:
+        session.rollback()
+    return owned
 
 
 def cancel_requested(*, session: Session, run_id: int) -> bool:

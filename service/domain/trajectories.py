@@ -75,6 +75,27 @@ def store_case_result(*, session: Session, run_id: int, case_index: int, result:
     if row is None:
         row = Trajectory(run_id=run_id, case_id=result.case.case_id)
         session.add(row)
+    _fill(row, case_index, result)
+    session.flush()
+    return row
+
+
+def store_case_results(*, session: Session, run_id: int, results: list[tuple[int, CaseResult]]) -> None:
+    """store_case_result for a batch of (case index, result), in one query for the rows that exist
+    and one flush; a case twice in the batch keeps its last result. Not committed here."""
+    latest = {result.case.case_id: (index, result) for index, result in results}
+    existing = {row.case_id: row for row in session.scalars(
+        select(Trajectory).where(Trajectory.run_id == run_id, Trajectory.case_id.in_(list(latest))))}
+    for case_id, (index, result) in latest.items():
+        row = existing.get(case_id)
+        if row is None:
+            row = Trajectory(run_id=run_id, case_id=case_id)
+            session.add(row)
+        _fill(row, index, result)
+    session.flush()
+
+
+def _fill(row: Trajectory, case_index: int, result: CaseResult) -> None:
     layout, data = ([], b"")
     digests: list[str] = []
     steps = 0
@@ -94,8 +115,6 @@ def store_case_result(*, session: Session, run_id: int, case_index: int, result:
     row.extra = {"duration_s": result.duration_s}
     if result.repeat_check is not None:
         row.extra["repeat_check"] = result.repeat_check.model_dump(mode="json")
-    session.flush()
-    return row
 
 
 def row_to_case_result(row: Trajectory) -> CaseResult:

@@ -63,6 +63,7 @@ from worker import sandbox
 from worker.sandbox import log_tail
 from service.results import CaseResult, CaseSpec, EnvironmentFingerprint
 
+_MODULE_STARTED = time.perf_counter()  # the host's startup phases count from here (host_main)
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 log = logging.getLogger(__name__)
 FAULT_ENV = "OPTDRIFT_TEST_HOST_FAULT"
@@ -121,17 +122,28 @@ def host_main(argv: list[str] | None = None) -> int:
                              "on small tensors thread hand-offs cost far more than they save "
                              "(measured: a 4097-element sqrt takes 11 ms with 2 threads, 3 us with 1)")
     args = parser.parse_args(argv)
+    # Seconds since this module started importing, at the end of each startup phase: sent with the
+    # ready line (the parent adds its own spawn-to-ready time), since a host's start is a large
+    # share of a warm run (docs/PERFORMANCE.md, bench/warm_battery_profile.py).
+    startup: dict[str, float] = {}
 
+    def mark(phase: str) -> None:
+        startup[phase] = round(time.perf_counter() - _MODULE_STARTED, 4)
+
+    mark("arguments")
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
 
     import torch
 
+    mark("import torch")
+
     from worker.adapters import AdapterError, get_adapter
     from worker.engine.environment import fingerprint, resolve_device
     from worker.engine.trajectory import run_case, run_params
 
+    mark("import engine")
     torch.set_num_threads(max(1, args.threads))
     sys.path[:0] = [str(Path(folder).resolve()) for folder in args.adapter_path]
     try:
@@ -139,14 +151,20 @@ def host_main(argv: list[str] | None = None) -> int:
         adapter.load(args.library)
         families = adapter.families()
         description = {str(k): str(v) for k, v in adapter.describe().items()}
+        mark("adapter load")
     except Exception as error:  # noqa: BLE001 - the adapter's fault, said whole to the parent
         message = str(error) if isinstance(error, AdapterError) else \
             f"adapter {args.adapter!r} failed to load {args.library}: {type(error).__name__}: {error}"
         protocol.write(json.dumps({"ready": False, "error": message}) + "\n")
         raise
     device = resolve_device(args.device)
-    protocol.write(json.dumps({"ready": True, "environment": fingerprint(device).model_dump(mode="json"),
-                               "adapter": description}) + "\n")
+    if device.type == "cuda":  # the context now, not inside the first case's time
+        torch.zeros(1, device=device)
+    mark("device")
+    environment = fingerprint(device).model_dump(mode="json")
+    mark("fingerprint")
+    protocol.write(json.dumps({"ready": True, "environment": environment, "adapter": description,
+                               "startup_s": startup}) + "\n")
 
     for line in sys.stdin:
         request = json.loads(line)
@@ -300,6 +318,7 @@ class KernelHost:
         self.device = device
         self.case_timeout_s = case_timeout_s
         self.startup_timeout_s = startup_timeout_s
+        self.startup_s: dict[str, float] = {}  # the last start's phases (host clock) and spawn to ready
         self.env = env
         self.threads = threads
         self.deadline = deadline
@@ -328,6 +347,7 @@ class KernelHost:
                                   source=os.environ if self.env is None else self.env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
         self._buffer = bytearray()
+        spawned = time.perf_counter()
         self._process = sandbox.popen(
             [sys.executable, "-P", "-m", "worker.engine.host", "--library", self.library_path,
              "--device", self.device, "--threads", str(self.threads), "--adapter", self.adapter,
@@ -354,6 +374,12 @@ class KernelHost:
             described = answer.get("adapter")
             self.adapter_description = ({str(k): str(v) for k, v in described.items()}
                                         if isinstance(described, dict) else None)
+            phases = answer.get("startup_s")  # the host's own clock: shown, never trusted for anything
+            self.startup_s = {str(k)[:40]: float(v) for k, v in list(phases.items())[:12]
+                              if isinstance(v, (int, float))} if isinstance(phases, dict) else {}
+            self.startup_s["spawn to ready"] = round(time.perf_counter() - spawned, 4)
+            log.info("kernel host for %s started in %.2f s (%s)", self.library_path,
+                     self.startup_s["spawn to ready"], ", ".join(f"{k} {v:.2f}" for k, v in self.startup_s.items()))
         except (KeyError, ValueError) as error:
             self._kill()
             raise HostProtocolError(f"kernel host for {self.library_path} did not start: its first answer "

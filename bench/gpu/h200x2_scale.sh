@@ -1,14 +1,36 @@
 #!/usr/bin/env bash
-# Issue 19 on two H200s (kind nvidia-h200-x2): drain N commits (standard battery, warm builds)
-# with one GPU worker (`optdrift worker --gpus 0`), then one per GPU (`--gpus all`), in one call;
-# every run must be taken once. bench/scale_drain.py prints a JSON line per configuration as it
-# finishes (so a call cut short still reports the first) and the table.
-# Here first: bash bench/gpu/fetch_wheels.sh. Through the device tool:
+# Issue 19 on two H200s (kind nvidia-h200-x2), in one call, each part printing its JSON line as it
+# finishes (so a call cut short still reports what it finished):
+#  1. drain N commits (standard battery, warm builds) with one GPU worker (`optdrift worker
+#     --gpus 0`), then one per GPU (`--gpus all`); every run must be taken once
+#     (bench/scale_drain.py: a `plan` line, one line per configuration, the table);
+#  2. `kill -9` of the GPU worker holding a run mid-run: the other GPU's worker finishes it,
+#     attempt 2, one verdict, each case once (bench/scale_kill.py: one line, the table).
+# Here first: bash bench/gpu/fetch_wheels.sh (and .tools: bubblewrap's .deb, ccache). Through the
+# device tool:
 #   run(command="bash bench/gpu/h200x2_scale.sh", kind="nvidia-h200-x2", carry=[".whl", ".tools"], timeout_s=600)
-# COMMITS (default 6) commits per configuration.
+#
+# How many commits. COMMITS (default 20, the issue's number) is the most; the drain takes the most
+# that fit, rounded down to a multiple of 2, once its first base (cold imports, cold build) is in
+# (scale_drain.py --budget-s): one GPU costs PER_COMMIT_S (13: the warm standard battery's 12.1 s
+# submit -> verdict on one H200, docs/PERFORMANCE.md round 3, plus the broker's poll between runs)
+# per commit, two GPUs half that, and the second configuration SETUP_S (30: stop, start, its warm
+# base). The kill test keeps KILL_RESERVE_S (100; it needs about 50: API and workers ~10 s, base
+# ~12 s, the victim to its first cases ~6 s, re-queue ~5 s, re-run ~12 s, stops) of the CALL_S (590).
+# The arithmetic with the 3-4 min of cold imports the last x2 call saw: wheels ~20 s, so the drain
+# gets 590 - 100 - 20 = 470 s (455 for itself); its first base is in after ~210 s of cold imports
+# and a ~35 s cold build, leaving 455 - 245 = 210 s: (210 - 30) / (13 * 1.5) = 9.2 -> 8 commits.
+# 20 commits need 20 * 13 * 1.5 + 30 = 420 s after the first base, so the base would have to be in
+# 35 s after the drain starts: not on a cold machine. 20 fit only in a second call on a warm one
+# (the machine stays warm a while), or with the kill test left out (KILL_RESERVE_S=0): 310 s left,
+# still 14 commits.
 set -uo pipefail
+SECONDS=0
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 OPTDRIFT_CUDA_ARCHS=9.0
+CALL_S=${CALL_S:-590}
+KILL_RESERVE_S=${KILL_RESERVE_S:-100}
+export PYTHONUNBUFFERED=1 OPTDRIFT_CUDA_ARCHS=9.0 OPTDRIFT_SPEED_BUDGET_S=0
+stamp() { echo "[t+${SECONDS}s] $*"; }
 source "$(dirname "$0")/carried_wheels.sh"
 install_carried_wheels || exit 1
 if ls .tools/bubblewrap_*.deb >/dev/null 2>&1; then
@@ -16,5 +38,18 @@ if ls .tools/bubblewrap_*.deb >/dev/null 2>&1; then
 fi
 [ -x .tools/ccache/bin/ccache ] && export OPTDRIFT_CCACHE=$PWD/.tools/ccache/bin/ccache
 nvidia-smi --query-gpu=index,name,compute_cap --format=csv,noheader | tee "$OUT/gpus.txt"
-python3 bench/scale_drain.py --battery standard --commits "${COMMITS:-6}" --config gpus=0 --config gpus=all \
-  --logs "$OUT/drain-logs" --json-out "$OUT/scale_drain.json"
+
+budget=$(( CALL_S - KILL_RESERVE_S - SECONDS ))
+stamp "drain: at most ${COMMITS:-20} commits, ${budget} s"
+# --budget-s leaves 15 s for the last configuration's stop; `timeout` is the hard stop (SIGTERM:
+# the drain stops its service and prints a cut_short line).
+timeout -s TERM -k 20 "$budget" python3 bench/scale_drain.py --battery standard --commits "${COMMITS:-20}" \
+  --budget-s $(( budget - 15 )) --per-commit-s "${PER_COMMIT_S:-13}" --setup-s "${SETUP_S:-30}" \
+  --config gpus=0 --config gpus=all --logs "$OUT/drain-logs" --json-out "$OUT/scale_drain.json"
+stamp "drain exited with $?"
+
+left=$(( CALL_S - SECONDS ))
+stamp "kill -9 test: ${left} s"
+timeout -s TERM -k 15 "$left" python3 bench/scale_kill.py --config gpus=all --battery standard \
+  --timeout-s $(( left > 30 ? left - 20 : 10 )) --logs "$OUT/kill-logs" --json-out "$OUT/scale_kill.json"
+stamp "kill test exited with $?"

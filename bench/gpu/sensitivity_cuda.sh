@@ -12,9 +12,12 @@
 #     run(command="bash bench/gpu/sensitivity_cuda.sh", carry=[".whl", ".tools"], timeout_s=600)
 #
 # EVERY mutant reaching the CUDA build (72: 58 of the shared headers, 14 of csrc/cuda/) on the
-# standard battery, in as few 600 s calls as it takes (expected 2, maybe 3: ~25-30 s per build, 4 at
-# once on the 16 cores, ~6-9 s per mutant for the battery with its host start and repeats, the
-# battery being the bottleneck once builds overlap; not measured yet). Call 1:
+# standard battery, in as few 600 s calls as it takes: 2-3 by estimate, not measured yet. A header
+# mutant recompiles up to 4 .cpp and 3 .cu units (~80 core-s; 58 of them), a csrc/cuda/ one a single .cu
+# (22-29 s, one core): ~5000 core-s, ~320 s on 16 cores with 4 builds at once. The batteries run
+# one after another in the main process: ~6 s cold for standard, plus the host start and the repeat
+# of every changed case, ~8-15 s a mutant, ~600-1000 s for 72, so they, not the builds, set the
+# number of calls. Call 1:
 #     run(command="BATTERY=standard MUTANTS=all bash bench/gpu/sensitivity_cuda.sh",
 #         carry=[".whl", ".tools"], timeout_s=600, kind="nvidia-h200")
 # It ends by itself before the call's limit (BUDGET_S) and leaves the report judged so far in

@@ -73,6 +73,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_latency import (  # noqa: E402
     REPO_ROOT, Interrupted, SetupError, _interrupted, child_environment, free_port, kill_leftovers, start,
@@ -277,7 +279,7 @@ def kill_bench(config: str, *, battery: str, build_cache: Path, logs: Path, kill
     api = start([sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--no-worker"],
                 env=env, log_path=logs / "api.log")
     workers: list = []
-    interrupted = False
+    failed = False
     try:
         wait_ready(url, api, logs / "api.log", 180)
         workers = start_workers(config, env, logs)
@@ -293,13 +295,15 @@ def kill_bench(config: str, *, battery: str, build_cache: Path, logs: Path, kill
                                       battery=battery)["runs"][0]["id"]
         result = kill_mid_run(client, victim, started, kill_at_cases=kill_at_cases, timeout_s=timeout_s)
         client.close()
-    except (Interrupted, KeyboardInterrupt):
-        interrupted = True
+    except BaseException:
+        failed = True
         raise
     finally:
+        # Cut short or failed: a short warm shutdown (the device call's time is counted) and the
+        # base's build if it was still compiling (the sandbox gives it its own session).
         for process in [*workers, api]:
-            stop(process, 5 if interrupted else 30)
-        if interrupted:
+            stop(process, 5 if failed else 30)
+        if failed:
             kill_leftovers(build_cache)
     result.update(config=config, battery=battery, run_id=victim, workers_ready_s=ready_s,
                   base_verdict=(base_run["verdict"] or {}).get("outcome"),
@@ -354,8 +358,8 @@ def main() -> int:
     except (Interrupted, KeyboardInterrupt) as exc:
         print(json.dumps({"config": args.config, "cut_short": str(exc)}), flush=True)
         return 2
-    except SetupError as exc:
-        print(json.dumps({"config": args.config, "setup_error": str(exc)}), flush=True)
+    except (RuntimeError, TimeoutError, OSError, httpx.HTTPError) as exc:  # SetupError, the client's ApiError
+        print(json.dumps({"config": args.config, "setup_error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return 2
     print(json.dumps(result), flush=True)
     print("\n" + table(result))

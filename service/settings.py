@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     # Run batteries through worker.fast_engine (grouped references, device-side metrics and
     # digests): bit-identical results, many times faster on a GPU. False: one case at a time.
     fast_engine: bool = True
+    # Keep one kernel host started ahead of the next run (worker.engine.host_reserve): its start,
+    # mostly importing torch, is 4.4 s of a warm run on the H200. None: on for a CUDA worker, off
+    # for a CPU worker (where the spare's import would share the cores with the run's verdict).
+    warm_host: bool | None = None
     # The kernels' own speed per commit (worker/speed, docs/PERFORMANCE.md): seconds a run may
     # spend timing its kernels after the battery. None: 120 on a CUDA worker, off on a CPU worker;
     # 0: off. A project turns it off with `kernel_speed = false` in its optdrift.toml [project].

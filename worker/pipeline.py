@@ -45,6 +45,11 @@ class Policy:
     deadline: float | None = None  # time.monotonic() past which nothing runs
     # Folder of the reference cache (worker.engine.reference_cache; None: none); `trusted` runs write it.
     reference_cache: Path | None = None
+    # Take the kernel host started ahead (worker.engine.host_reserve) and start the next one after
+    # the run: for a long-lived worker; `host_slot_root` holds the spares' build folders (best on
+    # the build cache's file system, so a build is hard-linked there, not copied).
+    warm_host: bool = False
+    host_slot_root: Path | None = None
 
 
 @dataclass
@@ -117,12 +122,27 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
     before it may be reported changed (`job.config.repeats` runs in all, at least 2), and with
     repeats > 1 every case of the run is; a case that does not reproduce itself carries a
     RepeatCheck and reads `nondeterministic`, not `changed`."""
+    from worker.engine import host_reserve
     from worker.engine.host import KernelHost
 
     cases = job.cases if cases is None else cases
-    with KernelHost(built.library_path, device=policy.device, case_timeout_s=policy.case_timeout_s,
-                    adapter=job.config.adapter, deadline=policy.deadline,
-                    adapter_paths=[job.source_dir / folder for folder in job.config.adapter_path]) as host:
+    adapter_paths = [job.source_dir / folder for folder in job.config.adapter_path]
+    spare = host_reserve.take(built.library_path, device=policy.device, adapter=job.config.adapter,
+                              adapter_paths=adapter_paths, case_timeout_s=policy.case_timeout_s,
+                              deadline=policy.deadline) if policy.warm_host else None
+    try:
+        return _run_on(spare or KernelHost(built.library_path, device=policy.device,
+                                           case_timeout_s=policy.case_timeout_s, adapter=job.config.adapter,
+                                           deadline=policy.deadline, adapter_paths=adapter_paths),
+                       cases, policy, job, on_result, baseline_digests)
+    finally:
+        if policy.warm_host:  # the next run's host imports torch while this one's verdict is made
+            host_reserve.replenish(device=policy.device, slot_root=policy.host_slot_root)
+
+
+def _run_on(host, cases: list[CaseSpec], policy: Policy, job: Job, on_result: OnResult | None,  # noqa: ANN001
+            baseline_digests: dict[str, list[str]] | None) -> Ran:
+    with host:
         if policy.fast_engine:
             results = reference_cache.run_many(host, cases, _cache(policy), on_result=on_result)
         else:

@@ -110,8 +110,12 @@ def _is_cuda_error(error: BaseException) -> bool:
 
 def host_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="run optimizer cases on one kernel build")
-    parser.add_argument("--library", required=True,
+    parser.add_argument("--library",
                         help="the build's output the adapter loads (a .so, a built tree, or 'installed')")
+    parser.add_argument("--wait-for-build", action="store_true",
+                        help="a spare host (worker.engine.host_reserve): import torch and make the "
+                             "device's context now, then read the build from the first line on stdin, "
+                             '{"op": "load", "library": ..., "adapter": ..., "adapter_path": [...]}')
     parser.add_argument("--adapter", default="bundled",
                         help="project adapter (worker.adapters): bundled, bitsandbytes, tinyopt or a module path")
     parser.add_argument("--adapter-path", action="append", default=[],
@@ -122,6 +126,8 @@ def host_main(argv: list[str] | None = None) -> int:
                              "on small tensors thread hand-offs cost far more than they save "
                              "(measured: a 4097-element sqrt takes 11 ms with 2 threads, 3 us with 1)")
     args = parser.parse_args(argv)
+    if not args.library and not args.wait_for_build:
+        parser.error("--library is required (or --wait-for-build)")
     # Seconds since this module started importing, at the end of each startup phase: sent with the
     # ready line (the parent adds its own spawn-to-ready time), since a host's start is a large
     # share of a warm run (docs/PERFORMANCE.md, bench/warm_battery_profile.py).
@@ -145,6 +151,16 @@ def host_main(argv: list[str] | None = None) -> int:
 
     mark("import engine")
     torch.set_num_threads(max(1, args.threads))
+    device = environment = None
+    if args.wait_for_build:  # everything that does not depend on the build, then wait for it
+        device, environment = _open_device(args.device, torch, resolve_device, fingerprint)
+        mark("device")
+        request = json.loads(sys.stdin.readline() or '{"op": "exit"}')
+        if request.get("op") != "load":
+            return 0  # the parent closed its spare without using it
+        args.library, args.adapter = str(request["library"]), str(request.get("adapter") or "bundled")
+        args.adapter_path = [str(folder) for folder in request.get("adapter_path") or []]
+        mark("build received")
     sys.path[:0] = [str(Path(folder).resolve()) for folder in args.adapter_path]
     try:
         adapter = get_adapter(args.adapter)
@@ -157,12 +173,9 @@ def host_main(argv: list[str] | None = None) -> int:
             f"adapter {args.adapter!r} failed to load {args.library}: {type(error).__name__}: {error}"
         protocol.write(json.dumps({"ready": False, "error": message}) + "\n")
         raise
-    device = resolve_device(args.device)
-    if device.type == "cuda":  # the context now, not inside the first case's time
-        torch.zeros(1, device=device)
-    mark("device")
-    environment = fingerprint(device).model_dump(mode="json")
-    mark("fingerprint")
+    if device is None:
+        device, environment = _open_device(args.device, torch, resolve_device, fingerprint)
+        mark("device")
     protocol.write(json.dumps({"ready": True, "environment": environment, "adapter": description,
                                "startup_s": startup}) + "\n")
 
@@ -208,6 +221,14 @@ def host_main(argv: list[str] | None = None) -> int:
         if restart:
             return 3
     return 0
+
+
+def _open_device(name: str, torch, resolve_device, fingerprint) -> tuple:  # noqa: ANN001
+    """(the device, its fingerprint as JSON), the CUDA context made now rather than in the first case."""
+    device = resolve_device(name)
+    if device.type == "cuda":
+        torch.zeros(1, device=device)
+    return device, fingerprint(device).model_dump(mode="json")
 
 
 def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # noqa: ANN001
@@ -300,6 +321,24 @@ def take_params_file(written: Path, destination: Path) -> str | None:
     return None
 
 
+def _link_tree(source: Path, target: Path) -> None:
+    """`source` (a folder) recreated at `target`: files hard-linked (copied where the file system
+    refuses a link), symbolic links kept as links."""
+    for folder, subfolders, files in os.walk(source):
+        here = target / Path(folder).relative_to(source)
+        here.mkdir(parents=True, exist_ok=True)
+        os.chmod(here, 0o755)
+        for name in files + [d for d in subfolders if (Path(folder) / d).is_symlink()]:
+            origin, copy = Path(folder) / name, here / name
+            if origin.is_symlink():
+                os.symlink(os.readlink(origin), copy)
+                continue
+            try:
+                os.link(origin, copy)
+            except OSError:
+                shutil.copy2(origin, copy)
+
+
 class KernelHost:
     """The parent's handle on one host process; restarts it after a crash, hang or CUDA error."""
 
@@ -331,6 +370,8 @@ class KernelHost:
         self._buffer = bytearray()
         self._stderr = tempfile.NamedTemporaryFile(prefix="optdrift-host-", suffix=".log", delete=False)
         self._scratch = sandbox.Scratch(prefix="optdrift-host-scratch-")
+        self._slot: Path | None = None  # a spare's folder for its build (spare(), adopt_build())
+        self._spare_spawned = 0.0
 
     def __enter__(self) -> "KernelHost":
         return self
@@ -343,20 +384,26 @@ class KernelHost:
         # Submitted code runs here, in the sandbox (worker/sandbox/__init__.py): it sees the build's output
         # read-only, the GPU's device nodes, a scratch HOME/TMPDIR removed by close(), and talks
         # to this process only over its pipes. Its own process group: a kill takes its children too.
+        spawned = self._spawn(["--library", self.library_path, "--adapter", self.adapter,
+                               *(arg for folder in self.adapter_paths for arg in ("--adapter-path", str(folder)))],
+                              readable=self._library_folders() + self.adapter_paths)
+        self._await_ready(spawned)
+
+    def _spawn(self, arguments: list[str], readable: list[Path]) -> float:
         env = sandbox.sandbox_env(scratch=self._scratch.path,
                                   source=os.environ if self.env is None else self.env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
         self._buffer = bytearray()
         spawned = time.perf_counter()
         self._process = sandbox.popen(
-            [sys.executable, "-P", "-m", "worker.engine.host", "--library", self.library_path,
-             "--device", self.device, "--threads", str(self.threads), "--adapter", self.adapter,
-             *(arg for folder in self.adapter_paths for arg in ("--adapter-path", str(folder)))],
+            [sys.executable, "-P", "-m", "worker.engine.host", "--device", self.device, "--threads",
+             str(self.threads), *arguments],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
-            limits=sandbox.HOST_LIMITS, readable=self._library_folders() + self.adapter_paths,
-            gpu=self.device != "cpu",
-            cwd=self._scratch.path,
+            limits=sandbox.HOST_LIMITS, readable=readable, gpu=self.device != "cpu", cwd=self._scratch.path,
         )
+        return spawned
+
+    def _await_ready(self, spawned: float) -> None:
         try:
             line = self._read_line(time.monotonic() + self.startup_timeout_s)
         except HostProtocolError:
@@ -385,6 +432,54 @@ class KernelHost:
             raise HostProtocolError(f"kernel host for {self.library_path} did not start: its first answer "
                                     f"is not a valid ready line ({type(error).__name__})") from None
 
+    # -- a spare host: started before its build is known (worker.engine.host_reserve)
+    @classmethod
+    def spare(cls, *, device: str, threads: int = 1, slot_root: Path | None = None) -> "KernelHost":
+        """A host that imports torch and makes the device's context now, and waits for `adopt_build`.
+        Its sandbox shows, besides what every host sees, one empty folder of its own (the slot),
+        read-only; the build is linked into it when it is known."""
+        host = cls("", device=device, threads=threads)
+        if slot_root is not None:
+            Path(slot_root).mkdir(parents=True, exist_ok=True, mode=0o700)
+        host._slot = Path(tempfile.mkdtemp(prefix="optdrift-host-slot-", dir=slot_root))
+        os.chmod(host._slot, 0o755)  # the sandbox user reads it
+        host._spare_spawned = host._spawn(["--wait-for-build"], readable=[host._slot])
+        return host
+
+    def adopt_build(self, library_path: str | Path, *, adapter: str = "bundled",
+                    adapter_paths: list[str | Path] | tuple = (), case_timeout_s: float = 300.0,
+                    deadline: float | None = None) -> None:
+        """Give this spare its build, as `KernelHost(library_path, ...).start()` would have loaded it:
+        the build's folder and the adapter folders are linked (hard links, or copies across file
+        systems) into the slot, which the sandbox shows read-only, and the host loads them from
+        there. Raises KernelHostError when the spare is gone or does not come up."""
+        if not self._alive() or self._slot is None:
+            raise KernelHostError("the spare kernel host is not running")
+        self.library_path, self.adapter = str(library_path), adapter
+        self.adapter_paths = [Path(p).resolve() for p in adapter_paths]
+        self.case_timeout_s, self.deadline = case_timeout_s, deadline
+        folders = self._library_folders()
+        inside = [self._slot / str(i) for i in range(len(folders) + len(self.adapter_paths))]
+        for source, target in zip(folders + self.adapter_paths, inside):
+            _link_tree(source, target)
+        library = self.library_path
+        if folders:
+            built = Path(self.library_path)
+            library = str(inside[0] if built.is_dir() else inside[0] / built.name)
+        request = {"op": "load", "library": library, "adapter": adapter,
+                   "adapter_path": [str(p) for p in inside[len(folders):]]}
+        try:
+            self._process.stdin.write((json.dumps(request) + "\n").encode())
+            self._process.stdin.flush()
+        except OSError as error:
+            raise KernelHostError(f"the spare kernel host is gone: {error}") from None
+        self.start_attempts += 1
+        self._await_ready(self._spare_spawned)
+        if self.adapter_description:  # say where the build came from, not the slot it was linked into
+            for source, target in zip(folders + self.adapter_paths, inside):
+                self.adapter_description = {k: v.replace(str(target), str(source))
+                                            for k, v in self.adapter_description.items()}
+
     def _library_folders(self) -> list[Path]:
         """What the host must read of the build: the folder of a built file, or a built tree."""
         library = Path(self.library_path)
@@ -397,6 +492,10 @@ class KernelHost:
 
     def _alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    def running(self) -> bool:
+        """Whether the host process is alive (a spare still waiting, or a host between cases)."""
+        return self._alive()
 
     def _kill(self) -> None:
         if self._process is None:
@@ -426,6 +525,8 @@ class KernelHost:
         self._stderr.close()
         os.unlink(self._stderr.name)
         self._scratch.remove()
+        if self._slot is not None:
+            shutil.rmtree(self._slot, ignore_errors=True)
 
     def stderr_tail(self, lines: int = 8) -> str:
         """The host's last stderr lines, bounded whatever the kernel printed (worker.sandbox.log_tail)."""

@@ -1,0 +1,78 @@
+"""The kernel host started ahead of its run (worker.engine.host_reserve, KernelHost.spare):
+the same answers as a host started with its build, its build shown in the sandbox through its own
+folder, and every failure of the spare a fallback to starting a host as before. Real processes,
+the bundled kernels built once for the session (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from worker import pipeline
+from worker.battery import load_battery
+from worker.engine import host_reserve
+from worker.engine.host import KernelHost, KernelHostError
+
+CASES = load_battery("quick").expand()[:12]
+
+
+def _answers(results) -> list[str]:  # noqa: ANN001
+    return [repr((r.case.case_id, r.status, r.trajectory)) for r in results]
+
+
+@pytest.fixture(autouse=True)
+def _no_spare_left():
+    yield
+    host_reserve.discard()
+
+
+def test_a_spare_host_answers_as_a_host_started_with_its_build(kernels_build, tmp_path: Path) -> None:
+    with KernelHost(kernels_build.library_path, device="cpu") as started:
+        expected = started.run_many(CASES)
+        description = started.adapter_description
+    spare = KernelHost.spare(device="cpu", slot_root=tmp_path / "slots")
+    slot = spare._slot
+    assert slot.parent == tmp_path / "slots" and not any(slot.iterdir())  # nothing of a build yet
+    with spare:
+        spare.adopt_build(kernels_build.library_path)
+        assert "build received" in spare.startup_s  # it imported torch before it knew the build
+        assert (slot / "0" / Path(kernels_build.library_path).name).is_file()
+        assert _answers(spare.run_many(CASES)) == _answers(expected)
+        # It names the build it loaded, not the folder the build was linked into.
+        assert spare.adapter_description == description
+        assert spare.library_path == str(kernels_build.library_path)
+    assert not slot.exists()  # closing removes the linked build
+
+
+def test_a_spare_that_died_or_serves_another_device_is_not_used(kernels_build, tmp_path: Path) -> None:
+    host_reserve.replenish(device="cpu", slot_root=tmp_path)
+    _, spare = host_reserve._spare
+    spare._kill()  # as an out-of-memory kill would
+    assert host_reserve.take(kernels_build.library_path, device="cpu", adapter="bundled", adapter_paths=[],
+                             case_timeout_s=60, deadline=None) is None
+    host_reserve.replenish(device="cpu", slot_root=tmp_path)
+    assert host_reserve.take(kernels_build.library_path, device="cuda", adapter="bundled", adapter_paths=[],
+                             case_timeout_s=60, deadline=None) is None
+    assert host_reserve._spare is None  # the mismatched spare was closed, not left running
+    with pytest.raises(KernelHostError, match="not running"):
+        KernelHost(kernels_build.library_path, device="cpu").adopt_build(kernels_build.library_path)
+
+
+def test_the_pipeline_takes_the_spare_and_starts_the_next_one(kernels_build, tmp_path: Path) -> None:
+    tree = tmp_path / "csrc"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "csrc", tree)
+    job = pipeline.prepare(tree, requested_battery="quick")
+    job.cases = CASES
+    built = kernels_build
+    plain = pipeline.run(job, built, pipeline.Policy())
+    warm = pipeline.Policy(warm_host=True, host_slot_root=tmp_path / "slots")
+    first = pipeline.run(job, built, warm)  # no spare yet: starts its host, leaves a spare behind
+    _, spare = host_reserve._spare
+    assert spare.running() and spare.library_path == ""
+    second = pipeline.run(job, built, warm)  # takes that spare
+    _, next_spare = host_reserve._spare
+    assert next_spare is not spare and not spare.running()
+    assert _answers(first.results) == _answers(second.results) == _answers(plain.results)
+    assert second.environment == plain.environment and second.adapter == plain.adapter

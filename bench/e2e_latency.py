@@ -120,6 +120,7 @@ class Measured:
     verdict_wall: float | None = None
     after_verdict_s: float | None = None
     after_verdict_note: str | None = None
+    corun_detail_s: float | None = None  # submit -> the changed cases' per-step diffs stored (co-run)
     battery: str = "-"
     problems: list[str] = field(default_factory=list)
     skipped: str | None = None
@@ -321,6 +322,15 @@ def measure(client: OptdriftClient, commit: Commit, *, battery: str, poll_s: flo
     result.total_s = time.monotonic() - started
     result.verdict_wall = time.time()
     result.run = run
+    if (run.get("verdict") or {}).get("changed_cases"):
+        # A flagged commit: the co-run's per-step |commit - baseline| follows the verdict
+        # (issue 18: flagged commit -> full co-run detail); it records its window when stored.
+        while time.monotonic() - started < timeout_s:
+            verdict = (client.run(run_id).get("verdict") or {})
+            if (verdict.get("detail") or {}).get("corun_window"):
+                result.corun_detail_s = time.monotonic() - started
+                break
+            time.sleep(poll_s)
     return result
 
 
@@ -361,7 +371,7 @@ def phases(measured: Measured) -> dict[str, float | None]:
             "fetch_build_s": span(started, running), "battery_store_s": span(running, finished),
             "to_first_case_s": span(running, measured.first_case_wall),
             "verdict_s": span(finished, verdict_at), "total_s": measured.total_s,
-            "after_verdict_s": measured.after_verdict_s}
+            "after_verdict_s": measured.after_verdict_s, "corun_detail_s": measured.corun_detail_s}
 
 
 def expected_s(commit: Commit, battery: str, rows: list[Measured]) -> float | None:
@@ -543,6 +553,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915
                 submitted = sum(1 for r in rows if not r.skipped)
                 idle = wait_idle(worker_log, submitted, idle_timeout)
                 row.after_verdict_s = idle
+                if row.corun_detail_s is not None:
+                    print(f"[{time.monotonic() - begun:6.1f}s] {commit.sha}: co-run detail stored "
+                          f"{row.corun_detail_s:.2f} s after submit", flush=True)
                 row.after_verdict_note = None if idle is not None else f">{idle_timeout:.0f} (not waited for)"
                 print(f"[{time.monotonic() - begun:6.1f}s] {commit.sha}: worker idle "
                       f"{fmt(idle) if idle is not None else row.after_verdict_note} s after the verdict",

@@ -62,4 +62,8 @@ esac
 stamp "e2e_latency.py exit $rc: $verdict" | tee -a "$OUT/e2e_table.txt"
 # What the worker log says went wrong, if anything (tracebacks, failed runs).
 grep -nE "Traceback|ERROR|failed|raised" "$OUT/e2e/worker.log" 2>/dev/null | head -20 | tee -a "$OUT/e2e_table.txt"
+# Each kernel host's start (worker.engine.host: phases on the host's clock; a spare host taken by
+# a run shows "build received", worker.engine.host_reserve).
+grep -oE "kernel host for .* started in .*" "$OUT/e2e/worker.log" 2>/dev/null | sed -E 's/for [^ ]+ /for <build> /' \
+  | head -20 | tee -a "$OUT/e2e_table.txt"
 exit "$rc"

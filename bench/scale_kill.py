@@ -26,7 +26,7 @@ killed the Celery main process alone: re-queued 4.2 s after the kill, finished b
 on attempt 2); killing the whole tree makes the bench depend on neither. The supervisor is left
 alone: it restarts the killed GPU's worker after worker.gpu_workers.RESTART_PAUSE_S (5 s) plus its
 start, so with `gpus=` the run could be taken by that restarted worker; the recovery below
-(re-queued 4-5.5 s after the last heartbeat, and the other worker is already polling) is meant to
+(re-queued 3-4.5 s after the kill, and the other worker is already polling) is meant to
 be quicker, and the result says which worker finished it (a check).
 
 How the run comes back. The filesystem broker deleted the task's message when the killed worker
@@ -44,8 +44,9 @@ Recovery settings, set explicitly for the API and the workers (the environment o
     OPTDRIFT_MAINTENANCE_INTERVAL_S  0.5  the reaper's and dispatcher's pass (production default 15)
     OPTDRIFT_MAX_ATTEMPTS            3    attempts before `failed`          (production default 3)
 
-so here a dead worker's run is re-queued 4-5.5 s after its last heartbeat; with the production
-defaults it is 180-195 s. Kernel timing is off (OPTDRIFT_SPEED_BUDGET_S=0), as in the drain.
+so here a dead worker's run is re-queued 4-4.5 s after its last heartbeat (3-4.5 s after the
+kill); with the production defaults it is 180-195 s after the last heartbeat (170-195 s after the
+kill). Kernel timing is off (OPTDRIFT_SPEED_BUDGET_S=0), as in the drain.
 
 Checks (from the SQLite database after everything stopped, as scale_drain.py reads it): the run
 is `done` on attempt 2; it has one verdict; it stored each case once (rows = distinct cases =

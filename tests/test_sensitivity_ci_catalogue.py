@@ -17,9 +17,7 @@ from pathlib import Path
 import pytest
 
 from worker.sensitivity.catalogue import load_catalogue
-from worker.sensitivity.results import SensitivityReport
-
-pytestmark = pytest.mark.slow
+from worker.sensitivity.results import CaseCatch, MutantOutcome, SensitivityReport
 
 REPO = Path(__file__).resolve().parents[1]
 # The CLI run's own limit: 68 CPU mutants at ~15 s each when nothing is cached (docs/ENGINE.md),
@@ -27,6 +25,37 @@ REPO = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT_S = 2700
 
 
+def gate_problems(report: SensitivityReport) -> list[str]:
+    """One line per mutant that fails issue 17's gate, naming it: a build error, an escaped defect
+    (with what it should have changed), a refactor flagged (with the cases that flagged it)."""
+    problems = [f"{m.id}: did not build: {(m.error or '').strip()[-600:]}" for m in report.mutants
+                if m.status == "build_failed"]
+    problems += [f"{m.id}: escaped the {report.battery} battery ({m.expect})" for m in report.escaped()]
+    problems += [f"{m.id}: refactor flagged by {', '.join(c.case_id for c in m.catches)}"
+                 for m in report.false_positives()]
+    return problems
+
+
+def test_the_gate_names_every_mutant_that_fails_it():
+    def outcome(mutant_id: str, kind: str, status: str, **extra) -> MutantOutcome:
+        return MutantOutcome(id=mutant_id, kind=kind, mutant_class=mutant_id.split("/")[0], expect="a change",
+                             reaches=["cpu"], status=status, **extra)
+
+    report = SensitivityReport(catalogue="x", battery="ci", battery_version=1, battery_digest="d", device="cpu",
+                               groups=[], case_count=0, mutants=[
+                                   outcome("eps/caught", "defect", "caught"),
+                                   outcome("eps/missed", "defect", "escaped"),
+                                   outcome("refactor/ok", "refactor", "clean"),
+                                   outcome("refactor/noisy", "refactor", "flagged",
+                                           catches=[CaseCatch(case_id="adam.32bit.n5", verdict="changed", cost=5)]),
+                                   outcome("tail/broken", "defect", "build_failed", error="ops.cpp:3: error: x"),
+                                   outcome("quant8/cuda_only", "defect", "not_applicable")])
+    problems = gate_problems(report)
+    assert [line.split(":")[0] for line in problems] == ["tail/broken", "eps/missed", "refactor/noisy"]
+    assert "error: x" in problems[0] and "adam.32bit.n5" in problems[2]
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 def test_the_ci_battery_catches_every_cpu_defect_of_the_catalogue_and_flags_no_refactor(build_cache_dir, tmp_path):
     json_out = tmp_path / "sensitivity_ci.json"
@@ -39,12 +68,7 @@ def test_the_ci_battery_catches_every_cpu_defect_of_the_catalogue_and_flags_no_r
     report = SensitivityReport.model_validate_json(done.stdout)
     outcomes = {m.id: m for m in report.mutants}
 
-    # The gate: every problem listed by mutant, with the build error or the catching cases.
-    problems = [f"{m.id}: did not build: {(m.error or '').strip()[-600:]}" for m in report.mutants
-                if m.status == "build_failed"]
-    problems += [f"{m.id}: escaped the ci battery ({m.expect})" for m in report.escaped()]
-    problems += [f"{m.id}: refactor flagged by {', '.join(c.case_id for c in m.catches)}"
-                 for m in report.false_positives()]
+    problems = gate_problems(report)
     assert not problems, (f"{len(problems)} mutant(s) fail issue 17's CI gate:\n" + "\n".join(problems)
                           + f"\n(progress:\n{done.stderr[-3000:]})")
     assert done.returncode == 0, done.stderr[-4000:]

@@ -183,7 +183,7 @@ class SensitivityRun:
         if not self._applicable(mutant) or baseline is None:
             return outcome
         base_build, base_run = baseline
-        self.progress(f"  {mutant.id}: patched {', '.join(mutant.touched_files)}; waiting for its build")
+        self.progress(f"  {mutant.id}: patches {', '.join(mutant.touched_files)}; building (or taking the build made ahead)")
         mutant_build = builds.take(mutant)
         try:
             return self._judge(mutant, outcome, mutant_build, job, base_build, base_run, policy, membership)

@@ -2,8 +2,9 @@
 builds, one configuration after the other in one call.
 
 Per configuration: a fresh embedded-default home (SQLite, the folder broker), `optdrift serve
---no-worker`, the workers, one base commit to warm the build (not timed), then N commits with
-the base's tree under new shas submitted at once; the drain is first submit -> last verdict.
+--no-worker`, the workers, one base commit to warm the build (not timed), one warm commit alone
+(its submit -> verdict is `warm_commit_s`), then N commits with the base's tree under new shas
+submitted at once; the drain is first submit -> last verdict.
 Afterwards the runs' rows say who took each and how often (every run must be taken once).
 Kernel timing is off (OPTDRIFT_SPEED_BUDGET_S=0): it runs after verdicts and is not drain work.
 
@@ -73,7 +74,7 @@ def commits_that_fit(*, most: int, left_s: float, configs: list[str], per_commit
     return max(step, min(most, fit) // step * step)
 
 
-def drain(config: str, *, battery: str, commits_to_drain: Callable[[], int], build_cache: Path,
+def drain(config: str, *, battery: str, commits_to_drain: Callable[[float], int], build_cache: Path,
           logs: Path) -> dict:
     home = Path(tempfile.mkdtemp(prefix="optdrift-drain-"))
     port = free_port()
@@ -92,9 +93,15 @@ def drain(config: str, *, battery: str, commits_to_drain: Callable[[], int], bui
         tree = REPO_ROOT / "csrc"
         base = client.submit_commit(project="drain", sha="base", source_dir=tree, battery=battery)["runs"][0]["id"]
         warm = client.wait([base], timeout_s=900)[0]
-        commits = commits_to_drain()  # with --budget-s: decided once the first base is in
+        # One warm commit alone: what a commit costs this worker pool when nothing waits.
+        submitted = time.monotonic()
+        single = client.submit_commit(project="drain", sha="warm", parents=["base"], source_dir=tree,
+                                      battery=battery)["runs"][0]["id"]
+        client.wait([single], timeout_s=900, poll_s=0.2)
+        warm_commit_s = time.monotonic() - submitted
+        commits = commits_to_drain(warm_commit_s)  # with --budget-s: decided by the first configuration
         started = time.monotonic()
-        ids, parent = [], "base"
+        ids, parent = [], "warm"
         for index in range(commits):
             sha = f"c{index}"
             ids.append(client.submit_commit(project="drain", sha=sha, parents=[parent], source_dir=tree,
@@ -119,7 +126,7 @@ def drain(config: str, *, battery: str, commits_to_drain: Callable[[], int], bui
     per_worker: dict[str, int] = {}
     for _, _, worker in rows:
         per_worker[worker] = per_worker.get(worker, 0) + 1
-    return {"config": config, "commits": commits, "drain_s": drained, "warm_run_verdict": warm["verdict"]["outcome"],
+    return {"config": config, "commits": commits, "drain_s": drained, "warm_commit_s": warm_commit_s, "warm_run_verdict": warm["verdict"]["outcome"],
             "verdicts": sorted({run["verdict"]["outcome"] for run in done if run["verdict"]}),
             "attempts": sorted({attempt for _, attempt, _ in rows}), "runs_per_worker": per_worker}
 
@@ -135,24 +142,29 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=0.0,
                         help="seconds this whole command may take: drain the most commits, at most --commits, "
                              "that fit in what is left once the first configuration's base is in (0: --commits)")
-    parser.add_argument("--per-commit-s", type=float, default=13.0,
-                        help="with --budget-s: one worker's seconds per commit (the H200's standard battery, warm: ~12)")
-    parser.add_argument("--setup-s", type=float, default=30.0,
-                        help="with --budget-s: each later configuration's stop, start and warm base")
+    parser.add_argument("--per-commit-s", type=float, default=None,
+                        help="with --budget-s: one worker's seconds per commit in a drain (default: the first "
+                             "configuration's warm commit, measured, x 1.15 + 0.5 s for the broker's poll)")
+    parser.add_argument("--setup-s", type=float, default=40.0,
+                        help="with --budget-s: each later configuration's stop, start, warm base and warm commit")
     args = parser.parse_args()
     deadline = time.monotonic() + args.budget_s
     chosen: list[int] = []
 
-    def commits_to_drain() -> int:
+    def commits_to_drain(warm_commit_s: float) -> int:
         if not chosen:
             if not args.budget_s:
                 chosen.append(args.commits)
             else:
                 left = deadline - time.monotonic()
+                # A lone commit is one worker's cost per run; in a drain the runs follow each other:
+                # a margin over it, and the filesystem broker's poll between runs.
+                per_commit = args.per_commit_s or warm_commit_s * 1.15 + 0.5
                 chosen.append(commits_that_fit(most=args.commits, left_s=left, configs=args.config,
-                                               per_commit_s=args.per_commit_s, setup_s=args.setup_s))
+                                               per_commit_s=per_commit, setup_s=args.setup_s))
                 print(json.dumps({"plan": {"commits": chosen[0], "asked": args.commits, "left_s": round(left, 1),
-                                           "per_commit_s": args.per_commit_s, "setup_s": args.setup_s}}),
+                                           "warm_commit_s": round(warm_commit_s, 2),
+                                           "per_commit_s": round(per_commit, 2), "setup_s": args.setup_s}}),
                       flush=True)
         return chosen[0]
 
@@ -171,11 +183,12 @@ def main() -> int:
         results.append(result)
         print(json.dumps(result), flush=True)
     first = results[0]["drain_s"]
-    print("\n| configuration | commits | drain s | vs first | verdicts | attempts | runs per worker |")
-    print("|---|---:|---:|---:|---|---|---|")
+    print("\n| configuration | commits | drain s | vs first | one warm commit s | verdicts | attempts | runs per worker |")
+    print("|---|---:|---:|---:|---:|---|---|---|")
     for r in results:
         print(f"| {r['config']} | {r['commits']} | {r['drain_s']:.2f} | {r['drain_s'] / first:.2f} | "
-              f"{', '.join(r['verdicts'])} | {r['attempts']} | {sorted(r['runs_per_worker'].values())} |")
+              f"{r['warm_commit_s']:.2f} | {', '.join(r['verdicts'])} | {r['attempts']} | "
+              f"{sorted(r['runs_per_worker'].values())} |")
     if args.json_out:
         args.json_out.write_text(json.dumps(results, indent=1))
     once = all(r["attempts"] == [1] for r in results)

@@ -10,20 +10,22 @@
 # device tool:
 #   run(command="bash bench/gpu/h200x2_scale.sh", kind="nvidia-h200-x2", carry=[".whl", ".tools"], timeout_s=600)
 #
-# How many commits. COMMITS (default 20, the number) is the most; the drain takes the most
-# that fit, rounded down to a multiple of 2, once its first base (cold imports, cold build) is in
-# (scale_drain.py --budget-s): one GPU costs PER_COMMIT_S (13: the warm standard battery's 12.1 s
-# submit -> verdict on one H200, docs/PERFORMANCE.md round 3, plus the broker's poll between runs)
-# per commit, two GPUs half that, and the second configuration SETUP_S (30: stop, start, its warm
-# base). The kill test keeps KILL_RESERVE_S (100; it needs about 50: API and workers ~10 s, base
-# ~12 s, the victim to its first cases ~6 s, re-queue ~5 s, re-run ~12 s, stops) of the CALL_S (590).
-# The arithmetic with the 3-4 min of cold imports the last x2 call saw: wheels ~20 s, so the drain
-# gets 590 - 100 - 20 = 470 s (455 for itself); its first base is in after ~210 s of cold imports
-# and a ~35 s cold build, leaving 455 - 245 = 210 s: (210 - 30) / (13 * 1.5) = 9.2 -> 8 commits.
-# 20 commits need 20 * 13 * 1.5 + 30 = 420 s after the first base, so the base would have to be in
-# 35 s after the drain starts: not on a cold machine. 20 fit only in a second call on a warm one
-# (the machine stays warm a while), or with the kill test left out (KILL_RESERVE_S=0): 310 s left,
-# still 14 commits.
+# How many commits. COMMITS (default 20, the number) is the most. The drain takes the most
+# that fit, rounded down to a multiple of 2 (scale_drain.py --budget-s), once its first base (cold
+# imports, cold build) and one warm commit alone are in: one GPU costs that warm commit x 1.15
+# + 0.5 s (the broker's poll) per commit, unless PER_COMMIT_S fixes it; two GPUs half that; the
+# second configuration SETUP_S (40: stop, start, its base and warm commit). The kill test keeps
+# KILL_RESERVE_S (100; it needs about 50: API and workers ~10 s, base ~12 s, the victim to its
+# first cases ~6 s, re-queue ~4 s, re-run ~12 s, stops) of the CALL_S (590).
+# The arithmetic with the 3-4 min of cold imports the last x2 call saw and the 12.07 s warm commit
+# of docs/PERFORMANCE.md (round 3): wheels ~20 s, so the drain gets 590 - 100 - 20 = 470 s (455 for
+# itself); its base is in after ~210 s of cold imports and a ~35 s cold build, the warm commit
+# 12 s later, leaving 455 - 257 = 198 s; per commit 12.07 x 1.15 + 0.5 = 14.4 s:
+# (198 - 40) / (14.4 x 1.5) = 7.3 -> 6 commits. If the spare kernel host (worker.engine.host_reserve)
+# saves its 4.4 s a commit: (202 - 40) / (9.4 x 1.5) = 11.5 -> 10. 20 commits need
+# 20 x 14.4 x 1.5 + 40 = 472 s after the warm commit: more than the whole drain's 455 s, so not in
+# one call with the kill test on a cold machine. With KILL_RESERVE_S=0 (the drain alone): 10 (18
+# with the spare host). On a machine still warm from an earlier call (its base in ~35 s): 16 (20).
 set -uo pipefail
 SECONDS=0
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
@@ -44,7 +46,7 @@ stamp "drain: at most ${COMMITS:-20} commits, ${budget} s"
 # --budget-s leaves 15 s for the last configuration's stop; `timeout` is the hard stop (SIGTERM:
 # the drain stops its service and prints a cut_short line).
 timeout -s TERM -k 20 "$budget" python3 bench/scale_drain.py --battery standard --commits "${COMMITS:-20}" \
-  --budget-s $(( budget - 15 )) --per-commit-s "${PER_COMMIT_S:-13}" --setup-s "${SETUP_S:-30}" \
+  --budget-s $(( budget - 15 )) ${PER_COMMIT_S:+--per-commit-s "$PER_COMMIT_S"} --setup-s "${SETUP_S:-40}" \
   --config gpus=0 --config gpus=all --logs "$OUT/drain-logs" --json-out "$OUT/scale_drain.json"
 stamp "drain exited with $?"
 

@@ -26,8 +26,16 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN_URL = os.environ.get("OPTDRIFT_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/test")
 PG_HOST_URL = PG_ADMIN_URL.rsplit("/", 1)[0]
-API_TEST_REDIS = "redis://127.0.0.1:6379/14"
-E2E_REDIS = "redis://127.0.0.1:6379/13"
+# Redis databases of the tests that share one: per pytest-xdist worker (.ci/run runs the suite on
+# two), so one worker's flush never empties the other's queue. The tests with a database of their
+# own (7-11) run in one file each, which xdist keeps on one worker (--dist loadfile).
+_XDIST_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+_SHARED_DBS = [(14, 13), (15, 12), (6, 5), (4, 3)]  # (API tests, end to end) per worker
+if _XDIST_WORKER >= len(_SHARED_DBS):
+    raise RuntimeError(f"tests/service_fixtures.py has Redis databases for {len(_SHARED_DBS)} xdist workers; "
+                       f"run with -n {len(_SHARED_DBS)} or fewer")
+API_TEST_REDIS = f"redis://127.0.0.1:6379/{_SHARED_DBS[_XDIST_WORKER][0]}"
+E2E_REDIS = f"redis://127.0.0.1:6379/{_SHARED_DBS[_XDIST_WORKER][1]}"
 
 
 def create_database(name: str) -> str:

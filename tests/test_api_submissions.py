@@ -9,7 +9,7 @@ from sqlalchemy import select
 from service.db.models import Run
 from service.domain import queueing
 from service.domain.archives import pack_directory, sha256_hex
-from tests.service_fixtures import make_archive
+from tests.service_fixtures import API_TEST_REDIS, make_archive
 
 SOURCE = {"ops.cpp": "// kernels\n", "cpu/a.cpp": "int a = 1;\n"}
 
@@ -127,7 +127,7 @@ def test_broker_down_keeps_run_queued_then_dispatcher_sends_it(api, api_settings
     run = response.json()["runs"][0]
     assert run["status"] == "queued" and run["dispatched"] is False
     assert api.get("/readyz").status_code == 503
-    api_settings.broker_url = "redis://127.0.0.1:6379/14"  # the broker is back
+    api_settings.broker_url = API_TEST_REDIS  # the broker is back
     sent = queueing.dispatch_pending(session=db_session, settings=api_settings)
     assert sent == [run["id"]]
     assert api.get(f"/api/v1/runs/{run['id']}").json()["dispatched"] is True

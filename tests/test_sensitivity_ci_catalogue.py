@@ -20,8 +20,8 @@ from worker.sensitivity.catalogue import load_catalogue
 from worker.sensitivity.results import CaseCatch, MutantOutcome, SensitivityReport
 
 REPO = Path(__file__).resolve().parents[1]
-# The CLI run's own limit: 68 CPU mutants at ~15 s each when nothing is cached (docs/ENGINE.md),
-# with room for a loaded machine.
+# The CLI run's own limit: 1604 s from an empty build cache on 2 cores at load 3.5-5
+# (docs/ENGINE.md, "In CI"), with room for a slower machine.
 RUN_TIMEOUT_S = 2700
 
 

@@ -28,6 +28,7 @@ from service.results import CaseSpec, RunResult
 from worker import pipeline
 from worker.build import BuildResult
 from worker.battery import BatterySpec, load_battery
+from worker.build.cache import default_cache_dir
 from worker.sensitivity.build_ahead import BuildAhead
 from worker.sensitivity.catalogue import DEFAULT_CATALOGUE, Mutant, load_catalogue, mutant_tree, select
 from worker.sensitivity.results import (
@@ -85,8 +86,16 @@ class SensitivityRun:
     _baseline_digests: dict[str, list[str]] = field(default_factory=dict)
 
     def policy(self) -> pipeline.Policy:
+        cache_root = self.cache_dir or default_cache_dir()
         return pipeline.Policy(device=self.device, cache_dir=self.cache_dir,
-                               cuda_archs=[] if self.device == "cpu" else None, case_timeout_s=self.case_timeout_s)
+                               cuda_archs=[] if self.device == "cpu" else None, case_timeout_s=self.case_timeout_s,
+                               # A mutant's unchanged cases take the metrics the unmutated build's run
+                               # stored (the same results bit for bit: worker/engine/reference_cache.py).
+                               reference_cache=cache_root / "references",
+                               # On a GPU the next mutant's kernel host imports torch during this one's
+                               # verdict (worker/engine/host_reserve.py); on 2 CPU cores it would only
+                               # take a core from the builds ahead.
+                               warm_host=self.device != "cpu", host_slot_root=cache_root / "host-slots")
 
     def run(self) -> SensitivityReport:
         started = time.monotonic()

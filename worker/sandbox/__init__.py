@@ -104,19 +104,22 @@ class Scratch:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def _libc():  # noqa: ANN202
-    return ctypes.CDLL(None, use_errno=True)
+# Resolved once, here in the parent. A child between fork and exec (the preexec functions below)
+# must not call dlopen or dlsym: another thread of the parent may have held the loader's lock at
+# the fork (a thread importing an extension module while `optdrift sensitivity --build-jobs`
+# threads start builds, or a worker's heartbeat thread), and the child would wait on it forever.
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_PRCTL, _UNSHARE = _LIBC.prctl, _LIBC.unshare
 
 
 def _unshare_network() -> None:
     """In the child, before exec. Raises OSError if the kernel refuses."""
-    libc = _libc()
     if os.geteuid() == 0:
-        if libc.unshare(CLONE_NEWNET) != 0:
+        if _UNSHARE(CLONE_NEWNET) != 0:
             raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
         return
     uid, gid = os.getuid(), os.getgid()
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+    if _UNSHARE(CLONE_NEWUSER | CLONE_NEWNET) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER|CLONE_NEWNET)")
     # Map our own uid/gid into the namespace so file ownership looks the same as outside.
     Path("/proc/self/setgroups").write_text("deny")
@@ -138,7 +141,7 @@ def _set_limits(limits: SandboxLimits) -> None:
 
 def _make_preexec(limits: SandboxLimits, isolate: bool):  # noqa: ANN202
     def preexec() -> None:
-        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
         # bwrap makes the folders above each bind with the caller's umask: a worker started with
         # 077 would leave them untraversable by the sandbox user.
         os.umask(0o022)

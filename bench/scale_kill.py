@@ -301,11 +301,13 @@ def kill_bench(config: str, *, battery: str, build_cache: Path, logs: Path, kill
         raise
     finally:
         # Cut short or failed: a short warm shutdown (the device call's time is counted) and the
-        # base's build if it was still compiling (the sandbox gives it its own session).
+        # processes still running from this run's home (a build cut short has its own session).
         for process in [*workers, api]:
             stop(process, 5 if failed else 30)
         if failed:
-            kill_leftovers(build_cache)
+            # This run's home only: the build cache may be shared (the test suite's, used by
+            # other tests' builds running at the same time on another xdist worker).
+            kill_leftovers(home)
     result.update(config=config, battery=battery, run_id=victim, workers_ready_s=ready_s,
                   base_verdict=(base_run["verdict"] or {}).get("outcome"),
                   recovery_settings=recovery, stored=stored(home / "optdrift.db", victim, base),

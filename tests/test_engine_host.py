@@ -144,3 +144,18 @@ def test_the_params_only_corun_reproduces_run_case_bit_for_bit(kernels_build, tm
             written = (tmp_path / "params.f32").read_bytes()
             assert len(written) == case.steps * case.size * 4
             assert written == (tmp_path / "full.f32").read_bytes()
+
+
+def test_run_many_pauses_between_bursts_of_answers(kernels_build):
+    """on_pause() comes whenever no answer is ready: between the fast runner's waves, so a caller
+    storing results in batches (worker/tasks.py StoredResults) writes each wave as it ends."""
+    from worker.battery import load_battery
+
+    cases = load_battery("quick").expand()
+    events: list[str] = []
+    with _host(kernels_build) as host:
+        results = host.run_many(cases, on_result=lambda i, r: events.append("result"),
+                                on_pause=lambda: events.append("pause"))
+    assert len(results) == len(cases) and events.count("result") == len(cases)
+    first, last = events.index("result"), len(events) - 1 - events[::-1].index("result")
+    assert "pause" in events[first:last], "no pause between the first and the last answer"

@@ -67,7 +67,7 @@ def test_a_worker_times_the_kernels_and_the_service_shows_them(tmp_path: Path) -
         assert speed["note"].startswith("24 kernel timings on cpu in ")  # the worker's note on the run
 
         # the CLI: the same document; the exit code ignores speed unless --fail-on-slowdown
-        cli_env = {**os.environ, "OPTDRIFT_TOKEN": token, "PYTHONPATH": str(REPO_ROOT)}
+        cli_env = {**os.environ, "OPTDRIFT_TOKEN": token, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "200"}  # a wide log
         shown = subprocess.run([sys.executable, "-m", "service.cli", "speed", str(ids["child"]), "--format", "json",
                                 "--url", url], capture_output=True, text=True, env=cli_env, timeout=60)
         assert shown.returncode == 0, shown.stderr

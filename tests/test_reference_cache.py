@@ -151,7 +151,7 @@ class _LyingHost:
     def __init__(self, answer):
         self.answer = answer
 
-    def run_many(self, cases, on_result=None, known=None):  # noqa: ANN001
+    def run_many(self, cases, on_result=None, known=None, on_pause=None):  # noqa: ANN001
         known(self.environment)
         return [self.answer]
 

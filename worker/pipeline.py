@@ -113,10 +113,12 @@ class Ran:
 
 
 def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | None = None,
-        baseline_digests: dict[str, list[str]] | None = None, cases: list[CaseSpec] | None = None) -> Ran:
+        baseline_digests: dict[str, list[str]] | None = None, cases: list[CaseSpec] | None = None,
+        on_pause: Callable[[], None] | None = None) -> Ran:
     """Every case on the build in one kernel host (fast engine or one case at a time, per
     `policy`). `on_result(index, result)` as results arrive; a case whose result changes later
-    (its repeat check) is reported again.
+    (its repeat check) is reported again. `on_pause()` whenever no further result is ready yet
+    (after each burst of results, after each case run one at a time).
 
     Repeats: a case whose digests differ from `baseline_digests` is run again on the same build
     before it may be reported changed (`job.config.repeats` runs in all, at least 2), and with
@@ -134,23 +136,25 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
         return _run_on(spare or KernelHost(built.library_path, device=policy.device,
                                            case_timeout_s=policy.case_timeout_s, adapter=job.config.adapter,
                                            deadline=policy.deadline, adapter_paths=adapter_paths),
-                       cases, policy, job, on_result, baseline_digests)
+                       cases, policy, job, on_result, baseline_digests, on_pause)
     finally:
         if policy.warm_host:  # the next run's host imports torch while this one's verdict is made
             host_reserve.replenish(device=policy.device, slot_root=policy.host_slot_root)
 
 
 def _run_on(host, cases: list[CaseSpec], policy: Policy, job: Job, on_result: OnResult | None,  # noqa: ANN001
-            baseline_digests: dict[str, list[str]] | None) -> Ran:
+            baseline_digests: dict[str, list[str]] | None, on_pause: Callable[[], None] | None) -> Ran:
     with host:
         if policy.fast_engine:
-            results = reference_cache.run_many(host, cases, _cache(policy), on_result=on_result)
+            results = reference_cache.run_many(host, cases, _cache(policy), on_result=on_result, on_pause=on_pause)
         else:
             results = []
             for index, case in enumerate(cases):
                 results.append(host.run(case))
                 if on_result:
                     on_result(index, results[-1])
+                if on_pause:
+                    on_pause()
         _check_repeats(host, cases, results, policy, job.config.repeats, baseline_digests or {}, on_result)
         return Ran(results=results, environment=host.environment, adapter=host.adapter_description)
 

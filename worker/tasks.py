@@ -267,7 +267,9 @@ class StoredResults:
     the progress they make (`cases_done`), so progress never runs ahead of what is stored, and a
     battery of a thousand cases costs a few dozen commits instead of a thousand (each with its
     cancel check and heartbeat), which held the kernel host's answers back (docs/PERFORMANCE.md).
-    A batch is written when it is full or FLUSH_AFTER_S after its first result, and at the end."""
+    A batch is written when it is full, FLUSH_AFTER_S after its first result, whenever the kernel
+    host has no further result ready (`flush` as the pipeline's on_pause: its results come in
+    bursts, one per wave), and at the end."""
 
     BATCH = 128
     FLUSH_AFTER_S = 0.5
@@ -399,7 +401,7 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
 
         fingerprint: dict | None = None
         try:
-            ran = pipeline.run(job, built, policy, on_result=store,
+            ran = pipeline.run(job, built, policy, on_result=store, on_pause=stored.flush,
                                baseline_digests=_baseline_digests(session, run))
             stored.flush()
         except RunBudgetExceeded as exceeded:

@@ -546,6 +546,13 @@ class KernelHost:
         tail = self.stderr_tail()
         return how + (f"; last stderr lines:\n{tail}" if tail else "")
 
+    def _answer_ready(self) -> bool:
+        """Whether a whole answer, or the start of one, can be read without waiting."""
+        if self._buffer.find(b"\n") >= 0:
+            return True
+        ready, _, _ = select.select([self._process.stdout.fileno()], [], [], 0)
+        return bool(ready)
+
     def _read_line(self, deadline: float) -> bytes | None:
         """One protocol line, or None on EOF (host died) or at the deadline (host hangs)."""
         if self.deadline is not None:
@@ -680,14 +687,16 @@ class KernelHost:
         return self._scratch.path
 
     def run_many(self, cases: list[CaseSpec], on_result=None, *, params_file: str | None = None,  # noqa: ANN001
-                 known=None, run_one=None) -> list[CaseResult]:  # noqa: ANN001
+                 known=None, run_one=None, on_pause=None) -> list[CaseResult]:  # noqa: ANN001
         """All `cases` through the host's fast runner (worker.engine.fast), the same results as
         `run` one by one. `on_result(index, result)` as results arrive (out of order). Cases the
         fast runner did not answer (crash, hang, CUDA error) are then run one by one with `run`
         (or `run_one(index, case)`), so a faulty case is reported broken on its own.
         `params_file`: a file name in `scratch_path` for the co-run's kernels-only run (its layout:
         worker.engine.params_file). `known(environment) -> {index: [series keys]}`: the reference
-        cache's known digest series (worker.engine.reference_cache.run_many)."""
+        cache's known digest series (worker.engine.reference_cache.run_many). `on_pause()` when
+        the host has no further answer ready (its answers come in bursts, one per wave): where a
+        caller storing results in batches writes what it holds."""
         results: list[CaseResult | None] = [None] * len(cases)
         self._ensure_running()  # a startup failure: the one-by-one pass below reports it per case
         if self._alive():
@@ -703,6 +712,8 @@ class KernelHost:
             except OSError:
                 pass
             while True:
+                if on_pause is not None and not self._answer_ready():
+                    on_pause()
                 # The timeout applies between answers: one group of cases at most.
                 try:
                     line = self._read_line(time.monotonic() + self.case_timeout_s)

@@ -191,12 +191,13 @@ def for_policy(folder: Path | None, *, trusted: bool) -> ReferenceCache | None:
 
 
 def run_many(host, cases: list[CaseSpec], cache: ReferenceCache | None, *,  # noqa: ANN001
-             on_result: Callable[[int, CaseResult], None] | None = None) -> list[CaseResult]:
+             on_result: Callable[[int, CaseResult], None] | None = None,
+             on_pause: Callable[[], None] | None = None) -> list[CaseResult]:
     """`host.run_many(cases)` (a worker.engine.host.KernelHost) with the metrics of known digest
     series taken from `cache` instead of recomputed; the same results, bit for bit. A cache that
     cannot be read or written is logged and the run goes on without it."""
     if cache is None:
-        return host.run_many(cases, on_result=on_result)
+        return host.run_many(cases, on_result=on_result, on_pause=on_pause)
     held: dict[int, dict[str, Trajectory]] = {}
     reused: dict[int, tuple[CaseSpec, str]] = {}  # case index -> (case, series key) taken from the cache
 
@@ -225,7 +226,8 @@ def run_many(host, cases: list[CaseSpec], cache: ReferenceCache | None, *,  # no
             on_result(index, filled(index, result))
 
     results = [filled(index, result)
-               for index, result in enumerate(host.run_many(cases, on_result=on_raw, known=known))]
+               for index, result in enumerate(host.run_many(cases, on_result=on_raw, known=known,
+                                                            on_pause=on_pause))]
     if host.environment is not None:
         fresh = [r for index, r in enumerate(results) if r.status == "ok" and r.trajectory is not None
                  and series_key(r.trajectory.digests) not in held.get(index, {})]

@@ -195,6 +195,17 @@ def kill_leftovers(home: Path) -> None:
         time.sleep(0.2)
 
 
+def stop_service(processes: list, home: Path, *, cut_short: bool) -> None:
+    """Stop the workers and the API we started (a short warm shutdown when cut short, so the next
+    part of a device call gets the GPUs), then, if cut short, whatever still runs from `home`. Only
+    `home`: a build cache may be shared with other jobs' builds (the test suite's, on another
+    xdist worker), and a leftover of ours runs in or names our home."""
+    for process in processes:
+        stop(process, 5 if cut_short else 30)
+    if cut_short:
+        kill_leftovers(home)
+
+
 def tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

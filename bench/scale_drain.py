@@ -30,7 +30,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_latency import (  # noqa: E402
-    REPO_ROOT, Interrupted, _interrupted, child_environment, free_port, kill_leftovers, start, stop, wait_ready,
+    REPO_ROOT, Interrupted, _interrupted, child_environment, free_port, start, stop_service, wait_ready,
 )
 
 sys.path.insert(0, str(REPO_ROOT))
@@ -114,13 +114,7 @@ def drain(config: str, *, battery: str, commits_to_drain: Callable[[float], int]
         interrupted = True
         raise
     finally:
-        # Cut short (the device script's `timeout`): a short warm shutdown, so that the next part
-        # of the call gets the GPUs, and the base's build if it was still compiling (the sandbox
-        # gives it its own session; it works in the build cache).
-        for process in [*workers, api]:
-            stop(process, 5 if interrupted else 30)
-        if interrupted:
-            kill_leftovers(build_cache)
+        stop_service([*workers, api], home, cut_short=interrupted)
     with sqlite3.connect(home / "optdrift.db") as db:
         rows = db.execute(f"SELECT id, attempt, worker FROM runs WHERE id IN ({','.join(map(str, ids))})").fetchall()
     per_worker: dict[str, int] = {}

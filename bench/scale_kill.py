@@ -78,8 +78,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_latency import (  # noqa: E402
-    REPO_ROOT, Interrupted, SetupError, _interrupted, child_environment, free_port, kill_leftovers, start,
-    stop, wait_ready,
+    REPO_ROOT, Interrupted, SetupError, _interrupted, child_environment, free_port, start, stop_service,
+    wait_ready,
 )
 from scale_drain import start_workers, worker_count  # noqa: E402
 
@@ -300,14 +300,7 @@ def kill_bench(config: str, *, battery: str, build_cache: Path, logs: Path, kill
         failed = True
         raise
     finally:
-        # Cut short or failed: a short warm shutdown (the device call's time is counted) and the
-        # processes still running from this run's home (a build cut short has its own session).
-        for process in [*workers, api]:
-            stop(process, 5 if failed else 30)
-        if failed:
-            # This run's home only: the build cache may be shared (the test suite's, used by
-            # other tests' builds running at the same time on another xdist worker).
-            kill_leftovers(home)
+        stop_service([*workers, api], home, cut_short=failed)
     result.update(config=config, battery=battery, run_id=victim, workers_ready_s=ready_s,
                   base_verdict=(base_run["verdict"] or {}).get("outcome"),
                   recovery_settings=recovery, stored=stored(home / "optdrift.db", victim, base),

@@ -64,6 +64,11 @@ fi
 command -v patch >/dev/null || command -v git >/dev/null || fail "neither patch nor git is installed: the catalogue cannot be applied"
 { nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader; nproc; echo "ccache: ${OPTDRIFT_CCACHE:-$(command -v ccache || echo none)}"; } | tee "$LOG"
 
+# A refused CUDA launch must break its case without restarting the kernel host (a mutant that
+# launches zero blocks would otherwise cost a host start per case): checked here first.
+echo "tests/test_cuda_errors.py:" | tee -a "$LOG"
+timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda_errors.py 2>&1 | tail -n 8 | tee -a "$LOG"
+
 ONLY=$(python3 - "$MUTANTS" <<'EOF'
 import sys
 from worker.sensitivity.catalogue import load_catalogue

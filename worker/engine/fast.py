@@ -61,6 +61,7 @@ import torch
 from service.results import CaseResult, CaseSpec, Trajectory
 from worker.adapters.base import AdapterContractError
 from worker.engine import digest as od2
+from worker.engine.cuda_errors import context_lost
 from worker.engine import lifecycle
 from worker.engine.gradients import GradientStream, initial_parameters, zero_mask
 from worker.references.optimizers import make_reference
@@ -560,8 +561,8 @@ class _Wave:
             try:
                 bound(step)
             except Exception as error:  # noqa: BLE001
-                if self.device.type == "cuda" and ("CUDA" in str(error) or type(error).__name__ == "AcceleratorError"):
-                    raise  # the context is gone: the kernel host reports and restarts
+                if context_lost(error, self.device):
+                    raise  # the kernel host reports it and restarts; a refused launch breaks only this case
                 self.broken.add(index)
 
     def references(self, step: int) -> None:

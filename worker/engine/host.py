@@ -104,10 +104,6 @@ def _inject_fault(case: CaseSpec) -> None:
                 time.sleep(3600)
 
 
-def _is_cuda_error(error: BaseException) -> bool:
-    return "CUDA" in str(error) or type(error).__name__ == "AcceleratorError"
-
-
 def host_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="run optimizer cases on one kernel build")
     parser.add_argument("--library",
@@ -147,6 +143,7 @@ def host_main(argv: list[str] | None = None) -> int:
 
     from worker.adapters import AdapterError, get_adapter
     from worker.engine.environment import fingerprint, resolve_device
+    from worker.engine.cuda_errors import context_lost
     from worker.engine.trajectory import run_case, run_params
 
     mark("import engine")
@@ -213,7 +210,7 @@ def host_main(argv: list[str] | None = None) -> int:
             else:
                 result = run_case(case, device, families=families)
         except Exception as error:  # noqa: BLE001 - any kernel error is this case's verdict
-            restart = device.type == "cuda" and _is_cuda_error(error)
+            restart = context_lost(error, device)
             result = CaseResult(case=case, status="broken", message=f"{type(error).__name__}: {error}")
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -235,6 +232,7 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
     """Fast mode; False when the host must exit (a CUDA error left the context unusable)."""
     import torch
 
+    from worker.engine.cuda_errors import context_lost
     from worker.engine.kernels_only import run_request
 
     cases = [CaseSpec.model_validate(c) for c in request["cases"]]
@@ -255,7 +253,7 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
     try:
         run_request(request, cases, runnable, device, families, emit)
     except Exception as error:  # noqa: BLE001 - reported; the parent falls back to one case at a time
-        restart = device.type == "cuda" and _is_cuda_error(error)
+        restart = context_lost(error, device)
         protocol.write(json.dumps({"stopped": f"{type(error).__name__}: {error}", "restart": restart}) + "\n")
         return not restart
     if device.type == "cuda":

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from service.results import CaseSpec, GradientStreamSpec
+from worker.engine import cuda_errors
 
 DEFAULT_SIZES = (1 << 20, 1 << 26)
 DEFAULT_DTYPES = ("float32", "bfloat16")
@@ -166,7 +167,7 @@ def time_kernels(plan: TimingPlan, device: torch.device, adapter, families: Mapp
     clock = Clock(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     timings, not_applicable, not_timed = [], 0, 0
-    context_lost = False  # after a CUDA error nothing more can run in this process
+    context_lost = False  # after a sticky CUDA error nothing more can run in this process
     for timing in plan_targets(plan, list(families)):
         case = _timing_case(timing.optimizer, timing.family, timing.param_dtype, timing.size)
         if adapter.unsupported(case, device):
@@ -180,7 +181,7 @@ def time_kernels(plan: TimingPlan, device: torch.device, adapter, families: Mapp
         except Exception as error:  # noqa: BLE001 - this kernel's failure, reported with it
             timing.error = f"{type(error).__name__}: {error}"[:2000]
             timing.samples_s, timing.copy_samples_s = [], []
-            context_lost = device.type == "cuda" and ("CUDA" in str(error) or type(error).__name__ == "AcceleratorError")
+            context_lost = cuda_errors.context_lost(error, device)
         timings.append(timing.as_json())
         if device.type == "cuda":
             torch.cuda.empty_cache()  # 2^26-element tensors of one kernel must not pile up

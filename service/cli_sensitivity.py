@@ -40,6 +40,9 @@ def sensitivity(
     build_jobs: Annotated[int, typer.Option(
         min=0, help="mutant builds made ahead of (and while) the mutant being judged runs its battery; "
                     "0: each built when judged. Same builds either way; more jobs pay on more cores")] = 1,
+    attribute: Annotated[int, typer.Option(
+        min=0, help="attribute up to this many changed cases of each caught defect (what kind of change "
+                    "each is) and score the calls against the catalogue's `attribution`; 0: off")] = 0,
 ) -> None:
     """Apply each catalogued mutant, build it, run the battery against the unmutated build, and print
     the detection matrix, the catch rate per class, the false positives and the escaped mutants."""
@@ -62,7 +65,8 @@ def sensitivity(
     run = SensitivityRun(battery=battery, device=device, catalogue=catalogue or DEFAULT_CATALOGUE,
                          only=only or None, source=source or BUNDLED_CSRC,
                          fallback_battery=None if fallback_battery == "none" else fallback_battery,
-                         checkpoint=json_out, build_jobs=build_jobs, progress=lambda line: console.print(line, markup=False, highlight=False))
+                         checkpoint=json_out, build_jobs=build_jobs, attribute=attribute,
+                         progress=lambda line: console.print(line, markup=False, highlight=False))
     try:
         report = run.run()
     except (CatalogueError, BatteryError, FileNotFoundError) as problem:

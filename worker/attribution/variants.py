@@ -67,6 +67,9 @@ CATALOGUE: tuple[Variant, ...] = (
             {"eps": "inside_sqrt"}),
     Variant("eps_before_bias_correction", "eps added before the second-moment bias correction", "eps placement",
             TWO_MOMENT, {"eps": "before_bias_correction"}),
+    Variant("eps_inside_sqrt_before_bias_correction",
+            "eps inside the square root, before the second-moment bias correction (√(v + eps) / √bc2)",
+            "eps placement", TWO_MOMENT, {"eps": "inside_sqrt_before_bias_correction"}),
     Variant("bias_correction1_missing", "first-moment bias correction missing", "bias correction", TWO_MOMENT,
             {"bias1": "off"}),
     Variant("bias_correction2_missing", "second-moment bias correction missing", "bias correction", TWO_MOMENT,
@@ -181,6 +184,8 @@ class _Rule:
             return torch.sqrt(sq / sqrt_bc2 ** 2 + eps)
         if mode == "before_bias_correction":
             return (torch.sqrt(sq) + eps) / sqrt_bc2
+        if mode == "inside_sqrt_before_bias_correction":
+            return torch.sqrt(sq + eps) / sqrt_bc2
         return torch.sqrt(sq) / sqrt_bc2 + eps
 
     def _adam(self, t: int, g: torch.Tensor, raw: torch.Tensor) -> None:

@@ -2,7 +2,9 @@
 stay bit-identical, as unified-diff patches with their class and what they should change.
 
 Layout (worker/sensitivity/catalogue/): `catalogue.toml` lists every entry (`id` = "<class>/<name>",
-`kind` = "defect" | "refactor", `expect`), and `<class>/<name>.patch` is its patch against csrc/
+`kind` = "defect" | "refactor", `expect`, and for a defect optionally `attribution`: what the
+attribution should call its changed cases, a variant of worker/attribution/variants.py, "rounding-level",
+or "none" where no variant models it), and `<class>/<name>.patch` is its patch against csrc/
 (paths `a/<file>`, relative to the kernel source root). A patch is applied with GNU patch and no
 fuzz (or `git apply` where patch is missing), so a patch that no longer matches the kernels fails loudly instead of landing somewhere else.
 
@@ -12,6 +14,7 @@ only the CUDA build, anything else (optimizer_math.h, quant_map.h, ops.cpp...) b
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import shutil
@@ -36,6 +39,7 @@ class Mutant:
     kind: str  # "defect" | "refactor"
     expect: str
     patch_path: Path
+    attribution: str | None = None  # the attribution's expected call (module docstring); None: not stated
 
     @property
     def mutant_class(self) -> str:
@@ -91,20 +95,33 @@ def load_catalogue(folder: Path = DEFAULT_CATALOGUE) -> list[Mutant]:
             problems.append(f"{where}: kind must be one of {KINDS}, got {kind!r}")
         if not entry.get("expect"):
             problems.append(f"{where}: say what it should change in `expect`")
-        unknown = sorted(set(entry) - {"id", "kind", "expect"})
+        unknown = sorted(set(entry) - {"id", "kind", "expect", "attribution"})
         if unknown:
             problems.append(f"{where}: unknown fields {unknown}")
+        attribution = entry.get("attribution")
+        if attribution is not None and (kind != "defect" or attribution not in attribution_calls()):
+            problems.append(f"{where}: attribution {attribution!r} must be, on a defect, one of "
+                            f"{', '.join(sorted(attribution_calls()))}")
         patch_path = folder / f"{mutant_id}.patch"
         if not patch_path.is_file():
             problems.append(f"{where}: its patch {patch_path} is missing")
             continue
-        mutants.append(Mutant(id=mutant_id, kind=kind, expect=entry.get("expect", ""), patch_path=patch_path))
+        mutants.append(Mutant(id=mutant_id, kind=kind, expect=entry.get("expect", ""), patch_path=patch_path,
+                              attribution=attribution))
     for stray in sorted(folder.glob("*/*.patch")):
         if stray.relative_to(folder).with_suffix("").as_posix() not in seen:
             problems.append(f"{stray} is not listed in {index}: add an entry or remove the file")
     if problems:
         raise CatalogueError(f"catalogue {folder} has {len(problems)} problem(s): " + "; ".join(problems))
     return mutants
+
+
+@functools.cache
+def attribution_calls() -> frozenset[str]:
+    """What a catalogue entry's `attribution` may say: a variant's name, "rounding-level", or "none"."""
+    from worker.attribution.variants import CATALOGUE  # torch: only when a catalogue states attributions
+
+    return frozenset({variant.name for variant in CATALOGUE} | {"rounding-level", "none"})
 
 
 def select(mutants: list[Mutant], only: list[str] | None) -> list[Mutant]:

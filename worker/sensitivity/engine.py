@@ -10,6 +10,10 @@ For a defect the battery misses, the cheapest case of a larger battery that catc
 elements x steps) is searched in rounds of growing cost, stopping at the first round that
 catches, so the search costs little when a small case would have done.
 
+With `attribute` > 0, a caught defect's changed cases are attributed (worker/attribution: what kind
+of change each is) on a sample of up to that many of them, 32-bit cases first and spread over
+optimizers and dtypes, and the calls are counted against the catalogue's `attribution`.
+
 Mutants are built ahead of the one being judged (`build_jobs` builds at once,
 worker.sensitivity.build_ahead), so compiles overlap the batteries; the builds themselves are the
 ones a sequential run makes, and mutants are judged and reported in the same order.
@@ -26,6 +30,7 @@ from pathlib import Path
 
 from service.results import CaseSpec, RunResult
 from worker import pipeline
+from worker.attribution.record import attribute_changed
 from worker.build import BuildResult
 from worker.battery import BatterySpec, load_battery
 from worker.build.cache import default_cache_dir
@@ -83,6 +88,7 @@ class SensitivityRun:
     progress: Progress = print
     checkpoint: Path | None = None  # the report so far, rewritten after each mutant; resumed from
     build_jobs: int = 1  # mutant builds running ahead of the one judged (0: each built when judged)
+    attribute: int = 0  # changed cases attributed per caught defect (0: no attribution)
     _baseline_digests: dict[str, list[str]] = field(default_factory=dict)
 
     def policy(self) -> pipeline.Policy:
@@ -147,7 +153,9 @@ class SensitivityRun:
             return {}
         current = {m.id: m for m in mutants}
         return {o.id: o for o in previous.mutants
-                if o.id in current and o.kind == current[o.id].kind and o.patch_sha256 == current[o.id].patch_sha256}
+                if o.id in current and o.kind == current[o.id].kind and o.patch_sha256 == current[o.id].patch_sha256
+                # judged again when this run attributes and that one did not
+                and not (self.attribute > 0 and o.status == "caught" and not o.attributed)}
 
     def _baseline(self, job: pipeline.Job, policy: pipeline.Policy, builds: BuildAhead) -> tuple:
         """The unmutated tree's build and battery run (and its digests for the repeats). The mutant
@@ -211,7 +219,8 @@ class SensitivityRun:
         commit_run = self._run(mutant_job, built, policy, job.cases, self._baseline_digests)
         outcome.run_s = round(time.monotonic() - started, 1)
         specs = {case.case_id: case for case in job.cases}
-        for verdict in pipeline.compare(commit_run, base_run).cases:
+        comparison = pipeline.compare(commit_run, base_run)
+        for verdict in comparison.cases:
             if verdict.verdict in CATCHING_VERDICTS:
                 outcome.catches.append(CaseCatch(case_id=verdict.case_id, verdict=verdict.verdict,
                                                  first_divergent_step=verdict.first_divergent_step,
@@ -224,7 +233,32 @@ class SensitivityRun:
             outcome.status = "caught" if outcome.catches else "escaped"
         if outcome.status == "escaped" and self.fallback_battery and self.fallback_battery != job.battery.name:
             outcome.cheapest_catch = self._cheapest_catch(mutant_job, built, base_build, policy)
+        if outcome.status == "caught" and self.attribute > 0:
+            self._attribute(mutant, outcome, comparison, base_run, specs, built, base_build, job)
         return outcome
+
+    def _attribute(self, mutant: Mutant, outcome: MutantOutcome, comparison, base_run: RunResult,  # noqa: ANN001
+                   specs: dict[str, CaseSpec], built, base_build, job: pipeline.Job) -> None:  # noqa: ANN001
+        """The attribution of a sample of the mutant's changed cases, counted by call."""
+        outcome.attributed, outcome.attribution_expected = True, mutant.attribution
+        changed = [specs[c.case_id] for c in comparison.cases if c.verdict == "changed" and c.first_divergent_step]
+        sample = attribution_sample(changed, self.attribute)
+        if not sample:
+            return
+        started = time.monotonic()
+        try:
+            records = attribute_changed(comparison, base_run, sample, built.library_path, base_build.library_path,
+                                        device=self.device, adapter=job.config.adapter,
+                                        case_timeout_s=self.case_timeout_s)
+        except Exception as error:  # noqa: BLE001 - a failed attribution is reported, the catch stands
+            outcome.attribution_error = f"{type(error).__name__}: {error}"[:2000]
+            records = {}
+        outcome.attribution_s = round(time.monotonic() - started, 1)
+        calls: dict[str, int] = {}
+        for record in records.values():
+            call = attribution_label(record)
+            calls[call] = calls.get(call, 0) + 1
+        outcome.attribution = dict(sorted(calls.items(), key=lambda item: (-item[1], item[0])))
 
     def _cheapest_catch(self, mutant_job: pipeline.Job, built, base_build,  # noqa: ANN001
                         policy: pipeline.Policy) -> CheapestCatch | None:
@@ -251,6 +285,34 @@ class SensitivityRun:
                                      verdict=best.verdict, first_divergent_step=best.first_divergent_step,
                                      cases_tried=tried)
         return None
+
+
+def attribution_label(record: dict) -> str:
+    """One attribution record (worker/attribution/analysis.py) as the call it makes: the variant's
+    name, "rounding-level", "unexplained", or "error"."""
+    if "error" in record:
+        return "error"
+    if record.get("variant"):
+        return str(record["variant"])
+    return "rounding-level" if record.get("class") == "rounding-level" else "unexplained"
+
+
+def attribution_sample(changed: list[CaseSpec], count: int) -> list[CaseSpec]:
+    """Up to `count` of the changed cases to attribute: 32-bit cases before 8-bit ones (the
+    variants carry no quantization, so an 8-bit case is named only when it diverges at step 1),
+    one per (optimizer, dtype) in turn, the cheapest of each first."""
+    sample: list[CaseSpec] = []
+    for eight_bit in (False, True):
+        by_kind: dict[tuple[str, str], list[CaseSpec]] = {}
+        for case in sorted(changed, key=lambda c: (case_cost(c), c.case_id)):
+            if (case.family != "32bit") == eight_bit:
+                by_kind.setdefault((case.optimizer, case.param_dtype), []).append(case)
+        queues = [by_kind[key] for key in sorted(by_kind)]
+        while len(sample) < count and any(queues):
+            for queue in queues:
+                if queue and len(sample) < count:
+                    sample.append(queue.pop(0))
+    return sample
 
 
 def _shown(path: Path) -> str:

@@ -71,9 +71,35 @@ def _list(title: str, mutants: list[MutantOutcome], console: Console, *, cheapes
     console.print(table)
 
 
+def print_attribution(report: SensitivityReport, console: Console) -> None:
+    """Per attributed defect: what the catalogue expects the attribution to call it, what it called
+    the sampled changed cases, and whether the most common call is the expected one."""
+    attributed = [m for m in report.judged("defect") if m.attributed]
+    if not attributed:
+        return
+    table = Table(title="attribution of the caught defects (a sample of each one's changed cases)")
+    for column in ("mutant", "expected", "called (cases)", "right", "s"):
+        table.add_column(column, overflow="fold", justify="right" if column == "s" else "left")
+    for mutant in attributed:
+        expected, call = mutant.attribution_expected, mutant.attribution_call()
+        calls = ", ".join(f"{name} {count}" for name, count in mutant.attribution.items()) or \
+            (f"error: {mutant.attribution_error}" if mutant.attribution_error else "no changed case to attribute")
+        if expected in (None, "none") or call is None:
+            right = "·"
+        else:
+            right = "[green]yes[/]" if call == expected else "[bold red]no[/]"
+        table.add_row(mutant.id, expected or "(not stated)", calls, right, f"{mutant.attribution_s:.1f}")
+    console.print(table)
+    for group, (right, total) in report.attribution_scores().items():
+        if total:
+            what = "the expected variant named" if group == "semantic" else "called rounding-level"
+            console.print(f"{group} mutants, {what}: {right} of {total} ({right / total:.0%})", highlight=False)
+
+
 def print_report(report: SensitivityReport, console: Console) -> None:
     print_matrix(report, console)
     print_catch_rates(report, console)
+    print_attribution(report, console)
     _list("false positives (refactors flagged)", report.false_positives(), console)
     _list("escaped (no case of the battery catches them)", report.escaped(), console, cheapest=True)
     failed = [m for m in report.mutants if m.status == "build_failed"]

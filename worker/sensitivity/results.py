@@ -54,6 +54,22 @@ class MutantOutcome(BaseModel):
     build_cached: bool = False
     run_s: float = 0.0
     error: str | None = None
+    # The attribution of a sample of its changed cases (`optdrift sensitivity --attribute N`):
+    # what the catalogue says it should call them, and call -> how many of the sample it called so.
+    attributed: bool = False  # the attribution ran on it (a resumed run with --attribute redoes the rest)
+    attribution_expected: str | None = None
+    attribution: dict[str, int] = {}
+    attribution_s: float = 0.0
+    attribution_error: str | None = None
+
+    def attribution_call(self) -> str | None:
+        """The call most of its attributed cases got ("mixed" on a tie at the top; None: none attributed)."""
+        ranked = sorted(self.attribution.items(), key=lambda item: -item[1])
+        if not ranked:
+            return None
+        if len(ranked) > 1 and ranked[1][1] == ranked[0][1]:
+            return "mixed"
+        return ranked[0][0]
 
 
 class SensitivityReport(BaseModel):
@@ -88,6 +104,20 @@ class SensitivityReport(BaseModel):
 
     def false_positives(self) -> list[MutantOutcome]:
         return [m for m in self.mutants if m.status == "flagged"]
+
+    def attribution_scores(self) -> dict[str, tuple[int, int]]:
+        """(named right, attributed) over the defects with a stated expectation, in two groups:
+        "semantic" (a variant is expected: the call must be that variant) and "rounding-level"
+        (a precision change: the call must be rounding-level). A mutant counts once, by its call."""
+        scores = {"semantic": [0, 0], "rounding-level": [0, 0]}
+        for mutant in self.judged("defect"):
+            expected, call = mutant.attribution_expected, mutant.attribution_call()
+            if expected in (None, "none") or call is None:
+                continue
+            group = scores["rounding-level" if expected == "rounding-level" else "semantic"]
+            group[0] += call == expected
+            group[1] += 1
+        return {name: (right, total) for name, (right, total) in scores.items()}
 
     def catching_cases(self) -> dict[str, set[str]]:
         """Mutant id -> the case ids that caught it (defects that ran)."""

@@ -333,9 +333,12 @@ def measure(client: OptdriftClient, commit: Commit, *, battery: str, poll_s: flo
     result.total_s = time.monotonic() - started
     result.verdict_wall = time.time()
     result.run = run
-    if (run.get("verdict") or {}).get("changed_cases"):
+    verdict = run.get("verdict") or {}
+    if verdict.get("changed_cases") and verdict.get("baseline_run_id") is not None:
         # A flagged commit: the co-run's per-step |commit - baseline| follows the verdict
         # (issue 18: flagged commit -> full co-run detail); it records its window when stored.
+        # Without a baseline there is no co-run (a first commit's broken cases count as changed
+        # too: waiting for its detail cost the H200 run of 2026-12-01 its 300 s per-run limit).
         while time.monotonic() - started < timeout_s:
             verdict = (client.run(run_id).get("verdict") or {})
             if (verdict.get("detail") or {}).get("corun_window"):

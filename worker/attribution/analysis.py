@@ -18,7 +18,8 @@ error, docs/KERNELS_8BIT.md), which is not the kernel's arithmetic growing.
 Which semantic change: each float64 variant V of worker/attribution/variants.py replays the case's
 gradients from the same start as the correct algorithm V0. If the commit implements V and the
 baseline V0, then commit − baseline = (V − V0) + the difference of their roundings, so
-`residual_V[t]` = max over elements of |(commit − baseline) − (V − V0)|, in scale ulps, is at most
+`residual_V[t]` = max over elements of |(commit − baseline) − (V − V0)|, in ulps of the larger of
+the baseline's and the commit's scales (each rounds at its own magnitude), is at most
 MATCH_ULPS_PER_STEP per step since the first divergent one for the right variant and the size of the unexplained change for every other (for V0 it is
 `ulps` itself). The rounding difference cancels in pairs of steps that differ only where the
 algorithms differ, which is why the residual is taken on the difference and not on |commit − V|
@@ -132,6 +133,10 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
 
     running = np.abs(initial_parameters(case.seed, case.size).to(catalogue._DTYPES[dtype]).float().numpy()
                      ).astype(np.float64)
+    # The residual's unit: the commit rounds at its own magnitude, which a semantic change can take
+    # far beyond the baseline's (AdEMAMix without its second-moment bias correction: 1e8 times),
+    # so its rounding is counted in ulps of the larger of the two scales.
+    running_either = running.copy()
     ulps, max_abs_diff = [], 0.0
     for t in range(1, steps + 1):
         params = next(replay)[1] if replay is not None and t <= last else None
@@ -139,6 +144,9 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
         check_representable(c, dtype)
         check_representable(b, dtype)
         np.maximum(running, np.abs(b), out=running)
+        # (a non-finite commit value leaves the scale as it was: its residual is non-finite anyway)
+        np.maximum(running_either, np.maximum(running, np.nan_to_num(np.abs(c), nan=0.0, posinf=0.0)),
+                   out=running_either)
         units = ulp(running, dtype)
         with np.errstate(invalid="ignore"):
             delta = c.astype(np.float64) - b
@@ -148,7 +156,8 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
         max_abs_diff = max(max_abs_diff, float(np.nanmax(np.abs(delta))))
         if params is not None:
             allowed = allowance[t - 1] * (MATCH_ULPS_PER_STEP / ROUNDING_ULPS_PER_STEP)
-            residuals.add(params, delta[chosen], c.astype(np.float64)[chosen], units[chosen], allowed)
+            residuals.add(params, delta[chosen], c.astype(np.float64)[chosen], ulp(running_either, dtype)[chosen],
+                          allowed)
 
     judged = ulps[s - 1:last]
     change_peak = max(judged)

@@ -31,7 +31,14 @@
 # "exit code: 0" (every defect caught, no refactor flagged) or 1 ends it; the log
 # sensitivity_cuda_standard.txt has the tables of the whole report.
 #
-# Options (environment): BATTERY=ci|quick|standard|<file>; MUTANTS=cuda (default: the mutants of
+# The attribution of every caught defect (issue 17's H200 attribution table; not run yet: the 72
+# builds alone are ~360-540 s on 16 cores, so 2 calls by estimate), on the ci battery:
+#     run(command="BATTERY=ci MUTANTS=all ATTRIBUTE=6 bash bench/gpu/sensitivity_cuda.sh",
+#         carry=[".whl", ".tools"], timeout_s=600, kind="nvidia-h200")
+# then RESUME as above with sensitivity_cuda_ci.json.
+#
+# Options (environment): BATTERY=ci|quick|standard|<file>; ATTRIBUTE=N (attribute up to N changed
+# cases of each caught defect, `--attribute`; default 0: off); MUTANTS=cuda (default: the mutants of
 # csrc/cuda/) or all; RESUME=<a report of an earlier call>; BUILD_JOBS (default 4: builds at once
 # ahead of the battery); MAX_JOBS (default 8: compiles per build; 4 x 8 on 16 cores, since nvcc
 # spends part of each compile in single-threaded host passes); BUDGET_S (default 560: the whole
@@ -96,5 +103,5 @@ echo "build jobs: $BUILD_JOBS x MAX_JOBS=$MAX_JOBS; run budget: $LEFT s" | tee -
 # written the report of every judged mutant; SIGKILL GRACE_S later if it has not ended.
 # shellcheck disable=SC2086  # $ONLY is a list of options
 timeout --signal=INT --kill-after="$GRACE_S" "$LEFT" python3 -m service.cli sensitivity --device cuda --battery "$BATTERY" $ONLY \
-  --build-jobs "$BUILD_JOBS" --fallback-battery none --json-out "$REPORT" 2>&1 | tee -a "$LOG"
+  --build-jobs "$BUILD_JOBS" --attribute "${ATTRIBUTE:-0}" --fallback-battery none --json-out "$REPORT" 2>&1 | tee -a "$LOG"
 echo "exit code: ${PIPESTATUS[0]} (0: every defect caught and no refactor flagged; 1: an escape or a false positive; 124: out of time, call again with RESUME)" | tee -a "$LOG"

@@ -159,3 +159,26 @@ def test_run_many_pauses_between_bursts_of_answers(kernels_build):
     assert len(results) == len(cases) and events.count("result") == len(cases)
     first, last = events.index("result"), len(events) - 1 - events[::-1].index("result")
     assert "pause" in events[first:last], "no pause between the first and the last answer"
+
+
+def test_hosts_started_together_overlap_their_starts_and_a_failed_one_reports_on_its_first_case(kernels_build, tmp_path):
+    """start_together spawns every host before waiting for any, and a host that cannot start is
+    left stopped, so its first case starts it again and reads broken with why."""
+    import time
+
+    case = _case("adam", 0)
+    with _host(kernels_build) as first, _host(kernels_build) as second, \
+            KernelHost(str(tmp_path / "missing.so"), device="cpu") as broken:
+        started = time.monotonic()
+        KernelHost.start_together([first, second])
+        together = time.monotonic() - started
+        assert first.running() and second.running()
+        # Started one after the other, the call would last at least the sum of the two hosts'
+        # spawn-to-ready times; spawned together, their starts overlap (an order, not a speed).
+        assert together < first.startup_s["spawn to ready"] + second.startup_s["spawn to ready"]
+        assert first.run(case).status == second.run(case).status == "ok"
+        assert first.restarts == second.restarts == 0
+        KernelHost.start_together([broken])
+        assert not broken.running()
+        result = broken.run(case)
+        assert result.status == "broken" and "missing.so" in (result.message or "")

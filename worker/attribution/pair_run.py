@@ -17,8 +17,9 @@ from service.verdicts import first_divergent_step
 from worker.engine.host import KernelHost
 
 log = logging.getLogger(__name__)
-# Hosts start one after the other, from this thread: a kernel host dies with the thread that started
-# it (the sandbox's parent-death signal), so starting them from worker threads would kill them.
+# Both hosts start together from this thread (KernelHost.start_together): a kernel host dies with the
+# thread that started it (the sandbox's parent-death signal), so starting them from worker threads
+# would kill them.
 # The analysis of one case replays ~30 float64 variants: well under a second at the standard
 # battery's sizes; this bounds a whole run's analysis.
 ANALYSIS_TIMEOUT_S = 600.0
@@ -33,6 +34,7 @@ def record_parameters(commit_library: str | Path, baseline_library: str | Path, 
     files: dict[str, tuple[Path, Path, int | None]] = {}
     with (KernelHost(commit_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter) as commit_host,
           KernelHost(baseline_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter) as baseline_host):
+        KernelHost.start_together([commit_host, baseline_host])
         for index, case in enumerate(cases):
             commit_file, baseline_file = workdir / f"{index}.commit.f32", workdir / f"{index}.baseline.f32"
             commit_host.submit(case, commit_file, params_only=True)

@@ -379,13 +379,31 @@ class KernelHost:
 
     # -- process management
     def start(self) -> None:
+        self._await_ready(self._spawn_for_build())
+
+    @staticmethod
+    def start_together(hosts: list["KernelHost"]) -> None:
+        """Start `hosts` at once from this thread: every process is spawned before any is waited
+        for, so their torch imports and CUDA contexts overlap (two hosts of an attribution start in
+        about the time of one). Call it from the thread that will use them: a host dies with the
+        thread that started it (the sandbox's parent-death signal). A host that does not start is
+        left stopped, as if never started: its first request starts it again and reports why."""
+        spawned = [(host, host._spawn_for_build()) for host in hosts if not host._alive()]
+        for host, at in spawned:
+            try:
+                host._await_ready(at)
+            except (KernelHostError, HostProtocolError) as error:
+                log.warning("%s; it is started again by its first request", error)
+                host._kill()
+                host._process = None
+
+    def _spawn_for_build(self) -> float:
         # Submitted code runs here, in the sandbox (worker/sandbox/__init__.py): it sees the build's output
         # read-only, the GPU's device nodes, a scratch HOME/TMPDIR removed by close(), and talks
         # to this process only over its pipes. Its own process group: a kill takes its children too.
-        spawned = self._spawn(["--library", self.library_path, "--adapter", self.adapter,
-                               *(arg for folder in self.adapter_paths for arg in ("--adapter-path", str(folder)))],
-                              readable=self._library_folders() + self.adapter_paths)
-        self._await_ready(spawned)
+        return self._spawn(["--library", self.library_path, "--adapter", self.adapter,
+                            *(arg for folder in self.adapter_paths for arg in ("--adapter-path", str(folder)))],
+                           readable=self._library_folders() + self.adapter_paths)
 
     def _spawn(self, arguments: list[str], readable: list[Path]) -> float:
         env = sandbox.sandbox_env(scratch=self._scratch.path,

@@ -31,14 +31,16 @@
 # "exit code: 0" (every defect caught, no refactor flagged) or 1 ends it; the log
 # sensitivity_cuda_standard.txt has the tables of the whole report.
 #
-# The attribution of every caught defect (issue 17's H200 attribution table; not run yet: the 72
-# builds alone are ~360-540 s on 16 cores, so 2 calls by estimate), on the ci battery:
-#     run(command="BATTERY=ci MUTANTS=all ATTRIBUTE=6 bash bench/gpu/sensitivity_cuda.sh",
+# The attribution table on the H200 (issue 17; not run yet): the 29 defects whose attribution the
+# catalogue states (MUTANTS=attributed; a variant or rounding-level), each caught defect's changed
+# cases sampled 6 at a time, on the quick battery (CPU figures for the same command: docs/ENGINE.md).
+# ESTIMATE, not measured: 29 builds at ~30 s, 4 at once, ~220 s, under ~29 x (battery ~4 s +
+# attribution ~8 s); one call, or two with RESUME as above (sensitivity_cuda_quick.json):
+#     run(command="BATTERY=quick MUTANTS=attributed ATTRIBUTE=6 bash bench/gpu/sensitivity_cuda.sh",
 #         carry=[".whl", ".tools"], timeout_s=600, kind="nvidia-h200")
-# then RESUME as above with sensitivity_cuda_ci.json.
 #
 # Options (environment): BATTERY=ci|quick|standard|<file>; ATTRIBUTE=N (attribute up to N changed
-# cases of each caught defect, `--attribute`; default 0: off); MUTANTS=cuda (default: the mutants of
+# cases of each caught defect, `--attribute`; default 0: off); MUTANTS=attributed (the defects with a stated attribution), MUTANTS=cuda (default: the mutants of
 # csrc/cuda/) or all; RESUME=<a report of an earlier call>; BUILD_JOBS (default 4: builds at once
 # ahead of the battery); MAX_JOBS (default 8: compiles per build; 4 x 8 on 16 cores, since nvcc
 # spends part of each compile in single-threaded host passes); BUDGET_S (default 560: the whole
@@ -83,8 +85,11 @@ ONLY=$(python3 - "$MUTANTS" <<'EOF'
 import sys
 from worker.sensitivity.catalogue import load_catalogue
 wanted = sys.argv[1]
-chosen = [m.id for m in load_catalogue()
-          if "cuda" in m.reaches and (wanted == "all" or any(p.startswith("cuda/") for p in m.touched_files))]
+def wanted_here(m):
+    if wanted == "attributed":  # the defects whose attribution the catalogue states
+        return m.attribution not in (None, "none")
+    return wanted == "all" or any(p.startswith("cuda/") for p in m.touched_files)
+chosen = [m.id for m in load_catalogue() if "cuda" in m.reaches and wanted_here(m)]
 print(" ".join(f"--only {mutant_id}" for mutant_id in chosen))
 EOF
 ) || fail "reading the catalogue failed"

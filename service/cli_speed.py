@@ -19,24 +19,48 @@ EXIT_CODES = ("Exit codes: 0 shown (any speed, unless --fail-on-slowdown); 6 a k
               "baseline with --fail-on-slowdown; 2 bad input or usage; 4 optdrift or service error.")
 
 
-def speed_table(speed: dict):  # noqa: ANN201
-    from rich.table import Table
+def _elements(size: int) -> str:
+    """2^26 rather than 67108864: the timed sizes are powers of two, and the column stays narrow."""
+    return f"2^{size.bit_length() - 1}" if size > 0 and size & (size - 1) == 0 else str(size)
 
+
+_SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "8bit_blockwise": "8bit"}
+
+
+def speed_table(speed: dict, *, width: int = 80):  # noqa: ANN201
+    """The per-kernel table, and below it each kernel that could not be timed with its error. It fits
+    an 80-column terminal; from 110 columns it adds the baseline's median (the ratio already compares
+    with it). Values never wrap; a kernel's name folds if it must."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    wide = width >= 110
     table = Table(title=f"run {speed['run_id']} kernel speed: {speed['verdict']} — {speed['summary']}",
-                  title_justify="left")
-    for name in ("kernel", "dtype", "elements", "median µs", "IQR %", "GB/s", "of copy", "baseline µs",
-                 "ratio [interval]", "speed"):
-        table.add_column(name, justify="left" if name in ("kernel", "dtype", "speed") else "right")
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0))
+    columns = ["kernel", "dtype", "n", "µs ± IQR", "GB/s (copy)", *(["base µs"] if wide else []),
+               "ratio (95 %)", "speed"]
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("kernel", "dtype", "speed") else "right",
+                         overflow="fold", no_wrap=name != "kernel")
+    errors = []
     for k in speed["kernels"]:
+        kernel = "/".join(_SHORT.get(part, part) for part in k["kernel"].split("/"))
+        cells = [kernel, _SHORT.get(k["param_dtype"], k["param_dtype"]), _elements(k["size"])]
         if k["error"]:
-            table.add_row(k["kernel"], k["param_dtype"], str(k["size"]), k["error"][:60], "", "", "", "", "", "error")
+            table.add_row(*cells, *["—"] * (len(columns) - 4), "error")
+            errors.append(Text(f"{kernel} {cells[1]} n={cells[2]}: {k['error']}"))
             continue
-        interval = (f"{k['ratio']:.3f} [{k['ratio_low']:.3f}, {k['ratio_high']:.3f}]" if k["ratio"] is not None else "—")
-        table.add_row(k["kernel"], k["param_dtype"], str(k["size"]), f"{k['median_s'] * 1e6:.2f}",
-                      f"{100 * k['spread_s'] / k['median_s']:.1f}", f"{k['bandwidth_bytes_per_s'] / 1e9:.1f}",
-                      f"{100 * k['copy_fraction']:.0f} %" if k["copy_fraction"] is not None else "—",
-                      f"{k['baseline_median_s'] * 1e6:.2f}" if k["baseline_median_s"] else "—", interval, k["verdict"])
-    return table
+        cells += [f"{k['median_s'] * 1e6:.1f} ± {100 * k['spread_s'] / k['median_s']:.1f} %",
+                  f"{k['bandwidth_bytes_per_s'] / 1e9:.0f}"
+                  + (f" ({100 * k['copy_fraction']:.0f} %)" if k["copy_fraction"] is not None else "")]
+        if wide:
+            cells.append(f"{k['baseline_median_s'] * 1e6:.1f}" if k["baseline_median_s"] else "—")
+        cells += [f"{k['ratio']:.3f} ({k['ratio_low']:.3f}–{k['ratio_high']:.3f})" if k["ratio"] is not None else "—",
+                  k["verdict"]]
+        table.add_row(*cells)
+    return Group(table, *errors) if errors else table
 
 
 def speed(
@@ -61,5 +85,5 @@ def speed(
     if output == "json":
         print(json.dumps(result, indent=2))
     else:
-        console.print(speed_table(result))
+        console.print(speed_table(result, width=console.width))
     raise typer.Exit(EXIT_SLOWER if fail_on_slowdown and result["verdict"] == "slower" else 0)

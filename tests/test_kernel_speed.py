@@ -222,3 +222,26 @@ def test_when_a_run_is_timed() -> None:
     assert record.time_and_store(session=None, run_id=1, job=off, built=None, policy=None,
                                  settings=Settings(worker_device="cuda")) is None
     assert parse_config("").kernel_speed is True
+
+
+def test_the_speed_table_fits_80_columns_and_cuts_nothing() -> None:
+    """`optdrift speed` in an 80-column terminal: every value whole (no '…'), no line over 80, an
+    error in full below the table; from 110 columns the baseline's median is added."""
+    from rich.console import Console
+
+    from service.cli_speed import speed_table
+
+    timed = dict(kernel="ademamix/8bit_blockwise", param_dtype="bfloat16", size=1 << 26, error=None, ratio=1.0123,
+                 ratio_low=0.9987, ratio_high=1.0245, median_s=1234.456e-6, spread_s=1.2e-6,
+                 bandwidth_bytes_per_s=3.1e12, copy_fraction=0.82, baseline_median_s=1222.0e-6, verdict="slower")
+    failed = dict(timed, kernel="adam/32bit", error="RuntimeError: CUDA error: invalid configuration argument")
+    speed = dict(run_id=3, verdict="slower", summary="1 of 48 kernels slower", kernels=[timed, failed])
+    for width, baseline_shown in ((80, False), (120, True)):
+        console = Console(width=width, record=True)
+        console.print(speed_table(speed, width=width))
+        text = console.export_text()
+        assert "…" not in text and max(map(len, text.splitlines())) <= width
+        for value in ("ademamix/8bit", "2^26", "1234.5 ± 0.1 %", "3100 (82 %)", "1.012 (0.999–1.024)", "slower",
+                      "adam/32bit bf16 n=2^26: RuntimeError: CUDA error: invalid configuration argument"):
+            assert value in text, (value, text)
+        assert ("1222.0" in text) == baseline_shown

@@ -654,6 +654,9 @@ def check(
     device: Annotated[str, typer.Option(help="auto (cuda when a GPU is visible), cpu or cuda")] = "auto",
     json_out: Annotated[Optional[Path], typer.Option(help="write both runs and the verdict as JSON")] = None,
     show_unchanged: bool = False,
+    attribution: Annotated[bool, typer.Option(
+        help="say what kind of change each changed case is (rounding-level, or which semantic change); "
+             "it re-runs the changed cases on both builds")] = True,
     output: FormatOption = "text",
 ) -> None:
     """No server: build SOURCE (and BASELINE), run a battery, print the verdict and exit with it."""
@@ -666,7 +669,7 @@ def check(
     _format(output)
     if output == "text":
         raise typer.Exit(run_check(source, baseline, battery, device=device, json_out=json_out,
-                                   show_unchanged=show_unchanged, console=console))
+                                   show_unchanged=show_unchanged, console=console, attribute=attribution))
     # JSON: the tables go to stderr, the document (both runs and the verdict) to stdout.
     import json
     import tempfile
@@ -674,7 +677,7 @@ def check(
     with tempfile.TemporaryDirectory(prefix="optdrift-check-") as tmp:
         document = json_out or Path(tmp) / "check.json"
         code = run_check(source, baseline, battery, device=device, json_out=document,
-                         show_unchanged=show_unchanged, console=make_console(stderr=True))
+                         show_unchanged=show_unchanged, console=make_console(stderr=True), attribute=attribution)
         body = json.loads(document.read_text()) if document.is_file() else {}
     print(json.dumps({"exit_code": code, **body}, indent=2))
     raise typer.Exit(code)

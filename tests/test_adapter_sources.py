@@ -130,3 +130,36 @@ def test_the_trees_root_is_an_adapter_path(tmp_path: Path, monkeypatch: pytest.M
     (tree / "root_adapter.py").write_text(TREE_ADAPTER)
     monkeypatch.syspath_prepend(str(tree / config.adapter_path[0]))
     assert get_adapter("root_adapter").name == "from_tree"
+
+
+TREE_BUNDLED = '''
+from worker.adapters.bundled import BundledAdapter
+
+class TreeBundled(BundledAdapter):
+    name = "tree_bundled"
+'''
+
+
+@pytest.mark.slow
+def test_the_attribution_reruns_load_a_tree_adapter_from_its_adapter_path(tmp_path, kernels_build, decay_build):
+    """The attribution's re-run (worker/attribution/pair_run.py) starts its kernel hosts with the
+    trees' adapter folders, as the run's hosts had them: an adapter that lives only in the tree
+    loads, and the decay reorder's parameters are recorded from step 1 (without the folders the
+    hosts cannot import it and nothing is recorded)."""
+    from service.results import GradientStreamSpec
+    from worker.attribution.pair_run import record_parameters
+    from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case
+
+    tools = tmp_path / "tree" / "tools"
+    tools.mkdir(parents=True)
+    (tools / "tree_bundled_adapter.py").write_text(TREE_BUNDLED)
+    cases = [make_case(optimizer="adam", family="32bit", param_dtype="float32",
+                       hyper={**OPTIMIZER_HYPER_DEFAULTS["adam"], "lr": 0.1, "weight_decay": 0.1},
+                       gradient=GradientStreamSpec(kind="open"), seed=seed, size=257, steps=3) for seed in (0, 1)]
+    recorded = record_parameters(decay_build.library_path, kernels_build.library_path, cases, tmp_path,
+                                 device="cpu", adapter="tree_bundled_adapter", adapter_paths=([tools], [tools]))
+    assert sorted(recorded) == sorted(c.case_id for c in cases)
+    assert all(step == 1 for _, _, step in recorded.values())
+    without = record_parameters(decay_build.library_path, kernels_build.library_path, cases, tmp_path / "again",
+                                device="cpu", adapter="tree_bundled_adapter")
+    assert without == {}

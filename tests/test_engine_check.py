@@ -32,13 +32,15 @@ def _check(tmp_path, source, baseline, build_cache_dir):
     out = tmp_path / f"{source.name}-vs-{baseline.name}.json"
     code = run_check(source, baseline, "quick", device="cpu", cache_dir=build_cache_dir, json_out=out)
     payload = json.loads(out.read_text())
-    return code, payload["comparison"], {c["case"]["case_id"]: c["case"] for c in payload["commit"]["cases"]}
+    specs = {c["case"]["case_id"]: c["case"] for c in payload["commit"]["cases"]}
+    return code, payload["comparison"], specs, payload["attribution"]
 
 
-def test_decay_after_update_is_changed_at_step_1_only_where_it_must_be(tmp_path, csrc_under_test, build_cache_dir):
+def test_decay_after_update_is_changed_at_step_1_only_where_it_must_be(tmp_path, csrc_under_test, build_cache_dir,
+                                                                      capsys):
     correct = _copy(csrc_under_test, tmp_path / "correct")
     wrong = decay_after_update(_copy(csrc_under_test, tmp_path / "wrong"))
-    code, comparison, specs = _check(tmp_path, wrong, correct, build_cache_dir)
+    code, comparison, specs, attribution = _check(tmp_path, wrong, correct, build_cache_dir)
     assert code == 1 and comparison["verdict"] == "changed"
     ratios = []
     for case in comparison["cases"]:
@@ -55,19 +57,23 @@ def test_decay_after_update_is_changed_at_step_1_only_where_it_must_be(tmp_path,
                 and spec["param_dtype"] == "float32"):
             assert case["direction"] == "farther", case["case_id"]
             ratios.append(case["commit_final_ref64_distance"] / case["baseline_final_ref64_distance"])
+            # check names the change, as a service run's verdict does (worker/attribution)
+            assert attribution[case["case_id"]]["variant"] == "decay_after_update", attribution[case["case_id"]]
     # The correct ordering is closer to torch.optim.AdamW / the AdEMAMix paper by a large factor:
     # the ordering gap (~lr^2*wd per step, 1e-3) dwarfs float32 rounding error (~1e-5 here).
     assert len(ratios) >= 6 and min(ratios) > 100, ratios
     assert "adam" in comparison["summary"] and "step 1" in comparison["summary"]
+    shown = capsys.readouterr().out
+    assert "kind of change" in shown and "weight decay applied after the update" in shown
 
 
 def test_comment_only_change_and_same_source_are_unchanged(tmp_path, csrc_under_test, build_cache_dir):
     correct = _copy(csrc_under_test, tmp_path / "correct")
     commented = comment_only(_copy(csrc_under_test, tmp_path / "commented"))
-    code, comparison, _ = _check(tmp_path, commented, correct, build_cache_dir)
-    assert (code, comparison["verdict"]) == (0, "unchanged")
+    code, comparison, _, attribution = _check(tmp_path, commented, correct, build_cache_dir)
+    assert (code, comparison["verdict"]) == (0, "unchanged") and attribution == {}
     assert comparison["commit_build_digest"] != comparison["baseline_build_digest"]  # two real builds
-    code, comparison, _ = _check(tmp_path, correct, correct, build_cache_dir)
+    code, comparison, _, attribution = _check(tmp_path, correct, correct, build_cache_dir)
     assert (code, comparison["verdict"]) == (0, "unchanged")
 
 
@@ -87,7 +93,7 @@ def test_one_ulp_change_is_flagged_at_the_predicted_step(tmp_path, csrc_under_te
     assert text.count(ONE_ULP[1]) == 1, "the kernel source changed: update ONE_ULP"
     path.write_text(text.replace(ONE_ULP[1], ONE_ULP[2]))
 
-    code, comparison, specs = _check(tmp_path, ulp, correct, build_cache_dir)
+    code, comparison, specs, attribution = _check(tmp_path, ulp, correct, build_cache_dir)
     assert code == 1 and comparison["verdict"] == "changed"
     checked = 0
     for case in comparison["cases"]:
@@ -101,5 +107,6 @@ def test_one_ulp_change_is_flagged_at_the_predicted_step(tmp_path, csrc_under_te
             assert expected is not None
             assert case["verdict"] == "changed" and case["first_divergent_step"] == expected, case["case_id"]
             assert max(case["max_abs_diff_per_step"]) < 1e-4  # tiny: a rounding-level change
+            assert attribution[case["case_id"]]["class"] == "rounding-level", attribution[case["case_id"]]
             checked += 1
     assert checked >= 5

@@ -94,37 +94,38 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
                 return 0
             libraries[side] = build.library_path
         battery, adapter = job.battery, job.config.adapter
+        adapter_paths = tuple([j.source_dir / f for f in j.config.adapter_path] for j in (jobs["commit"], jobs["baseline"]))
         rerun, _, diffs = corun_battery(battery, libraries["commit"], libraries["baseline"],
                                         device=settings.worker_device, cases=cases,
                                         case_timeout_s=settings.case_timeout_s, adapter=adapter,
                                         between_cases=between_cases, params_only=True,
                                         fast=settings.fast_engine,
-                                        adapter_paths=tuple([j.source_dir / f for f in j.config.adapter_path]
-                                                            for j in (jobs["commit"], jobs["baseline"])))
-    for result in rerun.cases:
-        original = stored[result.case.case_id]
-        if result.trajectory is None or original.trajectory is None \
-                or result.trajectory.digests != original.trajectory.digests:
-            log.warning("run %s: the co-run of %s did not reproduce the stored trajectory; "
-                        "diffs not stored", run_id, result.case.case_id)
-            return 0
+                                        adapter_paths=adapter_paths)
+        for result in rerun.cases:
+            original = stored[result.case.case_id]
+            if result.trajectory is None or original.trajectory is None \
+                    or result.trajectory.digests != original.trajectory.digests:
+                log.warning("run %s: the co-run of %s did not reproduce the stored trajectory; "
+                            "diffs not stored", run_id, result.case.case_id)
+                return 0
 
-    comparison = compare_runs(commit_result, baseline_result, diffs)
-    with sessions() as session:
-        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
-        if comparison.verdict != verdict.outcome:  # cannot happen: the same stored results
-            log.error("run %s: recomputed verdict %s != stored %s; diffs not stored",
-                      run_id, comparison.verdict, verdict.outcome)
-            return 0
-        # corun_seconds: the co-run's own time (fetch, builds, kernels), for /metrics' histogram;
-        # corun_window: when and on which worker it ran (several workers share a queue: issue 19).
-        window = {"worker": worker_name(), "started_at": started_at.isoformat(),
-                  "finished_at": datetime.now(timezone.utc).isoformat()}
-        verdict.detail = {**comparison.model_dump(mode="json"), "corun_seconds": time.monotonic() - started,
-                          "corun_window": window}
-        session.commit()
-    # Issue 17: rounding-level or semantic, and which variant (worker/attribution), added beside the
-    # stored diffs afterwards, so they are served without waiting for it.
-    store_attribution(run_id=run_id, comparison=comparison, baseline=baseline_result, cases=cases,
-                      libraries=libraries, settings=settings, adapter=adapter)
-    return len(diffs)
+        comparison = compare_runs(commit_result, baseline_result, diffs)
+        with sessions() as session:
+            verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
+            if comparison.verdict != verdict.outcome:  # cannot happen: the same stored results
+                log.error("run %s: recomputed verdict %s != stored %s; diffs not stored",
+                          run_id, comparison.verdict, verdict.outcome)
+                return 0
+            # corun_seconds: the co-run's own time (fetch, builds, kernels), for /metrics' histogram;
+            # corun_window: when and on which worker it ran (several workers share a queue: issue 19).
+            window = {"worker": worker_name(), "started_at": started_at.isoformat(),
+                      "finished_at": datetime.now(timezone.utc).isoformat()}
+            verdict.detail = {**comparison.model_dump(mode="json"), "corun_seconds": time.monotonic() - started,
+                              "corun_window": window}
+            session.commit()
+        # Issue 17: rounding-level or semantic, and which variant (worker/attribution), added beside the
+        # stored diffs afterwards, so they are served without waiting for it.
+        # Inside the sources' folder: a tree's own adapter is imported from it (adapter_path).
+        store_attribution(run_id=run_id, comparison=comparison, baseline=baseline_result, cases=cases,
+                          libraries=libraries, settings=settings, adapter=adapter, adapter_paths=adapter_paths)
+        return len(diffs)

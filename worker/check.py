@@ -26,6 +26,10 @@ def _fmt(value: float | None) -> str:
     return "" if value is None else f"{value:.3e}"
 
 
+def _short(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
 def print_verdict(comparison: RunComparison, console: Console, *, show_unchanged: bool = False) -> None:
     """The verdict table (changed and broken cases first) and the summary."""
     table = Table(title=f"optdrift verdict: {comparison.verdict}", show_lines=False)
@@ -49,14 +53,43 @@ def print_verdict(comparison: RunComparison, console: Console, *, show_unchanged
     console.print(comparison.summary)
 
 
+def print_attribution(attribution: dict, console: Console) -> None:
+    """What kind of change each changed case is (service/domain/attribution_view.py words it, as the
+    service's CLI table and run page do): its size in ulps of its own scale, relative to the
+    baseline's distance to float64, and rounding-level or which semantic change it looks like."""
+    from service.domain.attribution_view import attribution_error, by_case, headline, order_by_relative_change
+
+    detail = {"attribution": attribution}
+    if attribution_error(detail):
+        console.print(f"attribution: not made: {attribution_error(detail)}", markup=False, highlight=False)
+        return
+    cases = by_case(detail)
+    if not cases:
+        return
+    table = Table(title="kind of change (changed cases)")
+    for column in ("case", "ulp first / peak", "Δ / baseline's distance", "kind"):
+        table.add_column(column, overflow="fold")
+    ranked = list(cases.values())
+    order_by_relative_change(ranked, detail)  # the largest change relative to the baseline's distance first
+    for case in ranked[:40]:
+        table.add_row(case.case_id, f"{_short(case.first_step_ulps)} / {_short(case.peak_ulps)}",
+                      _short(case.change_vs_baseline_distance), case.text)
+    if len(ranked) > 40:
+        table.caption = f"... and {len(ranked) - 40} more"
+    console.print(table)
+    console.print(f"attribution: {headline(detail)}", markup=False, highlight=False)
+
+
 def exit_code(comparison: RunComparison) -> int:
     return EXIT_BY_VERDICT.get(comparison.verdict, EXIT_ERROR)
 
 
 def run_check(source: Path, baseline: Path | None, battery: str | None = None, *, device: str = "auto",
               cache_dir: Path | None = None, case_timeout_s: float = 300.0, json_out: Path | None = None,
-              show_unchanged: bool = False, console: Console | None = None) -> int:
-    """`battery`: None runs the tree's own (optdrift.toml, else quick), as the service does."""
+              show_unchanged: bool = False, console: Console | None = None, attribute: bool = True) -> int:
+    """`battery`: None runs the tree's own (optdrift.toml, else quick), as the service does.
+    `attribute`: say what kind of change each changed case is (worker/attribution), as a service
+    run's verdict does after its co-run; it re-runs the changed cases on both builds."""
     if console is None:
         console = Console()
         if not console.is_terminal:  # CI logs: keep case ids on one line instead of 80 columns
@@ -128,20 +161,29 @@ def run_check(source: Path, baseline: Path | None, battery: str | None = None, *
                           markup=False, highlight=False, soft_wrap=True)
     comparison = pipeline.compare(commit_run, baseline_run)
     changed = [c for c in job.cases if c.case_id in {x.case_id for x in comparison.cases if x.verdict == "changed"}]
+    attribution: dict = {}
     if changed and baseline_build is not None:
         # Per-step |commit - baseline| of the changed cases only, as the service's co-run stores.
+        adapter_paths = tuple([j.source_dir / f for f in j.config.adapter_path] for j in (job, base_job))
         _, _, diffs = corun_battery(job.battery, commit_build.library_path, baseline_build.library_path,
                                     device=device, case_timeout_s=case_timeout_s, cases=changed,
                                     adapter=job.config.adapter, params_only=True, fast=policy.fast_engine,
-                                    adapter_paths=tuple([j.source_dir / f for f in j.config.adapter_path]
-                                                        for j in (job, base_job)))
+                                    adapter_paths=adapter_paths)
         comparison = pipeline.compare(commit_run, baseline_run, diffs)
+        if attribute:
+            from worker.attribution.record import attribute_or_note
+
+            attribution = attribute_or_note(comparison, baseline_run, changed, commit_build.library_path,
+                                            baseline_build.library_path, device=device, adapter=job.config.adapter,
+                                            case_timeout_s=case_timeout_s, adapter_paths=adapter_paths)
     print_verdict(comparison, console, show_unchanged=show_unchanged)
+    print_attribution(attribution, console)
     console.print(f"({time.monotonic() - started:.1f} s)", highlight=False)
     if json_out is not None:
         payload = {"commit": commit_run.model_dump(mode="json"),
                    "baseline": baseline_run.model_dump(mode="json") if baseline_run else None,
-                   "comparison": comparison.model_dump(mode="json"), "adapter": adapters}
+                   "comparison": comparison.model_dump(mode="json"), "adapter": adapters,
+                   "attribution": attribution}
         import json
 
         Path(json_out).write_text(json.dumps(payload))

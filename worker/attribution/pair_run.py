@@ -27,13 +27,18 @@ ANALYSIS_TIMEOUT_S = 600.0
 
 def record_parameters(commit_library: str | Path, baseline_library: str | Path, cases: list[CaseSpec],
                       workdir: Path, *, device: str = "auto", adapter: str = "bundled",
-                      case_timeout_s: float = 300.0) -> dict[str, tuple[Path, Path, int | None]]:
+                      case_timeout_s: float = 300.0,
+                      adapter_paths: tuple[list[Path], list[Path]] = ([], [])) -> dict[str, tuple[Path, Path, int | None]]:
     """case id -> (commit file, baseline file, first divergent step of the re-run's digests):
     float32 parameters after each step, (steps, size). Cases that did not run on both sides
-    (broken, not applicable) are left out."""
+    (broken, not applicable) are left out. `adapter_paths`: (the commit's, the baseline's) folders
+    their adapter module is imported from (a tree's adapter_path), as the run's hosts had them."""
     files: dict[str, tuple[Path, Path, int | None]] = {}
-    with (KernelHost(commit_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter) as commit_host,
-          KernelHost(baseline_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter) as baseline_host):
+    commit_paths, baseline_paths = adapter_paths
+    with (KernelHost(commit_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
+                     adapter_paths=list(commit_paths)) as commit_host,
+          KernelHost(baseline_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
+                     adapter_paths=list(baseline_paths)) as baseline_host):
         KernelHost.start_together([commit_host, baseline_host])
         for index, case in enumerate(cases):
             commit_file, baseline_file = workdir / f"{index}.commit.f32", workdir / f"{index}.baseline.f32"

@@ -19,8 +19,10 @@ log = logging.getLogger(__name__)
 
 def attribute_changed(comparison: RunComparison, baseline: RunResult, cases: list[CaseSpec],
                       commit_library: str | Path, baseline_library: str | Path, *, device: str = "auto",
-                      adapter: str = "bundled", case_timeout_s: float = 300.0) -> dict[str, dict]:
-    """case id -> attribution for the changed cases of `comparison` among `cases`."""
+                      adapter: str = "bundled", case_timeout_s: float = 300.0,
+                      adapter_paths: tuple[list[Path], list[Path]] = ([], [])) -> dict[str, dict]:
+    """case id -> attribution for the changed cases of `comparison` among `cases`. `adapter_paths`:
+    (the commit's, the baseline's) adapter folders, which must exist until this returns."""
     first_steps = {c.case_id: c.first_divergent_step for c in comparison.cases
                    if c.verdict == "changed" and c.first_divergent_step}
     wanted = [case for case in cases if case.case_id in first_steps]
@@ -29,7 +31,7 @@ def attribute_changed(comparison: RunComparison, baseline: RunResult, cases: lis
         return {}
     with tempfile.TemporaryDirectory(prefix="optdrift-attribution-") as tmp:
         files = record_parameters(commit_library, baseline_library, wanted, Path(tmp), device=device,
-                                  adapter=adapter, case_timeout_s=case_timeout_s)
+                                  adapter=adapter, case_timeout_s=case_timeout_s, adapter_paths=adapter_paths)
         requests, answers = [], {}
         for case in wanted:
             if case.case_id not in files:
@@ -61,7 +63,8 @@ def attribute_or_note(*args, **kwargs) -> dict:  # noqa: ANN002, ANN003
 
 
 def store_attribution(*, run_id: int, comparison: RunComparison, baseline: RunResult, cases: list[CaseSpec],
-                      libraries: dict[str, str], settings, adapter: str) -> None:  # noqa: ANN001
+                      libraries: dict[str, str], settings, adapter: str,  # noqa: ANN001
+                      adapter_paths: tuple[list[Path], list[Path]] = ([], [])) -> None:
     """The attribution of `run_id`'s changed cases into its verdict's detail (after the co-run stored
     the diffs; the outcome and every other key stay as they are)."""
     from sqlalchemy import select
@@ -71,7 +74,7 @@ def store_attribution(*, run_id: int, comparison: RunComparison, baseline: RunRe
 
     attribution = attribute_or_note(comparison, baseline, cases, libraries["commit"], libraries["baseline"],
                                     device=settings.worker_device, adapter=adapter,
-                                    case_timeout_s=settings.case_timeout_s)
+                                    case_timeout_s=settings.case_timeout_s, adapter_paths=adapter_paths)
     with get_sessionmaker()() as session:
         verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
         if verdict is None:

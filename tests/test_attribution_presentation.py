@@ -80,3 +80,21 @@ def test_a_failed_attribution_is_said_and_changes_nothing(api, db_session, api_s
     body = api.get(f"/api/v1/runs/{run.id}").json()["verdict"]
     assert body["attribution"] == [] and body["attribution_summary"] is None and body["outcome"] == outcome
     assert "attribution failed: RuntimeError: attribution child failed (1)" in api.get("/projects/p/commits/b").text
+
+
+def test_a_precision_change_reads_as_precision_with_its_variant():
+    """A named precision variant (an intermediate's precision, beyond a rounding) is worded and
+    counted as precision, not as semantic."""
+    from service.domain.attribution_view import by_case, headline
+
+    detail = {"attribution": {"adam.a": {"class": "precision", "variant": "bias_correction_float32_powers",
+                                         "label": "the bias corrections from float32 powers of beta",
+                                         "distance": 1e-7, "reference_distance": 2e-5, "next_best_ratio": 20.0,
+                                         "first_step_ulps": 182.0, "peak_ulps": 260.0},
+                              "adam.b": {"class": "rounding-level", "variant": None, "first_step_ulps": 1.0,
+                                         "peak_ulps": 1.0}}}
+    cases = by_case(detail)
+    assert cases["adam.a"].text.startswith("precision: the bias corrections from float32 powers of beta — 1e-07")
+    line = headline(detail)
+    assert "precision — looks like the bias corrections from float32 powers of beta (1)" in line
+    assert "semantic" not in line and "rounding-level (1)" in line

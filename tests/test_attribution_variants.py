@@ -75,6 +75,20 @@ def test_analysis_names_the_variant_a_trajectory_follows(case_name, variant_name
     assert (found["class"], found["variant"]) == ("semantic", variant_name), found["candidates"]
 
 
+def test_a_precision_loss_beyond_rounding_is_named_and_called_precision():
+    """1 − βᵗ from float32 powers (catalogue precision/adam_bias_correction_powf): far beyond a
+    rounding (hundreds of ulps of the step), yet the same algorithm: class precision, its variant
+    named; the rounded reference against itself stays rounding-level (nothing to name)."""
+    from worker.attribution.analysis import analyze
+
+    case = next(c for c in QUICK if c.case_id.startswith("adam.32bit.fp32.lr=0.1.wd=0.1.open.n4097.s0.t20#"))
+    commit, baseline = _rounded_paths(case, "bias_correction_float32_powers")
+    step = next(t for t in range(case.steps) if (commit[t] != baseline[t]).any()) + 1
+    found = analyze(case, commit, baseline, step)
+    assert (found["class"], found["variant"]) == ("precision", "bias_correction_float32_powers"), found["candidates"]
+    assert found["first_step_ulps"] > 20  # not a rounding: why it needs a name of its own
+
+
 def test_large_cases_replay_a_subset_and_still_name_the_variant(monkeypatch):  # noqa: ANN001
     from worker.attribution import analysis
     from worker.attribution.analysis import analyze

@@ -60,13 +60,13 @@ def test_scores_count_each_mutant_once_by_its_most_common_call():
                                    _outcome("quant8/e", "none", {"unexplained": 6}),
                                    _outcome("tail/f", None, {"unexplained": 1})])
     assert report.mutants[1].attribution_call() == "mixed"  # a tie at the top names neither
-    assert report.attribution_scores() == {"semantic": (1, 2), "rounding-level": (1, 2)}
+    assert report.attribution_scores() == {"variant": (1, 2), "rounding-level": (1, 2)}
     console = Console(record=True, width=200)
     print_attribution(report, console)
     text = console.export_text()
     assert "decay_after_update 4, unexplained 2" in text
-    assert "semantic mutants, the expected variant named: 1 of 2 (50%)" in text
-    assert "rounding-level mutants, called rounding-level: 1 of 2 (50%)" in text
+    assert "defects with an expected variant, that variant named: 1 of 2 (50%)" in text
+    assert "defects expected rounding-level, called rounding-level: 1 of 2 (50%)" in text
 
 
 def test_an_attribution_the_analysis_cannot_make_is_refused_when_the_catalogue_loads(tmp_path):
@@ -112,7 +112,7 @@ def test_sensitivity_names_the_decay_reorder_and_calls_the_float_step_size_round
     assert decay.status == step_size.status == "caught"
     assert decay.attribution == {"decay_after_update": 3}, decay.attribution
     assert step_size.attribution == {"rounding-level": 3}, step_size.attribution
-    assert report.attribution_scores() == {"semantic": (1, 1), "rounding-level": (1, 1)}
+    assert report.attribution_scores() == {"variant": (1, 1), "rounding-level": (1, 1)}
     # A resumed run that does not attribute keeps the calls; nothing is judged again.
     again = SensitivityRun(battery=str(battery), catalogue=tmp_path / "catalogue", cache_dir=build_cache_dir,
                            fallback_battery=None, checkpoint=tmp_path / "report.json", progress=lambda line: None).run()

@@ -77,7 +77,7 @@ def print_attribution(attribution: dict, console: Console) -> None:
     if len(ranked) > 40:
         table.caption = f"... and {len(ranked) - 40} more"
     console.print(table)
-    console.print(f"attribution: {headline(detail)}", markup=False, highlight=False)
+    console.print(headline(detail), markup=False, highlight=False)
 
 
 def exit_code(comparison: RunComparison) -> int:

@@ -88,7 +88,8 @@ class CaseAttributionPublic(BaseModel):
     """What kind of change a changed case shows (issue 17; service/domain/attribution_view.py)."""
 
     case_id: str
-    kind: str = Field(description="semantic | rounding-level | unknown (not attributed)")
+    kind: str = Field(description="semantic | precision (an intermediate's precision, beyond a rounding) | "
+                                  "rounding-level | unknown (not attributed)")
     looks_like: str | None = Field(description="the catalogued variant the commit follows, 'unexplained' or none")
     variant: str | None
     text: str = Field(description="the attribution in one line")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class CaseAttribution:
     case_id: str
-    kind: str                         # "semantic" | "rounding-level" | "unknown"
+    kind: str                         # "semantic" | "precision" | "rounding-level" | "unknown"
     looks_like: str | None            # the variant's label, "unexplained", or None
     variant: str | None
     first_step_ulps: float | None     # scale ulps at the first divergent step
@@ -39,7 +39,7 @@ class CaseAttribution:
             return f"rounding-level: {_ulps(self.first_step_ulps)} at the first divergent step, {_ulps(self.peak_ulps)} at most"
         if self.variant is None:
             return f"semantic, unexplained: {_ulps(self.peak_ulps)}; no catalogued variant fits"
-        text = f"semantic: {self.looks_like} — {_number(self.distance_to_variant)} from that variant, " \
+        text = f"{self.kind}: {self.looks_like} — {_number(self.distance_to_variant)} from that variant, " \
                f"{_number(self.distance_to_reference)} from the reference"
         if self.next_best_ratio is not None and math.isfinite(self.next_best_ratio):
             text += f" (next best {_number(self.next_best_ratio)}x worse)"
@@ -70,7 +70,7 @@ def case_attribution(case_id: str, stored: dict) -> CaseAttribution:
     kind = stored.get("class") or "unknown"
     return CaseAttribution(
         case_id=case_id, kind=kind, variant=variant,
-        looks_like=stored.get("label") if kind == "semantic" else None,
+        looks_like=stored.get("label") if kind in ("semantic", "precision") else None,
         first_step_ulps=_float(stored.get("first_step_ulps")), peak_ulps=_float(stored.get("peak_ulps")),
         change_vs_baseline_distance=_float(stored.get("change_vs_baseline_distance")),
         residual_ulps=_float(stored.get("residual_ulps")), distance_to_variant=_float(stored.get("distance")),
@@ -102,6 +102,9 @@ def headline(detail: dict | None) -> str | None:
     parts = []
     if named:
         parts.append("semantic — " + "; ".join(f"looks like {label} ({n})" for label, n in named.most_common(3)))
+    precision = Counter(a.looks_like for a in cases.values() if a.kind == "precision")
+    if precision:
+        parts.append("precision — " + "; ".join(f"looks like {label} ({n})" for label, n in precision.most_common(3)))
     unexplained = sum(1 for a in cases.values() if a.kind == "semantic" and not a.variant)
     if unexplained:
         parts.append(f"semantic, unexplained ({unexplained})")

@@ -199,7 +199,10 @@ def _verdict(candidates: list, residuals: _Residuals, change_peak: float, scale:
             max(residuals.peak[best.name], RESIDUAL_FLOOR_ULPS) * SEPARATION <= change_peak:
         residual = residuals.peak[best.name]
         following = residuals.peak[scored[1].name] if len(scored) > 1 else math.inf
-        out.update({"class": "semantic", "variant": best.name, "label": best.label, "kind": best.kind,
+        # A variant of kind "precision" is the same algorithm with an intermediate in a lower
+        # precision whose loss shows far beyond a rounding: named, but not called semantic.
+        out.update({"class": "precision" if best.kind == "precision" else "semantic", "variant": best.name,
+                    "label": best.label, "kind": best.kind,
                     "residual_ulps": residual, "distance": residuals.distance[best.name],
                     "next_best": scored[1].name if len(scored) > 1 else None,
                     "next_best_ratio": following / max(residual, RESIDUAL_FLOOR_ULPS)})

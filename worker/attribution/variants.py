@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from service.results import CaseSpec
@@ -80,6 +81,12 @@ CATALOGUE: tuple[Variant, ...] = (
             TWO_MOMENT, {"bias1": "next", "bias2": "next"}),
     Variant("bias_correction1_sqrt", "first-moment bias correction under a square root (wrong power)",
             "bias correction", TWO_MOMENT, {"bias1": "sqrt"}),
+    # A precision change, not a semantic one: the same formula, but 1 - beta^t from a float32 power
+    # loses digits to cancellation (beta2 = 0.999 at t = 1: 1 - 0.999 keeps ~4 of float32's 7 digits),
+    # a change of hundreds of ulps of the step, far beyond a rounding (analysis calls it "precision").
+    Variant("bias_correction_float32_powers",
+            "the bias corrections from float32 powers of beta (1 − βᵗ loses digits to cancellation)",
+            "precision", TWO_MOMENT, {"powers": "float32"}),
     Variant("bias_correction2_no_sqrt", "second-moment bias correction without its square root (wrong power)",
             "bias correction", TWO_MOMENT, {"bias2": "no_sqrt"}),
     Variant("betas_swapped", "beta1 and beta2 swapped", "betas", TWO_MOMENT + ("lion",), {"betas": "swapped"}),
@@ -173,7 +180,10 @@ class _Rule:
         if mode == "off":
             return 1.0
         power = t + 1 if mode == "next" else t
-        correction = 1.0 - beta ** power
+        if self.s.get("powers") == "float32":  # 1.0f - powf(beta, t), all in float32
+            correction = float(np.float32(1.0) - np.power(np.float32(beta), np.float32(power)))
+        else:
+            correction = 1.0 - beta ** power
         if which == "bias1":
             return correction ** 0.5 if mode == "sqrt" else correction
         return correction if mode == "no_sqrt" else correction ** 0.5

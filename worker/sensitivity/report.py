@@ -92,8 +92,9 @@ def print_attribution(report: SensitivityReport, console: Console) -> None:
     console.print(table)
     for group, (right, total) in report.attribution_scores().items():
         if total:
-            what = "the expected variant named" if group == "semantic" else "called rounding-level"
-            console.print(f"{group} mutants, {what}: {right} of {total} ({right / total:.0%})", highlight=False)
+            what = ("defects with an expected variant, that variant named" if group == "variant"
+                    else "defects expected rounding-level, called rounding-level")
+            console.print(f"{what}: {right} of {total} ({right / total:.0%})", highlight=False)
 
 
 def print_report(report: SensitivityReport, console: Console) -> None:

@@ -107,14 +107,14 @@ class SensitivityReport(BaseModel):
 
     def attribution_scores(self) -> dict[str, tuple[int, int]]:
         """(named right, attributed) over the defects with a stated expectation, in two groups:
-        "semantic" (a variant is expected: the call must be that variant) and "rounding-level"
-        (a precision change: the call must be rounding-level). A mutant counts once, by its call."""
-        scores = {"semantic": [0, 0], "rounding-level": [0, 0]}
+        "variant" (a variant is expected, semantic or precision: the call must be that variant) and
+        "rounding-level" (the call must be rounding-level). A mutant counts once, by its call."""
+        scores = {"variant": [0, 0], "rounding-level": [0, 0]}
         for mutant in self.judged("defect"):
             expected, call = mutant.attribution_expected, mutant.attribution_call()
             if expected in (None, "none") or call is None:
                 continue
-            group = scores["rounding-level" if expected == "rounding-level" else "semantic"]
+            group = scores["rounding-level" if expected == "rounding-level" else "variant"]
             group[0] += call == expected
             group[1] += 1
         return {name: (right, total) for name, (right, total) in scores.items()}

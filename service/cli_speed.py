@@ -24,19 +24,19 @@ def _elements(size: int) -> str:
     return f"2^{size.bit_length() - 1}" if size > 0 and size & (size - 1) == 0 else str(size)
 
 
-_SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "8bit_blockwise": "8bit"}
+_SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 
 def speed_table(speed: dict, *, width: int = 80):  # noqa: ANN201
     """The per-kernel table, and below it each kernel that could not be timed with its error. It fits
     an 80-column terminal; from 110 columns it adds the baseline's median (the ratio already compares
-    with it). Values never wrap; a kernel's name folds if it must."""
+    with it). Values never wrap; a long kernel name folds onto a second line there."""
     from rich import box
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-    wide = width >= 110
+    wide = width >= 120
     table = Table(title=f"run {speed['run_id']} kernel speed: {speed['verdict']} — {speed['summary']}",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0))
     columns = ["kernel", "dtype", "n", "µs ± IQR", "GB/s (copy)", *(["base µs"] if wide else []),
@@ -46,7 +46,7 @@ def speed_table(speed: dict, *, width: int = 80):  # noqa: ANN201
                          overflow="fold", no_wrap=name != "kernel")
     errors = []
     for k in speed["kernels"]:
-        kernel = "/".join(_SHORT.get(part, part) for part in k["kernel"].split("/"))
+        kernel = k["kernel"]  # whole: the name the history API and the dashboard take
         cells = [kernel, _SHORT.get(k["param_dtype"], k["param_dtype"]), _elements(k["size"])]
         if k["error"]:
             table.add_row(*cells, *["—"] * (len(columns) - 4), "error")

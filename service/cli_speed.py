@@ -29,7 +29,7 @@ _SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 def speed_table(speed: dict, *, width: int = 80):  # noqa: ANN201
     """The per-kernel table, and below it each kernel that could not be timed with its error. It fits
-    an 80-column terminal; from 110 columns it adds the baseline's median (the ratio already compares
+    an 80-column terminal; from 120 columns it adds the baseline's median (the ratio already compares
     with it). Values never wrap; a long kernel name folds onto a second line there."""
     from rich import box
     from rich.console import Group

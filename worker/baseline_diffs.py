@@ -94,7 +94,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
                 return 0
             libraries[side] = build.library_path
         battery, adapter = job.battery, job.config.adapter
-        adapter_paths = tuple([j.source_dir / f for f in j.config.adapter_path] for j in (jobs["commit"], jobs["baseline"]))
+        adapter_paths = (jobs["commit"].adapter_folders, jobs["baseline"].adapter_folders)
         rerun, _, diffs = corun_battery(battery, libraries["commit"], libraries["baseline"],
                                         device=settings.worker_device, cases=cases,
                                         case_timeout_s=settings.case_timeout_s, adapter=adapter,

@@ -164,7 +164,7 @@ def run_check(source: Path, baseline: Path | None, battery: str | None = None, *
     attribution: dict = {}
     if changed and baseline_build is not None:
         # Per-step |commit - baseline| of the changed cases only, as the service's co-run stores.
-        adapter_paths = tuple([j.source_dir / f for f in j.config.adapter_path] for j in (job, base_job))
+        adapter_paths = (job.adapter_folders, base_job.adapter_folders)
         _, _, diffs = corun_battery(job.battery, commit_build.library_path, baseline_build.library_path,
                                     device=device, case_timeout_s=case_timeout_s, cases=changed,
                                     adapter=job.config.adapter, params_only=True, fast=policy.fast_engine,

@@ -60,6 +60,11 @@ class Job:
     battery_origin: str  # where the battery's name came from, for the run's record
     cases: list[CaseSpec] = field(default_factory=list)
 
+    @property
+    def adapter_folders(self) -> list[Path]:
+        """The tree's `adapter_path` folders: where its kernel hosts import its own adapter from."""
+        return [self.source_dir / folder for folder in self.config.adapter_path]
+
     def record(self) -> dict[str, Any]:
         """What a run records about its job (environment detail)."""
         return {"battery": self.battery.name, "battery_version": self.battery.version,
@@ -128,7 +133,7 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
     from worker.engine.host import KernelHost
 
     cases = job.cases if cases is None else cases
-    adapter_paths = [job.source_dir / folder for folder in job.config.adapter_path]
+    adapter_paths = job.adapter_folders
     spare = host_reserve.take(built.library_path, device=policy.device, adapter=job.config.adapter,
                               adapter_paths=adapter_paths, case_timeout_s=policy.case_timeout_s,
                               deadline=policy.deadline) if policy.warm_host else None

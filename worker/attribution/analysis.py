@@ -156,7 +156,7 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
         max_abs_diff = max(max_abs_diff, float(np.nanmax(np.abs(delta))))
         if params is not None:
             allowed = allowance[t - 1] * (MATCH_ULPS_PER_STEP / ROUNDING_ULPS_PER_STEP)
-            residuals.add(params, delta[chosen], c.astype(np.float64)[chosen], ulp(running_either, dtype)[chosen],
+            residuals.add(params, delta[chosen], c.astype(np.float64)[chosen], ulp(running_either[chosen], dtype),
                           allowed)
 
     judged = ulps[s - 1:last]

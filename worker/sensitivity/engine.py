@@ -234,13 +234,12 @@ class SensitivityRun:
         if outcome.status == "escaped" and self.fallback_battery and self.fallback_battery != job.battery.name:
             outcome.cheapest_catch = self._cheapest_catch(mutant_job, built, base_build, policy)
         if outcome.status == "caught" and self.attribute > 0:
-            self._attribute(mutant, outcome, comparison, base_run, specs, built, base_build, job,
-                            mutant_job.source_dir)
+            self._attribute(mutant, outcome, comparison, base_run, specs, built, base_build, job, mutant_job)
         return outcome
 
     def _attribute(self, mutant: Mutant, outcome: MutantOutcome, comparison, base_run: RunResult,  # noqa: ANN001
                    specs: dict[str, CaseSpec], built, base_build, job: pipeline.Job,  # noqa: ANN001
-                   mutant_job_dir: Path) -> None:
+                   mutant_job: pipeline.Job) -> None:
         """The attribution of a sample of the mutant's changed cases, counted by call."""
         outcome.attributed, outcome.attribution_expected = True, mutant.attribution
         changed = [specs[c.case_id] for c in comparison.cases if c.verdict == "changed" and c.first_divergent_step]
@@ -251,9 +250,8 @@ class SensitivityRun:
         try:
             records = attribute_changed(comparison, base_run, sample, built.library_path, base_build.library_path,
                                         device=self.device, adapter=job.config.adapter,
-                                        case_timeout_s=self.case_timeout_s, adapter_paths=(
-                                            [mutant_job_dir / f for f in job.config.adapter_path],
-                                            [job.source_dir / f for f in job.config.adapter_path]))
+                                        case_timeout_s=self.case_timeout_s,
+                                        adapter_paths=(mutant_job.adapter_folders, job.adapter_folders))
         except Exception as error:  # noqa: BLE001 - a failed attribution is reported, the catch stands
             outcome.attribution_error = f"{type(error).__name__}: {error}"[:2000]
             records = {}

@@ -40,7 +40,7 @@ def measure(job, built, policy, *, timing_plan: dict) -> dict:  # noqa: ANN001
 
     with KernelHost(built.library_path, device=policy.device, adapter=job.config.adapter,
                     deadline=policy.deadline,
-                    adapter_paths=[job.source_dir / folder for folder in job.config.adapter_path]) as host:
+                    adapter_paths=job.adapter_folders) as host:
         answer = host.ask({"op": "time_kernels", "plan": timing_plan},
                           timeout_s=timing_plan["budget_s"] + ANSWER_SLACK_S)
         if answer is None:

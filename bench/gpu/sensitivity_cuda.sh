@@ -31,11 +31,10 @@
 # "exit code: 0" (every defect caught, no refactor flagged) or 1 ends it; the log
 # sensitivity_cuda_standard.txt has the tables of the whole report.
 #
-# The attribution table on the H200 (issue 17; not run yet): the 29 defects whose attribution the
-# catalogue states (MUTANTS=attributed; a variant or rounding-level), each caught defect's changed
-# cases sampled 6 at a time, on the quick battery (CPU figures for the same command: docs/ENGINE.md).
-# ESTIMATE, not measured: 29 builds at ~30 s, 4 at once, ~220 s, under ~29 x (battery ~4 s +
-# attribution ~8 s); one call, or two with RESUME as above (sensitivity_cuda_quick.json):
+# The attribution table on the H200 (issue 17): the 29 defects whose attribution the catalogue
+# states (MUTANTS=attributed; a variant or rounding-level), each caught defect's changed cases
+# sampled 6 at a time, on the quick battery. Measured 2026-12-01 (docs/ENGINE.md): 28 mutants in a
+# first call of 505 s (exit 124), the last one with RESUME as above (sensitivity_cuda_quick.json):
 #     run(command="BATTERY=quick MUTANTS=attributed ATTRIBUTE=6 bash bench/gpu/sensitivity_cuda.sh",
 #         carry=[".whl", ".tools"], timeout_s=600, kind="nvidia-h200")
 #

@@ -121,6 +121,7 @@ class Measured:
     after_verdict_s: float | None = None
     after_verdict_note: str | None = None
     corun_detail_s: float | None = None  # submit -> the changed cases' per-step diffs stored (co-run)
+    corun_phases: dict | None = None  # the worker's own account of the co-run (verdict detail)
     battery: str = "-"
     problems: list[str] = field(default_factory=list)
     skipped: str | None = None
@@ -343,6 +344,9 @@ def measure(client: OptdriftClient, commit: Commit, *, battery: str, poll_s: flo
             verdict = (client.run(run_id).get("verdict") or {})
             if (verdict.get("detail") or {}).get("corun_window"):
                 result.corun_detail_s = time.monotonic() - started
+                detail = verdict["detail"]
+                result.corun_phases = {**(detail.get("corun_phases") or {}),
+                                       "corun_seconds": detail.get("corun_seconds")}
                 break
             time.sleep(poll_s)
     return result
@@ -385,7 +389,8 @@ def phases(measured: Measured) -> dict[str, float | None]:
             "fetch_build_s": span(started, running), "battery_store_s": span(running, finished),
             "to_first_case_s": span(running, measured.first_case_wall),
             "verdict_s": span(finished, verdict_at), "total_s": measured.total_s,
-            "after_verdict_s": measured.after_verdict_s, "corun_detail_s": measured.corun_detail_s}
+            "after_verdict_s": measured.after_verdict_s, "corun_detail_s": measured.corun_detail_s,
+            "corun_phases": measured.corun_phases}
 
 
 def expected_s(commit: Commit, battery: str, rows: list[Measured]) -> float | None:
@@ -569,7 +574,12 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915
                 row.after_verdict_s = idle
                 if row.corun_detail_s is not None:
                     print(f"[{time.monotonic() - begun:6.1f}s] {commit.sha}: co-run detail stored "
-                          f"{row.corun_detail_s:.2f} s after submit", flush=True)
+                          f"{row.corun_detail_s:.2f} s after submit, "
+                          f"{row.corun_detail_s - row.total_s:.2f} s after the verdict", flush=True)
+                    if row.corun_phases:  # where the worker says the co-run's time went
+                        print("    co-run phases (s): " + ", ".join(
+                            f"{name} {value:.2f}" for name, value in row.corun_phases.items()
+                            if isinstance(value, (int, float))), flush=True)
                 row.after_verdict_note = None if idle is not None else f">{idle_timeout:.0f} (not waited for)"
                 print(f"[{time.monotonic() - begun:6.1f}s] {commit.sha}: worker idle "
                       f"{fmt(idle) if idle is not None else row.after_verdict_note} s after the verdict",

@@ -132,6 +132,10 @@ class Settings(BaseSettings):
         return self.build_cache_dir or self.home / "builds"
 
     @property
+    def resolved_warm_host(self) -> bool:
+        return self.worker_device != "cpu" if self.warm_host is None else self.warm_host
+
+    @property
     def admin_token_file(self) -> Path:
         return self.home / "admin-token"
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from worker.battery import load_battery
-from worker.engine import params_file
+from worker.engine import host_reserve, params_file
 from worker.engine.corun import corun_battery, plan_chunks
-from worker.engine.host import FAULT_ENV
+from worker.engine.host import FAULT_ENV, KernelHost
 from worker.engine.kernels_only import run_kernels_only
 from worker.engine.trajectory import run_params
 from tests.test_fast_engine import GROUPED
@@ -63,6 +63,46 @@ def test_fast_corun_equals_the_one_case_corun(kernels_build, decay_build, one_ca
     assert _digests(fast_commit) == _digests(slow_commit)
     assert _digests(fast_base) == _digests(slow_base)
     assert len(chunks_started) == len(plan_chunks(cases, 200_000)) > 2  # yields between chunks
+
+
+def test_the_corun_runs_on_spare_hosts_given_their_builds_and_says_where_its_time_went(
+        kernels_build, decay_build, one_case_corun, tmp_path):
+    """The worker's co-run starts two spare hosts while it fetches and builds the trees (the
+    waiting spare first) and gives them their builds after (host_reserve.spares / adopted): the
+    same numbers as hosts started with their builds, with no host started again."""
+    battery, cases, (slow_commit, slow_base, slow_diffs) = one_case_corun
+    host_reserve.replenish(device="cpu", slot_root=tmp_path)
+    _, waiting = host_reserve._spare
+    try:
+        spares = host_reserve.spares(2, device="cpu", slot_root=tmp_path)
+        assert spares[0] is waiting and host_reserve._spare is None  # the waiting spare is taken first
+        assert spares[1] is not None and all(s.running() and s.library_path == "" for s in spares)
+        hosts = tuple(host_reserve.adopted(spare, build.library_path, device="cpu", adapter="bundled",
+                                           adapter_paths=[], case_timeout_s=60)
+                      for spare, build in zip(spares, (decay_build, kernels_build)))
+        assert hosts == tuple(spares)  # each spare took its build: no new host
+        timings = {}
+        commit, base, diffs = corun_battery(battery, decay_build.library_path, kernels_build.library_path,
+                                            device="cpu", cases=cases, fast=True, hosts=hosts, timings=timings)
+        assert {k: repr(v) for k, v in diffs.items()} == {k: repr(v) for k, v in slow_diffs.items()}
+        assert _digests(commit) == _digests(slow_commit) and _digests(base) == _digests(slow_base)
+        assert all("build received" in host.startup_s and host.start_attempts == 1 for host in hosts)
+        assert not any(host.running() for host in hosts)  # the co-run closes the hosts it was given
+        assert set(timings) == {"hosts_s", "kernels_s"}
+    finally:
+        host_reserve.discard()
+
+
+def test_a_spare_that_cannot_take_its_build_falls_back_to_a_host_of_its_own(kernels_build, tmp_path):
+    spare = KernelHost.spare(device="cpu", slot_root=tmp_path)
+    spare._kill()  # as an out-of-memory kill would
+    host = host_reserve.adopted(spare, kernels_build.library_path, device="cpu", adapter="bundled",
+                                adapter_paths=[], case_timeout_s=60)
+    assert host is not spare and not host.running() and host.library_path == str(kernels_build.library_path)
+    assert host_reserve.adopted(None, kernels_build.library_path, device="cpu", adapter="bundled",
+                                adapter_paths=[], case_timeout_s=60).library_path == str(kernels_build.library_path)
+    with host:
+        assert host.run_many(_cases(2)[1])[0].status == "ok"  # it starts on its first request
 
 
 def test_a_host_crash_in_a_chunk_falls_back_to_one_case_at_a_time(kernels_build, decay_build, one_case_corun,

@@ -16,6 +16,7 @@ if a re-run's digests disagree with the stored ones, the diffs are not trusted a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 import time
@@ -44,14 +45,18 @@ class CorunYielded(RuntimeError):
 def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None) -> int:  # noqa: ANN001
     """Store per-step |commit − baseline| for the changed cases of `run_id`; returns how many.
     `between_cases()` is called before each case (each chunk of cases on the fast engine) and may
-    raise CorunYielded to stop."""
+    raise CorunYielded to stop. The verdict's detail records where the co-run's time went
+    (`corun_phases`, seconds: load, fetch, build, adopt, hosts, kernels, compare; the rest of
+    `corun_seconds` is writing the verdict)."""
     from worker import pipeline
+    from worker.engine import host_reserve
     from worker.engine.corun import corun_battery
     from worker.tasks import worker_name  # the Celery face imports this module: import it late
 
     started, started_at = time.monotonic(), datetime.now(timezone.utc)
+    phases = _Phases()
     sessions = get_sessionmaker()
-    with sessions() as session:
+    with phases("load"), sessions() as session:
         run = session.get(Run, run_id)
         verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
         if run is None or verdict is None or verdict.baseline_run_id is None or run.status != DONE:
@@ -69,63 +74,115 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
 
     cases = [c.case for c in commit_result.cases if c.case.case_id in changed_ids]
     stored = {c.case.case_id: c for c in commit_result.cases}
-    with tempfile.TemporaryDirectory(prefix=f"optdrift-diffs-{run_id}-") as tmp:
-        sources = {}
-        for side, digest in digests.items():
-            sources[side] = fetch_source(base_url=settings.resolved_public_url, digest=digest, dest=Path(tmp) / side,
-                                         limits=archive_limits(settings), max_bytes=settings.max_upload_bytes,
-                                         token=settings.resolved_worker_token())
-        # The same pipeline as the run (worker/pipeline.py): the commit's configuration and battery;
-        # the baseline's tree built its own way and run on the commit's cases.
-        job = pipeline.prepare(sources["commit"], project=project, requested_battery=run.battery)
-        jobs = {"commit": job, "baseline": pipeline.Job(
-            source_dir=sources["baseline"], config=load_project_config(sources["baseline"], project),
-            battery=job.battery, battery_origin=job.battery_origin, cases=cases)}
-        libraries = {}
-        for side, side_job in jobs.items():
-            policy = pipeline.Policy(device=settings.worker_device, fast_engine=settings.fast_engine,
-                                     cache_dir=settings.resolved_build_cache_dir,
-                                     cuda_archs=[] if settings.worker_device == "cpu" else None,
-                                     trusted=trusted[side], max_build_s=settings.max_build_s,
-                                     case_timeout_s=settings.case_timeout_s)
-            build = pipeline.build(side_job, policy)
-            if not build.ok:
-                log.warning("run %s: the %s no longer builds (%s); no per-step diffs", run_id, side, build.error)
+    slot_root = settings.resolved_build_cache_dir / "host-slots"
+    # The two kernel hosts import torch and make their contexts (4.4 s on the H200) while the trees
+    # are fetched and built: the worker's waiting spare and one more, given their builds after.
+    spares = (host_reserve.spares(2, device=settings.worker_device, slot_root=slot_root)
+              if settings.resolved_warm_host else [None, None])
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"optdrift-diffs-{run_id}-") as tmp:
+            sources = {}
+            with phases("fetch"):
+                for side, digest in digests.items():
+                    sources[side] = fetch_source(base_url=settings.resolved_public_url, digest=digest,
+                                                 dest=Path(tmp) / side, limits=archive_limits(settings),
+                                                 max_bytes=settings.max_upload_bytes,
+                                                 token=settings.resolved_worker_token())
+            # The same pipeline as the run (worker/pipeline.py): the commit's configuration and battery;
+            # the baseline's tree built its own way and run on the commit's cases.
+            with phases("build"):
+                job = pipeline.prepare(sources["commit"], project=project, requested_battery=run.battery)
+                jobs = {"commit": job, "baseline": pipeline.Job(
+                    source_dir=sources["baseline"], config=load_project_config(sources["baseline"], project),
+                    battery=job.battery, battery_origin=job.battery_origin, cases=cases)}
+                libraries = {}
+                for side, side_job in jobs.items():
+                    policy = pipeline.Policy(device=settings.worker_device, fast_engine=settings.fast_engine,
+                                             cache_dir=settings.resolved_build_cache_dir,
+                                             cuda_archs=[] if settings.worker_device == "cpu" else None,
+                                             trusted=trusted[side], max_build_s=settings.max_build_s,
+                                             case_timeout_s=settings.case_timeout_s)
+                    build = pipeline.build(side_job, policy)
+                    if not build.ok:
+                        log.warning("run %s: the %s no longer builds (%s); no per-step diffs", run_id, side,
+                                    build.error)
+                        return 0
+                    libraries[side] = build.library_path
+            battery, adapter = job.battery, job.config.adapter
+            adapter_paths = (jobs["commit"].adapter_folders, jobs["baseline"].adapter_folders)
+            with phases("adopt"):
+                hosts = tuple(host_reserve.adopted(spare, libraries[side], device=settings.worker_device,
+                                                   adapter=adapter, adapter_paths=paths,
+                                                   case_timeout_s=settings.case_timeout_s)
+                              for spare, side, paths in zip(spares, ("commit", "baseline"), adapter_paths))
+            spares = []  # corun_battery closes them
+            timings: dict[str, float] = {}
+            rerun, _, diffs = corun_battery(battery, libraries["commit"], libraries["baseline"],
+                                            device=settings.worker_device, cases=cases,
+                                            case_timeout_s=settings.case_timeout_s, adapter=adapter,
+                                            between_cases=between_cases, params_only=True,
+                                            fast=settings.fast_engine, hosts=hosts, timings=timings,
+                                            adapter_paths=adapter_paths)
+            phases.seconds.update(hosts=timings.get("hosts_s", 0.0), kernels=timings.get("kernels_s", 0.0))
+            for result in rerun.cases:
+                original = stored[result.case.case_id]
+                if result.trajectory is None or original.trajectory is None \
+                        or result.trajectory.digests != original.trajectory.digests:
+                    log.warning("run %s: the co-run of %s did not reproduce the stored trajectory; "
+                                "diffs not stored", run_id, result.case.case_id)
+                    return 0
+            comparison = _store(run_id=run_id, commit_result=commit_result, baseline_result=baseline_result,
+                                diffs=diffs, started=started, started_at=started_at, phases=phases,
+                                worker=worker_name())
+            if comparison is None:
                 return 0
-            libraries[side] = build.library_path
-        battery, adapter = job.battery, job.config.adapter
-        adapter_paths = (jobs["commit"].adapter_folders, jobs["baseline"].adapter_folders)
-        rerun, _, diffs = corun_battery(battery, libraries["commit"], libraries["baseline"],
-                                        device=settings.worker_device, cases=cases,
-                                        case_timeout_s=settings.case_timeout_s, adapter=adapter,
-                                        between_cases=between_cases, params_only=True,
-                                        fast=settings.fast_engine,
-                                        adapter_paths=adapter_paths)
-        for result in rerun.cases:
-            original = stored[result.case.case_id]
-            if result.trajectory is None or original.trajectory is None \
-                    or result.trajectory.digests != original.trajectory.digests:
-                log.warning("run %s: the co-run of %s did not reproduce the stored trajectory; "
-                            "diffs not stored", run_id, result.case.case_id)
-                return 0
+            # Issue 17: rounding-level or semantic, and which variant (worker/attribution), added beside
+            # the stored diffs afterwards, so they are served without waiting for it.
+            # Inside the sources' folder: a tree's own adapter is imported from it (adapter_path).
+            store_attribution(run_id=run_id, comparison=comparison, baseline=baseline_result, cases=cases,
+                              libraries=libraries, settings=settings, adapter=adapter,
+                              adapter_paths=adapter_paths)
+            return len(diffs)
+    finally:
+        for spare in spares:
+            if spare is not None:
+                spare.close()
+        if settings.resolved_warm_host:  # the next run's host, started while this worker waits
+            host_reserve.replenish(device=settings.worker_device, slot_root=slot_root)
 
+
+class _Phases:
+    """Seconds per named phase, for the verdict's detail (where a co-run's time went)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):  # noqa: ANN204
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - began
+
+
+def _store(*, run_id: int, commit_result, baseline_result, diffs: dict[str, list[float]],  # noqa: ANN001
+           started: float, started_at: datetime, phases: _Phases, worker: str):  # noqa: ANN202
+    """The verdict recomputed with the diffs, stored with the co-run's time; the comparison, or None
+    when it would change the stored outcome (it cannot: the same stored results)."""
+    with phases("compare"):
         comparison = compare_runs(commit_result, baseline_result, diffs)
-        with sessions() as session:
-            verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
-            if comparison.verdict != verdict.outcome:  # cannot happen: the same stored results
-                log.error("run %s: recomputed verdict %s != stored %s; diffs not stored",
-                          run_id, comparison.verdict, verdict.outcome)
-                return 0
-            # corun_seconds: the co-run's own time (fetch, builds, kernels), for /metrics' histogram;
-            # corun_window: when and on which worker it ran (several workers share a queue: issue 19).
-            window = {"worker": worker_name(), "started_at": started_at.isoformat(),
-                      "finished_at": datetime.now(timezone.utc).isoformat()}
-            verdict.detail = {**comparison.model_dump(mode="json"), "corun_seconds": time.monotonic() - started,
-                              "corun_window": window}
-            session.commit()
-        # Issue 17: rounding-level or semantic, and which variant (worker/attribution), added beside the
-        # stored diffs afterwards, so they are served without waiting for it.
-        # Inside the sources' folder: a tree's own adapter is imported from it (adapter_path).
-        store_attribution(run_id=run_id, comparison=comparison, baseline=baseline_result, cases=cases,
-                          libraries=libraries, settings=settings, adapter=adapter, adapter_paths=adapter_paths)
-        return len(diffs)
+    with get_sessionmaker()() as session:
+        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
+        if comparison.verdict != verdict.outcome:  # cannot happen: the same stored results
+            log.error("run %s: recomputed verdict %s != stored %s; diffs not stored",
+                      run_id, comparison.verdict, verdict.outcome)
+            return None
+        # corun_seconds: the co-run's own time (fetch, builds, kernels), for /metrics' histogram;
+        # corun_window: when and on which worker it ran (several workers share a queue: issue 19).
+        window = {"worker": worker, "started_at": started_at.isoformat(),
+                  "finished_at": datetime.now(timezone.utc).isoformat()}
+        verdict.detail = {**comparison.model_dump(mode="json"), "corun_seconds": time.monotonic() - started,
+                          "corun_window": window, "corun_phases": dict(phases.seconds)}
+        session.commit()
+    return comparison

@@ -370,7 +370,7 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
             cuda_archs=[] if settings.worker_device == "cpu" else None, trusted=not budget.untrusted,
             max_build_s=budget.build_s, case_timeout_s=budget.case_timeout_s, deadline=budget.deadline,
             reference_cache=settings.resolved_build_cache_dir / "references",
-            warm_host=settings.worker_device != "cpu" if settings.warm_host is None else settings.warm_host,
+            warm_host=settings.resolved_warm_host,
             host_slot_root=settings.resolved_build_cache_dir / "host-slots")
         built = pipeline.build(job, policy)
         available, what = sandbox.status()

@@ -20,6 +20,7 @@ worker's parent process.
 from __future__ import annotations
 
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable
@@ -86,6 +87,7 @@ def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_lib
                   between_cases: Callable[[], None] | None = None, params_only: bool = False,
                   fast: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                   adapter_paths: tuple[list[Path], list[Path]] = ([], []),
+                  hosts: tuple[KernelHost, KernelHost] | None = None, timings: dict[str, float] | None = None,
                   ) -> tuple[RunResult, RunResult, dict[str, list[float]]]:
     """(commit run, baseline run, per-step max |commit - baseline| of the cases whose digests differ).
     `between_cases()` runs before each case, or each chunk when `fast` (the worker's co-run yields
@@ -93,17 +95,38 @@ def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_lib
     results then carry digests and no metric series): what the per-step diffs of already-stored
     runs need, many times faster. `fast` (implies params_only): the fast engine's waves, in chunks
     of at most `chunk_bytes` of parameters per side (module docstring). `adapter_paths`: (the
-    commit's, the baseline's) folders their adapter module is imported from (a tree's adapter_path)."""
+    commit's, the baseline's) folders their adapter module is imported from (a tree's adapter_path).
+    `hosts`: (the commit's, the baseline's) hosts of those builds, started ahead or not (the worker's
+    co-run hands in spares: worker.engine.host_reserve.adopted); closed here either way. `timings`
+    gains "hosts_s" (starting the hosts not yet running, together) and "kernels_s" (the rest)."""
     cases = battery.expand() if cases is None else cases
-    hosts = [KernelHost(library, device=device, case_timeout_s=case_timeout_s, adapter=adapter, adapter_paths=paths)
-             for library, paths in zip((commit_library, baseline_library), adapter_paths)]
+    if hosts is None:
+        hosts = tuple(KernelHost(library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
+                                 adapter_paths=paths)
+                      for library, paths in zip((commit_library, baseline_library), adapter_paths))
+    hosts = list(hosts)
+    timings = {} if timings is None else timings
+    with hosts[0], hosts[1]:
+        began = time.monotonic()
+        KernelHost.start_together(hosts)  # overlapped, and timed apart from the kernels
+        timings["hosts_s"] = time.monotonic() - began
+        try:
+            return _corun(battery, hosts, cases, commit_digest, baseline_digest, progress, between_cases,
+                          params_only, fast, chunk_bytes)
+        finally:
+            timings["kernels_s"] = time.monotonic() - began - timings["hosts_s"]
+
+
+def _corun(battery: BatterySpec, hosts: list[KernelHost], cases: list[CaseSpec], commit_digest: str | None,
+           baseline_digest: str | None, progress: Progress | None, between_cases: Callable[[], None] | None,
+           params_only: bool, fast: bool, chunk_bytes: int) -> tuple[RunResult, RunResult, dict[str, list[float]]]:
     if fast:
-        with hosts[0], hosts[1]:
-            commit_results, baseline_results, diffs = _corun_fast(hosts, cases, chunk_bytes, between_cases, progress)
-            return (_run_result(battery, hosts[0], commit_digest, commit_results),
-                    _run_result(battery, hosts[1], baseline_digest, baseline_results), diffs)
+        commit_results, baseline_results, diffs = _corun_fast(hosts, cases, chunk_bytes, between_cases, progress)
+        return (_run_result(battery, hosts[0], commit_digest, commit_results),
+                _run_result(battery, hosts[1], baseline_digest, baseline_results), diffs)
     commit_results, baseline_results, diffs = [], [], {}
-    with hosts[0] as commit_host, hosts[1] as baseline_host, tempfile.TemporaryDirectory(prefix="optdrift-corun-") as workdir:
+    commit_host, baseline_host = hosts
+    with tempfile.TemporaryDirectory(prefix="optdrift-corun-") as workdir:
         commit_file, baseline_file = Path(workdir) / "commit.f32", Path(workdir) / "baseline.f32"
         for index, case in enumerate(cases):
             if between_cases:

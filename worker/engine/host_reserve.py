@@ -46,14 +46,8 @@ def take(library_path: str | Path, *, device: str, adapter: str, adapter_paths: 
          case_timeout_s: float, deadline: float | None) -> KernelHost | None:
     """The waiting spare with this build loaded, or None (none waiting, another device, or it
     failed to come up: logged, and the caller starts a host as before)."""
-    global _spare
-    with _lock:
-        held, _spare = _spare, None
-    if held is None:
-        return None
-    held_device, host = held
-    if held_device != device:
-        host.close()
+    host = _take_waiting(device)
+    if host is None:
         return None
     try:
         host.adopt_build(library_path, adapter=adapter, adapter_paths=adapter_paths,
@@ -63,6 +57,53 @@ def take(library_path: str | Path, *, device: str, adapter: str, adapter_paths: 
         host.close()
         return None
     return host
+
+
+def _take_waiting(device: str) -> KernelHost | None:
+    """The waiting spare, still without a build; None when none waits (one of another device is closed)."""
+    global _spare
+    with _lock:
+        held, _spare = _spare, None
+    if held is None:
+        return None
+    held_device, host = held
+    if held_device != device or not host.running():
+        host.close()
+        return None
+    return host
+
+
+def spares(count: int, *, device: str, slot_root: Path | None = None) -> list[KernelHost | None]:
+    """`count` hosts without a build, importing torch and making the context from now on: the
+    waiting spare first, then new ones (None where one could not be started). For work that will
+    know its builds only later (the co-run fetches and builds two trees meanwhile); each is given
+    its build with `adopted`."""
+    hosts: list[KernelHost | None] = [_take_waiting(device)]
+    if hosts[0] is None:
+        hosts = []
+    while len(hosts) < count:
+        try:
+            hosts.append(KernelHost.spare(device=device, slot_root=slot_root))
+        except OSError as error:  # no sandbox, no fork: the work starts its hosts itself
+            log.warning("could not start a spare kernel host: %s", error)
+            hosts.append(None)
+    return hosts[:count]
+
+
+def adopted(spare: KernelHost | None, library_path: str | Path, *, device: str, adapter: str,
+            adapter_paths: list[Path], case_timeout_s: float) -> KernelHost:
+    """`spare` with this build loaded; when there is none or it does not come up (logged), a host
+    of that build that starts on its first request, as a host started without a spare would."""
+    if spare is not None:
+        try:
+            spare.adopt_build(library_path, adapter=adapter, adapter_paths=adapter_paths,
+                              case_timeout_s=case_timeout_s)
+            return spare
+        except KernelHostError as error:
+            log.warning("a spare kernel host could not take %s (%s); starting one", library_path, error)
+            spare.close()
+    return KernelHost(library_path, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
+                      adapter_paths=adapter_paths)
 
 
 @atexit.register

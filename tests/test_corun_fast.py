@@ -71,11 +71,11 @@ def test_the_corun_runs_on_spare_hosts_given_their_builds_and_says_where_its_tim
     waiting spare first) and gives them their builds after (host_reserve.spares / adopted): the
     same numbers as hosts started with their builds, with no host started again."""
     battery, cases, (slow_commit, slow_base, slow_diffs) = one_case_corun
-    host_reserve.replenish(device="cpu", slot_root=tmp_path)
-    _, waiting = host_reserve._spare
+    host_reserve.replenish(device="cpu", slot_root=tmp_path, keep=1)
+    _, waiting = host_reserve._spares[0]
     try:
         spares = host_reserve.spares(2, device="cpu", slot_root=tmp_path)
-        assert spares[0] is waiting and host_reserve._spare is None  # the waiting spare is taken first
+        assert spares[0] is waiting and host_reserve._spares == []  # the waiting spare is taken first
         assert spares[1] is not None and all(s.running() and s.library_path == "" for s in spares)
         hosts = tuple(host_reserve.adopted(spare, build.library_path, device="cpu", adapter="bundled",
                                            adapter_paths=[], case_timeout_s=60)

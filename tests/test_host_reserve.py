@@ -47,15 +47,16 @@ def test_a_spare_host_answers_as_a_host_started_with_its_build(kernels_build, tm
 
 
 def test_a_spare_that_died_or_serves_another_device_is_not_used(kernels_build, tmp_path: Path) -> None:
-    host_reserve.replenish(device="cpu", slot_root=tmp_path)
-    _, spare = host_reserve._spare
+    host_reserve.replenish(device="cpu", slot_root=tmp_path, keep=1)
+    _, spare = host_reserve._spares[0]
     spare._kill()  # as an out-of-memory kill would
     assert host_reserve.take(kernels_build.library_path, device="cpu", adapter="bundled", adapter_paths=[],
                              case_timeout_s=60, deadline=None) is None
-    host_reserve.replenish(device="cpu", slot_root=tmp_path)
+    host_reserve.replenish(device="cpu", slot_root=tmp_path, keep=1)
+    _, mismatched = host_reserve._spares[0]
     assert host_reserve.take(kernels_build.library_path, device="cuda", adapter="bundled", adapter_paths=[],
                              case_timeout_s=60, deadline=None) is None
-    assert host_reserve._spare is None  # the mismatched spare was closed, not left running
+    assert host_reserve._spares == [] and not mismatched.running()  # closed, not left running
     with pytest.raises(KernelHostError, match="not running"):
         KernelHost(kernels_build.library_path, device="cpu").adopt_build(kernels_build.library_path)
 
@@ -68,11 +69,21 @@ def test_the_pipeline_takes_the_spare_and_starts_the_next_one(kernels_build, tmp
     built = kernels_build
     plain = pipeline.run(job, built, pipeline.Policy())
     warm = pipeline.Policy(warm_host=True, host_slot_root=tmp_path / "slots")
-    first = pipeline.run(job, built, warm)  # no spare yet: starts its host, leaves a spare behind
-    _, spare = host_reserve._spare
-    assert spare.running() and spare.library_path == ""
-    second = pipeline.run(job, built, warm)  # takes that spare
-    _, next_spare = host_reserve._spare
-    assert next_spare is not spare and not spare.running()
+    first = pipeline.run(job, built, warm)  # no spare yet: starts its host, leaves KEEP spares behind
+    waiting = [host for _, host in host_reserve._spares]
+    assert len(waiting) == host_reserve.KEEP == 2
+    assert all(host.running() and host.library_path == "" for host in waiting)
+    during: list[list] = []  # the spares waiting when the run's first result came
+
+    def on_result(index, result) -> None:  # noqa: ANN001
+        if not during:
+            during.append([host for _, host in host_reserve._spares])
+
+    second = pipeline.run(job, built, warm, on_result=on_result)  # takes the oldest spare
+    assert not waiting[0].running()  # it ran the second run and was closed with it
+    # The next spare was started as the run began, not after it: a commit submitted right after
+    # this verdict finds its host ready.
+    assert during[0][0] is waiting[1] and during[0][1] not in waiting
+    assert [host for _, host in host_reserve._spares] == during[0]
     assert _answers(first.results) == _answers(second.results) == _answers(plain.results)
     assert second.environment == plain.environment and second.adapter == plain.adapter

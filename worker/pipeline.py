@@ -45,8 +45,8 @@ class Policy:
     deadline: float | None = None  # time.monotonic() past which nothing runs
     # Folder of the reference cache (worker.engine.reference_cache; None: none); `trusted` runs write it.
     reference_cache: Path | None = None
-    # Take the kernel host started ahead (worker.engine.host_reserve) and start the next one after
-    # the run: for a long-lived worker; `host_slot_root` holds the spares' build folders (best on
+    # Take a kernel host started ahead (worker.engine.host_reserve) and start the next one while
+    # the run runs: for a long-lived worker; `host_slot_root` holds the spares' build folders (best on
     # the build cache's file system, so a build is hard-linked there, not copied).
     warm_host: bool = False
     host_slot_root: Path | None = None
@@ -137,13 +137,15 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
     spare = host_reserve.take(built.library_path, device=policy.device, adapter=job.config.adapter,
                               adapter_paths=adapter_paths, case_timeout_s=policy.case_timeout_s,
                               deadline=policy.deadline) if policy.warm_host else None
+    if policy.warm_host:  # the next ones import torch while this run runs (host_reserve.KEEP)
+        host_reserve.replenish(device=policy.device, slot_root=policy.host_slot_root)
     try:
         return _run_on(spare or KernelHost(built.library_path, device=policy.device,
                                            case_timeout_s=policy.case_timeout_s, adapter=job.config.adapter,
                                            deadline=policy.deadline, adapter_paths=adapter_paths),
                        cases, policy, job, on_result, baseline_digests, on_pause)
     finally:
-        if policy.warm_host:  # the next run's host imports torch while this one's verdict is made
+        if policy.warm_host:  # any that died meanwhile, started again
             host_reserve.replenish(device=policy.device, slot_root=policy.host_slot_root)
 
 

@@ -1,15 +1,22 @@
-"""One kernel host kept started ahead of the next run (issue 18: submit -> verdict on a warm commit).
+"""Kernel hosts kept started ahead of the work that needs them (issue 18: submit -> verdict on a
+warm commit, and a flagged commit's co-run).
 
 A kernel host's start is mostly `import torch` and the device's context: 4.4 s of a warm run on the
 H200, 3.6 s of it the import (bench/warm_battery_profile.py, docs/PERFORMANCE.md). None of it
-depends on the build, which is only known once a run is taken. So after each run the worker starts
-a spare host (`KernelHost.spare`: sandboxed as every host, with an empty read-only folder of its
-own) that imports torch and makes the context while the verdict is computed and the worker waits
-for its next task; the next run links its build into the spare's folder and the host loads it
-(`KernelHost.adopt_build`). One host still runs one build, and a spare serves one run only.
+depends on the build, which is only known once a run is taken. So the worker keeps up to KEEP
+spare hosts (`KernelHost.spare`: sandboxed as every host, with an empty read-only folder of its
+own) that import torch and make the context and then wait; a run links its build into a spare's
+folder and the host loads it (`KernelHost.adopt_build`). One host still runs one build, and a
+spare serves one piece of work only.
 
-Used by the worker's main battery (worker.pipeline.run with Policy.warm_host); anything that fails
-here falls back to starting a host as before, so a spare can cost time, never a result.
+KEEP is 2: a run takes one and starts the next at once, so a commit submitted right after a
+verdict finds its host ready (the H200 run of 2026-12-01 round 6: 4.3 s of an 8.3 s warm commit
+was a spare started only after the previous run); a flagged run's co-run takes two (its commit's
+build and its baseline's, worker/baseline_diffs.py). Each idle spare holds a device context.
+
+Used by the worker's main battery (worker.pipeline.run with Policy.warm_host) and its co-run;
+anything that fails here falls back to starting a host as before, so a spare can cost time, never
+a result.
 """
 
 from __future__ import annotations
@@ -22,24 +29,24 @@ from pathlib import Path
 from worker.engine.host import KernelHost, KernelHostError
 
 log = logging.getLogger(__name__)
+KEEP = 2
 _lock = threading.Lock()
-_spare: tuple[str, KernelHost] | None = None  # (device, the host)
+_spares: list[tuple[str, KernelHost]] = []  # (device, the host), oldest first
 
 
-def replenish(*, device: str, slot_root: Path | None = None) -> None:
-    """Start a spare host for `device` unless one is waiting (a spare of another device is closed)."""
-    global _spare
+def replenish(*, device: str, slot_root: Path | None = None, keep: int = KEEP) -> None:
+    """Start spare hosts for `device` until `keep` are waiting (those of another device, or dead,
+    are closed)."""
     with _lock:
-        if _spare is not None:
-            held_device, held = _spare
-            if held_device == device and held.running():
+        for held in [entry for entry in _spares if entry[0] != device or not entry[1].running()]:
+            _spares.remove(held)
+            held[1].close()
+        while len(_spares) < keep:
+            try:
+                _spares.append((device, KernelHost.spare(device=device, slot_root=slot_root)))
+            except OSError as error:  # no sandbox, no fork: the next run starts its host itself
+                log.warning("could not start a spare kernel host: %s", error)
                 return
-            held.close()
-            _spare = None
-        try:
-            _spare = (device, KernelHost.spare(device=device, slot_root=slot_root))
-        except OSError as error:  # no sandbox, no fork: the next run starts its host itself
-            log.warning("could not start a spare kernel host: %s", error)
 
 
 def take(library_path: str | Path, *, device: str, adapter: str, adapter_paths: list[Path],
@@ -60,27 +67,26 @@ def take(library_path: str | Path, *, device: str, adapter: str, adapter_paths: 
 
 
 def _take_waiting(device: str) -> KernelHost | None:
-    """The waiting spare, still without a build; None when none waits (one of another device is closed)."""
-    global _spare
-    with _lock:
-        held, _spare = _spare, None
-    if held is None:
-        return None
-    held_device, host = held
-    if held_device != device or not host.running():
+    """The oldest waiting spare of `device` (the likeliest to be ready), still without a build;
+    None when none waits. Spares of another device, or dead, are closed on the way."""
+    while True:
+        with _lock:
+            if not _spares:
+                return None
+            held_device, host = _spares.pop(0)
+        if held_device == device and host.running():
+            return host
         host.close()
-        return None
-    return host
 
 
 def spares(count: int, *, device: str, slot_root: Path | None = None) -> list[KernelHost | None]:
     """`count` hosts without a build, importing torch and making the context from now on: the
-    waiting spare first, then new ones (None where one could not be started). For work that will
+    waiting spares first, then new ones (None where one could not be started). For work that will
     know its builds only later (the co-run fetches and builds two trees meanwhile); each is given
     its build with `adopted`."""
-    hosts: list[KernelHost | None] = [_take_waiting(device)]
-    if hosts[0] is None:
-        hosts = []
+    hosts: list[KernelHost | None] = []
+    while len(hosts) < count and (waiting := _take_waiting(device)) is not None:
+        hosts.append(waiting)
     while len(hosts) < count:
         try:
             hosts.append(KernelHost.spare(device=device, slot_root=slot_root))
@@ -108,9 +114,9 @@ def adopted(spare: KernelHost | None, library_path: str | Path, *, device: str, 
 
 @atexit.register
 def discard() -> None:
-    """Close the waiting spare (the worker is stopping, or a test is done with it)."""
-    global _spare
+    """Close the waiting spares (the worker is stopping, or a test is done with them)."""
     with _lock:
-        held, _spare = _spare, None
-    if held is not None:
-        held[1].close()
+        held = list(_spares)
+        _spares.clear()
+    for _, host in held:
+        host.close()

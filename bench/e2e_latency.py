@@ -346,7 +346,8 @@ def measure(client: OptdriftClient, commit: Commit, *, battery: str, poll_s: flo
                 result.corun_detail_s = time.monotonic() - started
                 detail = verdict["detail"]
                 result.corun_phases = {**(detail.get("corun_phases") or {}),
-                                       "corun_seconds": detail.get("corun_seconds")}
+                                       "corun_seconds": detail.get("corun_seconds"),
+                                       **{f"kernels: {k}": v for k, v in (detail.get("corun_kernels") or {}).items()}}
                 break
             time.sleep(poll_s)
     return result

@@ -19,7 +19,7 @@ import torch
 
 from worker.battery import load_battery
 from worker.engine import host_reserve, params_file
-from worker.engine.corun import corun_battery, plan_chunks
+from worker.engine.corun import DEFAULT_CHUNK_BYTES, corun_battery, plan_chunks
 from worker.engine.host import FAULT_ENV, KernelHost
 from worker.engine.kernels_only import run_kernels_only
 from worker.engine.trajectory import run_params
@@ -88,7 +88,9 @@ def test_the_corun_runs_on_spare_hosts_given_their_builds_and_says_where_its_tim
         assert _digests(commit) == _digests(slow_commit) and _digests(base) == _digests(slow_base)
         assert all("build received" in host.startup_s and host.start_attempts == 1 for host in hosts)
         assert not any(host.running() for host in hosts)  # the co-run closes the hosts it was given
-        assert set(timings) == {"hosts_s", "kernels_s"}
+        assert set(timings) == {"hosts_s", "kernels_s", "chunks", "commit_host_s", "baseline_host_s", "diff_s"}
+        assert timings["chunks"] == len(plan_chunks(cases, DEFAULT_CHUNK_BYTES))
+        assert max(timings["commit_host_s"], timings["baseline_host_s"]) <= timings["kernels_s"]
     finally:
         host_reserve.discard()
 

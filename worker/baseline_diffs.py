@@ -47,7 +47,8 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
     `between_cases()` is called before each case (each chunk of cases on the fast engine) and may
     raise CorunYielded to stop. The verdict's detail records where the co-run's time went
     (`corun_phases`, seconds: load, fetch, build, adopt, hosts, kernels, compare; the rest of
-    `corun_seconds` is writing the verdict)."""
+    `corun_seconds` is writing the verdict) and how its kernels phase split (`corun_kernels`:
+    chunks, each host's busy seconds, the diffs', which overlap; worker.engine.corun)."""
     from worker import pipeline
     from worker.engine import host_reserve
     from worker.engine.corun import corun_battery
@@ -123,7 +124,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
                                             between_cases=between_cases, params_only=True,
                                             fast=settings.fast_engine, hosts=hosts, timings=timings,
                                             adapter_paths=adapter_paths)
-            phases.seconds.update(hosts=timings.get("hosts_s", 0.0), kernels=timings.get("kernels_s", 0.0))
+            phases.seconds.update(hosts=timings.pop("hosts_s", 0.0), kernels=timings.pop("kernels_s", 0.0))
             for result in rerun.cases:
                 original = stored[result.case.case_id]
                 if result.trajectory is None or original.trajectory is None \
@@ -133,7 +134,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
                     return 0
             comparison = _store(run_id=run_id, commit_result=commit_result, baseline_result=baseline_result,
                                 diffs=diffs, started=started, started_at=started_at, phases=phases,
-                                worker=worker_name())
+                                kernels_split=timings, worker=worker_name())
             if comparison is None:
                 return 0
             # Issue 17: rounding-level or semantic, and which variant (worker/attribution), added beside
@@ -167,7 +168,8 @@ class _Phases:
 
 
 def _store(*, run_id: int, commit_result, baseline_result, diffs: dict[str, list[float]],  # noqa: ANN001
-           started: float, started_at: datetime, phases: _Phases, worker: str):  # noqa: ANN202
+           started: float, started_at: datetime, phases: _Phases, kernels_split: dict[str, float],
+           worker: str):  # noqa: ANN202
     """The verdict recomputed with the diffs, stored with the co-run's time; the comparison, or None
     when it would change the stored outcome (it cannot: the same stored results)."""
     with phases("compare"):
@@ -183,6 +185,7 @@ def _store(*, run_id: int, commit_result, baseline_result, diffs: dict[str, list
         window = {"worker": worker, "started_at": started_at.isoformat(),
                   "finished_at": datetime.now(timezone.utc).isoformat()}
         verdict.detail = {**comparison.model_dump(mode="json"), "corun_seconds": time.monotonic() - started,
-                          "corun_window": window, "corun_phases": dict(phases.seconds)}
+                          "corun_window": window, "corun_phases": dict(phases.seconds),
+                      "corun_kernels": kernels_split}
         session.commit()
     return comparison

@@ -98,7 +98,8 @@ def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_lib
     commit's, the baseline's) folders their adapter module is imported from (a tree's adapter_path).
     `hosts`: (the commit's, the baseline's) hosts of those builds, started ahead or not (the worker's
     co-run hands in spares: worker.engine.host_reserve.adopted); closed here either way. `timings`
-    gains "hosts_s" (starting the hosts not yet running, together) and "kernels_s" (the rest)."""
+    gains "hosts_s" (starting the hosts not yet running, together) and "kernels_s" (the rest), and
+    when `fast` its split (_corun_fast)."""
     cases = battery.expand() if cases is None else cases
     if hosts is None:
         hosts = tuple(KernelHost(library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
@@ -112,16 +113,18 @@ def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_lib
         timings["hosts_s"] = time.monotonic() - began
         try:
             return _corun(battery, hosts, cases, commit_digest, baseline_digest, progress, between_cases,
-                          params_only, fast, chunk_bytes)
+                          params_only, fast, chunk_bytes, timings)
         finally:
             timings["kernels_s"] = time.monotonic() - began - timings["hosts_s"]
 
 
 def _corun(battery: BatterySpec, hosts: list[KernelHost], cases: list[CaseSpec], commit_digest: str | None,
            baseline_digest: str | None, progress: Progress | None, between_cases: Callable[[], None] | None,
-           params_only: bool, fast: bool, chunk_bytes: int) -> tuple[RunResult, RunResult, dict[str, list[float]]]:
+           params_only: bool, fast: bool, chunk_bytes: int, timings: dict[str, float],
+           ) -> tuple[RunResult, RunResult, dict[str, list[float]]]:
     if fast:
-        commit_results, baseline_results, diffs = _corun_fast(hosts, cases, chunk_bytes, between_cases, progress)
+        commit_results, baseline_results, diffs = _corun_fast(hosts, cases, chunk_bytes, between_cases, progress,
+                                                              timings)
         return (_run_result(battery, hosts[0], commit_digest, commit_results),
                 _run_result(battery, hosts[1], baseline_digest, baseline_results), diffs)
     commit_results, baseline_results, diffs = [], [], {}
@@ -215,11 +218,27 @@ class _Chunk:
         return {self.cases[p].case_id: series for p, series in zip(differing, values)}
 
 
+def _timed(into: dict[str, float], key: str, work: Callable, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    """work(*args, **kwargs), its seconds added to into[key] (a max over the parallel sides is taken
+    by the caller: each side adds to a key of its own)."""
+    began = time.monotonic()
+    try:
+        return work(*args, **kwargs)
+    finally:
+        into[key] = into.get(key, 0.0) + time.monotonic() - began
+
+
 def _corun_fast(hosts: list[KernelHost], cases: list[CaseSpec], chunk_bytes: int,
                 between_cases: Callable[[], None] | None, progress: Progress | None,
+                timings: dict[str, float] | None = None,
                 ) -> tuple[list[CaseResult], list[CaseResult], dict[str, list[float]]]:
+    """`timings` gains where the time went: "chunks", "commit_host_s" and "baseline_host_s" (each
+    host's requests, parameter files written), "diff_s" (this process reading both files and
+    computing the diffs; it overlaps the next chunk's requests but for the last chunk's)."""
     results: list[list[CaseResult | None]] = [[None] * len(cases), [None] * len(cases)]
     diffs: dict[str, list[float]] = {}
+    timings = {} if timings is None else timings
+    host_keys = ("commit_host_s", "baseline_host_s")
     done = 0
     with tempfile.TemporaryDirectory(prefix="optdrift-corun-") as workdir, \
             ThreadPoolExecutor(max_workers=3, thread_name_prefix="optdrift-corun") as pool:
@@ -230,9 +249,11 @@ def _corun_fast(hosts: list[KernelHost], cases: list[CaseSpec], chunk_bytes: int
             chunk = _Chunk(number, indices, cases, Path(workdir))
             # Both hosts run this chunk while this process diffs the previous one; every future is
             # waited for before anything is raised, so no host is left mid-request.
-            running = [pool.submit(host.run_many, chunk.cases, params_file=chunk.file_name,
-                                   run_one=chunk.run_one(host, side)) for side, host in enumerate(hosts)]
-            diffing = [pool.submit(previous.diffs, hosts)] if previous else []
+            timings["chunks"] = number + 1
+            running = [pool.submit(_timed, timings, host_keys[side], host.run_many, chunk.cases,
+                                   params_file=chunk.file_name, run_one=chunk.run_one(host, side))
+                       for side, host in enumerate(hosts)]
+            diffing = [pool.submit(_timed, timings, "diff_s", previous.diffs, hosts)] if previous else []
             wait(running + diffing)
             for future in diffing:
                 diffs.update(future.result())
@@ -246,5 +267,5 @@ def _corun_fast(hosts: list[KernelHost], cases: list[CaseSpec], chunk_bytes: int
                     progress(done, len(cases), chunk.results[0][position])
             previous = chunk
         if previous:
-            diffs.update(previous.diffs(hosts))
+            diffs.update(_timed(timings, "diff_s", previous.diffs, hosts))
     return results[0], results[1], diffs

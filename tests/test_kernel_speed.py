@@ -249,3 +249,35 @@ def test_the_speed_table_fits_80_columns_and_cuts_nothing() -> None:
         assert "ademamix/8bit_blockwise" in text or any(
             a + b == "ademamix/8bit_blockwise" for a, b in zip(first_words, first_words[1:])), text
         assert ("1222.0" in text) == baseline_shown
+
+
+def test_a_timing_stops_for_a_waiting_run(kernels_build) -> None:  # noqa: ANN001
+    """A run submitted right after a verdict must not wait behind the previous run's kernel timing:
+    while the host times, the worker asks whether a run waits, and on yes kills the host, so the
+    request ends without its answer, and measure() raises TimingYielded (the task queues it again).
+    The plan (2^20 elements, 50 samples, 48 kernels) takes far longer on this CPU than the first
+    check, which already says yes."""
+    from pathlib import Path
+
+    from worker import pipeline
+    from worker.engine.host import KernelHost
+    from worker.speed import record
+
+    long_plan = {"sizes": [1 << 20], "repeats": 50, "budget_s": 600}
+    asked: list[int] = []
+
+    def run_waiting() -> bool:
+        asked.append(1)
+        return True
+
+    with KernelHost(kernels_build.library_path, device="cpu") as host:
+        host.start()
+        with record._interrupted_when(run_waiting, host) as yielded:
+            answer = host.ask({"op": "time_kernels", "plan": long_plan}, timeout_s=600)
+        assert yielded.is_set() and answer is None and not host.running() and asked == [1]
+
+    job = pipeline.prepare(Path(__file__).resolve().parents[1] / "csrc", requested_battery="quick")
+    with pytest.raises(record.TimingYielded):
+        record.measure(job, kernels_build, pipeline.Policy(device="cpu"), timing_plan=long_plan,
+                       should_yield=run_waiting)
+    assert len(asked) == 2

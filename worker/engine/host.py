@@ -528,6 +528,16 @@ class KernelHost:
             except OSError:
                 pass
 
+    def interrupt(self) -> None:
+        """Kill the host process from another thread: the request the owning thread waits on then
+        ends as a dead host's (its read sees end of file); the owner cleans up as after a crash."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def close(self) -> None:
         if self._alive():
             try:

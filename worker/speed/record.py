@@ -12,8 +12,11 @@ the project's `kernel_speed` (optdrift.toml). A failure is logged and noted on t
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
+from typing import Callable, Iterator
 
 from service.settings import Settings
 
@@ -21,6 +24,13 @@ log = logging.getLogger(__name__)
 DEFAULT_CUDA_BUDGET_S = 120.0
 # Beyond the budget: the host's start and the one kernel that was being timed when it ran out.
 ANSWER_SLACK_S = 120.0
+# How often a timing asks whether a run is waiting for this worker (a run then waits at most about
+# this long behind it: the timing stops, and is queued again).
+YIELD_POLL_S = 0.25
+
+
+class TimingYielded(RuntimeError):
+    """The timing stopped for a run waiting for this worker; it is queued again (worker/tasks.py)."""
 
 
 def budget_s(settings: Settings) -> float:
@@ -34,17 +44,30 @@ def plan(settings: Settings, seconds: float) -> dict:
     return {"sizes": list(settings.speed_sizes), "repeats": settings.speed_repeats, "budget_s": seconds}
 
 
-def measure(job, built, policy, *, timing_plan: dict) -> dict:  # noqa: ANN001
-    """The kernel host's `time_kernels` answer for this build; raises RuntimeError with the reason."""
+def measure(job, built, policy, *, timing_plan: dict,  # noqa: ANN001
+            should_yield: Callable[[], bool] | None = None) -> dict:
+    """The kernel host's `time_kernels` answer for this build; raises RuntimeError with the reason,
+    or TimingYielded when `should_yield()` (asked every YIELD_POLL_S while the host times) said a
+    run is waiting. The host is a spare started ahead where the policy keeps them (host_reserve)."""
+    from worker.engine import host_reserve
     from worker.engine.host import KernelHost
 
-    with KernelHost(built.library_path, device=policy.device, adapter=job.config.adapter,
-                    deadline=policy.deadline,
-                    adapter_paths=job.adapter_folders) as host:
-        answer = host.ask({"op": "time_kernels", "plan": timing_plan},
-                          timeout_s=timing_plan["budget_s"] + ANSWER_SLACK_S)
-        if answer is None:
-            raise RuntimeError(f"the kernel host gave no timing answer: {host.stderr_tail(4) or 'no output'}")
+    host = host_reserve.take(built.library_path, device=policy.device, adapter=job.config.adapter,
+                             adapter_paths=job.adapter_folders, case_timeout_s=policy.case_timeout_s,
+                             deadline=policy.deadline) if policy.warm_host else None
+    host = host or KernelHost(built.library_path, device=policy.device, adapter=job.config.adapter,
+                              deadline=policy.deadline, adapter_paths=job.adapter_folders)
+    try:
+        with host, _interrupted_when(should_yield, host) as yielded:
+            answer = host.ask({"op": "time_kernels", "plan": timing_plan},
+                              timeout_s=timing_plan["budget_s"] + ANSWER_SLACK_S)
+            if yielded.is_set():
+                raise TimingYielded("a run is waiting for this worker")
+            if answer is None:
+                raise RuntimeError(f"the kernel host gave no timing answer: {host.stderr_tail(4) or 'no output'}")
+    finally:
+        if policy.warm_host:
+            host_reserve.replenish(device=policy.device, slot_root=policy.host_slot_root)
     if "error" in answer:
         raise RuntimeError(str(answer["error"]))
     if not isinstance(answer.get("timings"), list):
@@ -52,9 +75,37 @@ def measure(job, built, policy, *, timing_plan: dict) -> dict:  # noqa: ANN001
     return answer
 
 
-def time_and_store(*, session, run_id: int, job, built, policy, settings: Settings) -> str | None:  # noqa: ANN001
+@contextlib.contextmanager
+def _interrupted_when(should_yield: Callable[[], bool] | None, host) -> Iterator[threading.Event]:  # noqa: ANN001
+    """While the block runs, a thread asks `should_yield()` every YIELD_POLL_S and, when it says
+    yes, sets the event it yields and kills the host (the block's request then ends at once)."""
+    yielded, done = threading.Event(), threading.Event()
+
+    def watch() -> None:
+        while not done.wait(YIELD_POLL_S):
+            try:
+                if should_yield():
+                    yielded.set()
+                    host.interrupt()
+                    return
+            except Exception:  # noqa: BLE001 - a failed check only means no yield this time
+                log.warning("the kernel timing's check for waiting runs failed", exc_info=True)
+
+    watcher = threading.Thread(target=watch, name="optdrift-speed-yield", daemon=True) if should_yield else None
+    if watcher:
+        watcher.start()
+    try:
+        yield yielded
+    finally:
+        done.set()
+        if watcher:
+            watcher.join()
+
+
+def time_and_store(*, session, run_id: int, job, built, policy, settings: Settings,  # noqa: ANN001
+                   should_yield: Callable[[], bool] | None = None) -> str | None:
     """Time and store; returns the note the run records (environment_detail["kernel_speed"]), or
-    None when timing is off for this run."""
+    None when timing is off for this run. TimingYielded passes through (measure)."""
     from service.domain import kernel_speed
 
     seconds = budget_s(settings)
@@ -62,9 +113,11 @@ def time_and_store(*, session, run_id: int, job, built, policy, settings: Settin
         return None
     started = time.monotonic()
     try:
-        answer = measure(job, built, policy, timing_plan=plan(settings, seconds))
+        answer = measure(job, built, policy, timing_plan=plan(settings, seconds), should_yield=should_yield)
         count = kernel_speed.store(session=session, run_id=run_id, answer=answer)
         session.commit()
+    except TimingYielded:
+        raise
     except Exception as error:  # noqa: BLE001 - speed is judged apart: the run stands without it
         session.rollback()
         log.warning("run %s: timing the kernels failed: %s", run_id, error)
@@ -91,8 +144,9 @@ def send(run_id: int, settings: Settings, environment: str) -> None:
         log.exception("run %s: could not queue the kernel timing", run_id)
 
 
-def time_run(*, run_id: int, settings: Settings) -> str:
-    """The task's body: fetch, build (cached), time, store, note. Returns what happened."""
+def time_run(*, run_id: int, settings: Settings, should_yield: Callable[[], bool] | None = None) -> str:
+    """The task's body: fetch, build (cached), time, store, note. Returns what happened; raises
+    TimingYielded when `should_yield()` said a run waits (the task queues the timing again)."""
     import tempfile
     from pathlib import Path
 
@@ -117,7 +171,9 @@ def time_run(*, run_id: int, settings: Settings) -> str:
                 cache_dir=settings.resolved_build_cache_dir, trusted=not untrusted,
                 cuda_archs=[] if settings.worker_device == "cpu" else None,
                 max_build_s=settings.verify_max_build_s if untrusted else settings.max_build_s,
-                deadline=time.monotonic() + budget_s(settings) + ANSWER_SLACK_S + settings.max_build_s)
+                deadline=time.monotonic() + budget_s(settings) + ANSWER_SLACK_S + settings.max_build_s,
+                warm_host=settings.resolved_warm_host,
+                host_slot_root=settings.resolved_build_cache_dir / "host-slots")
             built = pipeline.build(job, policy)
             if not built.ok:
                 raise RuntimeError(f"the build failed this time: {built.error}")
@@ -126,7 +182,7 @@ def time_run(*, run_id: int, settings: Settings) -> str:
             note = f"failed: {error}"[:500]
         else:
             note = time_and_store(session=session, run_id=run_id, job=job, built=built, policy=policy,
-                                  settings=settings)
+                                  settings=settings, should_yield=should_yield)
         if note is None:
             return "off"
         session.refresh(run)  # the co-run may have written the run since it was read

@@ -88,7 +88,11 @@ def test_the_corun_runs_on_spare_hosts_given_their_builds_and_says_where_its_tim
         assert _digests(commit) == _digests(slow_commit) and _digests(base) == _digests(slow_base)
         assert all("build received" in host.startup_s and host.start_attempts == 1 for host in hosts)
         assert not any(host.running() for host in hosts)  # the co-run closes the hosts it was given
-        assert set(timings) == {"hosts_s", "kernels_s", "chunks", "commit_host_s", "baseline_host_s", "diff_s"}
+        assert set(timings) == {"hosts_s", "kernels_s", "chunks", "commit_host_s", "baseline_host_s", "diff_s",
+                                "commit_device_to_host_s", "commit_into_file_s",
+                                "baseline_device_to_host_s", "baseline_into_file_s"}
+        for side in ("commit", "baseline"):  # the host's own account of its parameter writing
+            assert 0 < timings[f"{side}_into_file_s"] + timings[f"{side}_device_to_host_s"] < timings[f"{side}_host_s"]
         assert timings["chunks"] == len(plan_chunks(cases, DEFAULT_CHUNK_BYTES))
         assert max(timings["commit_host_s"], timings["baseline_host_s"]) <= timings["kernels_s"]
     finally:

@@ -219,8 +219,8 @@ class _Chunk:
 
 
 def _timed(into: dict[str, float], key: str, work: Callable, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-    """work(*args, **kwargs), its seconds added to into[key] (a max over the parallel sides is taken
-    by the caller: each side adds to a key of its own)."""
+    """work(*args, **kwargs), its seconds added to into[key] (each parallel side adds to a key of
+    its own)."""
     began = time.monotonic()
     try:
         return work(*args, **kwargs)
@@ -228,17 +228,31 @@ def _timed(into: dict[str, float], key: str, work: Callable, *args, **kwargs):  
         into[key] = into.get(key, 0.0) + time.monotonic() - began
 
 
+def _host_request(into: dict[str, float], side: str, host: KernelHost, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    """host.run_many(*args, **kwargs), timed into "<side>_host_s", with the host's own account of
+    its parameter writing added into "<side>_<part>_s" (device_to_host, into_file)."""
+    host.last_params_s = {}
+    try:
+        return _timed(into, f"{side}_host_s", host.run_many, *args, **kwargs)
+    finally:
+        for part in ("device_to_host", "into_file"):
+            if part in host.last_params_s:
+                key = f"{side}_{part}_s"
+                into[key] = into.get(key, 0.0) + host.last_params_s[part]
+
+
 def _corun_fast(hosts: list[KernelHost], cases: list[CaseSpec], chunk_bytes: int,
                 between_cases: Callable[[], None] | None, progress: Progress | None,
                 timings: dict[str, float] | None = None,
                 ) -> tuple[list[CaseResult], list[CaseResult], dict[str, list[float]]]:
     """`timings` gains where the time went: "chunks", "commit_host_s" and "baseline_host_s" (each
-    host's requests, parameter files written), "diff_s" (this process reading both files and
+    host's requests, parameter files written), of which the host says "<side>_device_to_host_s" and
+    "<side>_into_file_s" went on its parameters, and "diff_s" (this process reading both files and
     computing the diffs; it overlaps the next chunk's requests but for the last chunk's)."""
     results: list[list[CaseResult | None]] = [[None] * len(cases), [None] * len(cases)]
     diffs: dict[str, list[float]] = {}
     timings = {} if timings is None else timings
-    host_keys = ("commit_host_s", "baseline_host_s")
+    sides = ("commit", "baseline")
     done = 0
     with tempfile.TemporaryDirectory(prefix="optdrift-corun-") as workdir, \
             ThreadPoolExecutor(max_workers=3, thread_name_prefix="optdrift-corun") as pool:
@@ -250,7 +264,7 @@ def _corun_fast(hosts: list[KernelHost], cases: list[CaseSpec], chunk_bytes: int
             # Both hosts run this chunk while this process diffs the previous one; every future is
             # waited for before anything is raised, so no host is left mid-request.
             timings["chunks"] = number + 1
-            running = [pool.submit(_timed, timings, host_keys[side], host.run_many, chunk.cases,
+            running = [pool.submit(_host_request, timings, sides[side], host, chunk.cases,
                                    params_file=chunk.file_name, run_one=chunk.run_one(host, side))
                        for side, host in enumerate(hosts)]
             diffing = [pool.submit(_timed, timings, "diff_s", previous.diffs, hosts)] if previous else []

@@ -251,14 +251,14 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
         else:
             runnable.append(index)
     try:
-        run_request(request, cases, runnable, device, families, emit)
+        split = run_request(request, cases, runnable, device, families, emit)
     except Exception as error:  # noqa: BLE001 - reported; the parent falls back to one case at a time
         restart = context_lost(error, device)
         protocol.write(json.dumps({"stopped": f"{type(error).__name__}: {error}", "restart": restart}) + "\n")
         return not restart
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    protocol.write(json.dumps({"done": True}) + "\n")
+    protocol.write(json.dumps({"done": True, "params_s": split}) + "\n")
     return True
 
 
@@ -369,6 +369,7 @@ class KernelHost:
         self._stderr = tempfile.NamedTemporaryFile(prefix="optdrift-host-", suffix=".log", delete=False)
         self._scratch = sandbox.Scratch(prefix="optdrift-host-scratch-")
         self._slot: Path | None = None  # a spare's folder for its build (spare(), adopt_build())
+        self.last_params_s: dict[str, float] = {}  # the last run_many's parameter writing (host clock)
         self._spare_spawned = 0.0
 
     def __enter__(self) -> "KernelHost":
@@ -766,6 +767,10 @@ class KernelHost:
                     continue
                 if answer.get("restart"):
                     self._kill()
+                # A co-run request's parameter writing, on the host's clock: shown, never trusted.
+                split = answer.get("params_s")
+                self.last_params_s = ({str(k)[:40]: float(v) for k, v in list(split.items())[:8]
+                                       if isinstance(v, (int, float))} if isinstance(split, dict) else {})
                 break
         for index, case in enumerate(cases):
             if results[index] is None:

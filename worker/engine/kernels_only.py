@@ -19,6 +19,7 @@ one-case co-run would run it, writing its own rows of the parameter file.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -30,6 +31,8 @@ from worker.engine.reference_cache import series_key
 from worker.engine.trajectory import FamilyAdapter, bundled_families, run_params
 
 OnResult = Callable[[int, CaseResult], None]
+# Where a co-run request's parameter writing went (host clock; run_request resets and returns it).
+PARAMS_SECONDS = {"device_to_host": 0.0, "into_file": 0.0, "waves": 0}
 
 
 class _KernelsOnlyWave(fast._Wave):
@@ -66,11 +69,16 @@ class _KernelsOnlyWave(fast._Wave):
 
     def _results(self, started: float) -> dict[int, CaseResult]:
         if self.params_out is not None:
+            began = time.perf_counter()
             history = self.param_hist.cpu().numpy()  # the wave's one device -> host copy
+            copied = time.perf_counter()
             for index, case in enumerate(self.cases):
                 if index not in self.broken:
                     at = self.param_at[index]
                     self.params_out[index][:] = history[:case.steps, at:at + case.size]
+            PARAMS_SECONDS["device_to_host"] += copied - began
+            PARAMS_SECONDS["into_file"] += time.perf_counter() - copied
+            PARAMS_SECONDS["waves"] += 1
         return super()._results(started)
 
     def _trajectory(self, index: int, steps: int, f64: torch.Tensor, i64: torch.Tensor) -> Trajectory:
@@ -158,10 +166,11 @@ def run_cases_known(cases: list[CaseSpec], device: torch.device | str, known: di
 
 
 def run_request(request: dict, cases: list[CaseSpec], runnable: list[int], device: torch.device,
-                families: Mapping[str, FamilyAdapter], emit: OnResult) -> None:
+                families: Mapping[str, FamilyAdapter], emit: OnResult) -> dict[str, float]:
     """The kernel host's `run_many` (worker/engine/host.py) on the `runnable` indices of `cases`:
     with "params_out" (a file in the host's scratch) the co-run's kernels-only run writing it; with
-    "known" ({case index: [series keys]}) the reference cache's two passes; else the fast engine."""
+    "known" ({case index: [series keys]}) the reference cache's two passes; else the fast engine.
+    Returns, for a co-run's request, where its parameter writing went (PARAMS_SECONDS), else {}."""
     subset = [cases[i] for i in runnable]
 
     def on_result(position: int, result: CaseResult) -> None:
@@ -171,17 +180,19 @@ def run_request(request: dict, cases: list[CaseSpec], runnable: list[int], devic
         path, total = request["params_out"], params_file.total_elements(cases)
         if total == 0:
             open(path, "wb").close()
-            return
+            return {}
+        PARAMS_SECONDS.update(device_to_host=0.0, into_file=0.0, waves=0)
         mapped = np.memmap(path, dtype="<f4", mode="w+", shape=(total,))
         layout = params_file.regions(cases)
         views = [mapped[r.offset:r.offset + r.elements].reshape(r.steps, r.size) for r in (layout[i] for i in runnable)]
         run_kernels_only(subset, device, families=families, params_out=views, on_result=on_result)
         del views, mapped  # no flush: the parent reads the same pages; writing them to disk is not needed
-        return
+        return dict(PARAMS_SECONDS)
     known = {int(index): set(keys) for index, keys in (request.get("known") or {}).items()}
     if known:
         position_of = {index: position for position, index in enumerate(runnable)}
         run_cases_known(subset, device, {position_of[i]: keys for i, keys in known.items() if i in position_of},
                         families=families, on_result=on_result)
-        return
+        return {}
     fast.run_cases_fast(subset, device, families=families, on_result=on_result)
+    return {}

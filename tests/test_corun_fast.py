@@ -10,6 +10,7 @@ pipelining (chunk k runs while chunk k-1 is diffed) and the alternating files ar
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 
@@ -97,6 +98,21 @@ def test_the_corun_runs_on_spare_hosts_given_their_builds_and_says_where_its_tim
         assert max(timings["commit_host_s"], timings["baseline_host_s"]) <= timings["kernels_s"]
     finally:
         host_reserve.discard()
+
+
+def test_a_chunk_never_exceeds_the_file_a_sandboxed_host_may_write(kernels_build, decay_build, one_case_corun,
+                                                                   monkeypatch):
+    """At 4 GiB per chunk the H200's hosts could not write their parameter files (HOST_LIMITS caps a
+    file at 2 GiB) and every case fell back to one at a time: chunks are cut to the limit."""
+    from worker import sandbox
+
+    battery, cases, (_, _, slow_diffs) = one_case_corun
+    monkeypatch.setattr(sandbox, "HOST_LIMITS", dataclasses.replace(sandbox.HOST_LIMITS, file_size_bytes=400_000))
+    timings = {}
+    _, _, diffs = corun_battery(battery, decay_build.library_path, kernels_build.library_path, device="cpu",
+                                cases=cases, fast=True, chunk_bytes=10**12, timings=timings)
+    assert timings["chunks"] == len(plan_chunks(cases, 400_000)) > len(plan_chunks(cases, 10**12))
+    assert {k: repr(v) for k, v in diffs.items()} == {k: repr(v) for k, v in slow_diffs.items()}
 
 
 def test_a_spare_that_cannot_take_its_build_falls_back_to_a_host_of_its_own(kernels_build, tmp_path):

@@ -281,3 +281,23 @@ def test_a_timing_stops_for_a_waiting_run(kernels_build) -> None:  # noqa: ANN00
         record.measure(job, kernels_build, pipeline.Policy(device="cpu"), timing_plan=long_plan,
                        should_yield=run_waiting)
     assert len(asked) == 2
+
+
+def test_a_timing_waits_for_waiting_runs_and_for_the_co_run_this_worker_queued(monkeypatch) -> None:
+    """The H200 run of 2026-12-01 (round 6) stored a flagged commit's co-run detail 2.8 s later
+    because an earlier run's re-queued timing ran first. Timings now wait for runs and for a co-run
+    this worker process queued (until it starts, for CORUN_FIRST_S at most: another worker may take it)."""
+    from worker import tasks
+
+    monkeypatch.setattr(tasks, "_corun_sent", {})
+    assert tasks.timing_waits_for(0) is None
+    assert tasks.timing_waits_for(2) == "2 run(s) waiting"
+    clock = [1000.0]
+    monkeypatch.setattr(tasks.time, "monotonic", lambda: clock[0])
+    tasks._corun_sent[7] = clock[0]  # as _send_corun records it
+    assert tasks.timing_waits_for(0) == "the co-run of run(s) [7] goes first"
+    clock[0] += tasks.CORUN_FIRST_S + 1  # never started here (another worker took it)
+    assert tasks.timing_waits_for(0) is None and tasks._corun_sent == {}
+    tasks._corun_sent[8] = clock[0]
+    tasks._corun_sent.pop(8)  # what the co-run task does when it starts
+    assert tasks.timing_waits_for(0) is None

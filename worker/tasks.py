@@ -33,6 +33,12 @@ from worker.celery_app import app
 from worker.source_fetch import fetch_source
 
 log = logging.getLogger(__name__)
+# Co-runs this worker process queued and has not started yet (run id -> time.monotonic() when
+# queued). Its kernel timings wait for them: a flagged commit's co-run detail is what a person is
+# waiting for, the speed table is not. Another worker may take a co-run from the shared queue, so an
+# entry counts only CORUN_FIRST_S: a timing is held back that long at most.
+_corun_sent: dict[int, float] = {}
+CORUN_FIRST_S = 120.0
 MAX_LOG_CHARS = 200_000
 
 
@@ -209,8 +215,23 @@ def _send_corun(run_id: int) -> None:
         return
     try:
         record_baseline_diffs_task.apply_async(args=[run_id], queue=corun_queue_for(environment))
+        _corun_sent[run_id] = time.monotonic()
     except Exception:  # noqa: BLE001  (the verdict stands without the magnitudes)
         log.exception("run %s: could not queue the baseline co-run", run_id)
+
+
+def timing_waits_for(runs_waiting: int) -> str | None:
+    """Why a kernel timing must wait now (runs waiting for this environment, or a co-run this
+    process queued less than CORUN_FIRST_S ago that has not started), or None."""
+    if runs_waiting:
+        return f"{runs_waiting} run(s) waiting"
+    now = time.monotonic()
+    for run_id, queued in list(_corun_sent.items()):
+        if now - queued > CORUN_FIRST_S:
+            _corun_sent.pop(run_id, None)
+    if _corun_sent:
+        return f"the co-run of run(s) {sorted(_corun_sent)} goes first"
+    return None
 
 
 def _send_again(session, settings: Settings, run_id: int, delay: float) -> None:  # noqa: ANN001
@@ -237,6 +258,8 @@ def _record_baseline_diffs(run_id: int, settings: Settings) -> str:
     already stored and stands without them, so a failure here is logged, never raised. Between
     cases the co-run yields to runs waiting for this environment: it stops and is queued again."""
     from worker.baseline_diffs import CorunYielded, record_baseline_diffs
+
+    _corun_sent.pop(run_id, None)  # started: the timings no longer wait for it
 
     def yield_to_runs() -> None:
         with get_sessionmaker()() as session:
@@ -438,14 +461,15 @@ def time_kernels_task(run_id: int) -> str:
             return runs.queued_count(session=session, environment=settings.worker_environment)
 
     # Checked before, and while the host times (it is stopped within record.YIELD_POLL_S): a run
-    # submitted right after a verdict must not wait behind the timing of the previous one.
-    count = waiting()
-    if not count:
+    # submitted right after a verdict must not wait behind the timing of the previous one, nor a
+    # flagged run's co-run (timing_waits_for).
+    reason = timing_waits_for(waiting())
+    if reason is None:
         try:
             return time_run(run_id=run_id, settings=settings, should_yield=lambda: waiting() > 0)
         except TimingYielded:
-            count = waiting()
+            reason = f"{waiting()} run(s) waiting"
     time_kernels_task.apply_async(args=[run_id], queue=corun_queue_for(settings.worker_environment),
                                   countdown=settings.corun_retry_s)
-    log.info("run %s: kernel timing yields (%d run(s) waiting); queued again", run_id, count)
+    log.info("run %s: kernel timing yields (%s); queued again", run_id, reason)
     return "yielded"

@@ -28,14 +28,20 @@ from typing import Callable
 import numpy as np
 
 from service.results import CaseResult, CaseSpec, RunResult
+from worker import sandbox
 from worker.battery import BatterySpec
 from worker.engine import params_file
 from worker.engine.host import KernelHost
 
 Progress = Callable[[int, int, CaseResult], None]
-# Parameters per side and chunk: 256 MiB is 2.7 GB of the standard battery's changed cases in ~11
-# chunks; the hosts hold a chunk's history on the device and in their file, this process maps it.
-DEFAULT_CHUNK_BYTES = 256 * 1024**2
+# Parameters per side and chunk: 1 GiB is the standard battery's 2.7 GB of changed cases (the decay
+# reorder) in 4 chunks. Fewer, larger requests: on the H200 their kernels phase took 8.27 s against
+# 12.22 s in 11 chunks of 256 MiB (bench/corun_chunks.py, one run, docs/PERFORMANCE.md). The hosts
+# hold a chunk's history on the device and in their file, this process maps it: up to two chunks
+# per side at once. A chunk never exceeds the file size a sandboxed host may write
+# (sandbox.HOST_LIMITS): at 4 GiB the hosts could not write their files and every case fell back to
+# one at a time (78.7 s, the same diffs).
+DEFAULT_CHUNK_BYTES = 1024**3
 
 
 def per_step_max_abs_diff(commit_file: Path, baseline_file: Path, steps: int, size: int) -> list[float]:
@@ -257,6 +263,8 @@ def _corun_fast(hosts: list[KernelHost], cases: list[CaseSpec], chunk_bytes: int
     with tempfile.TemporaryDirectory(prefix="optdrift-corun-") as workdir, \
             ThreadPoolExecutor(max_workers=3, thread_name_prefix="optdrift-corun") as pool:
         previous: _Chunk | None = None
+        # A host's file holds one chunk: never more than a sandboxed host may write.
+        chunk_bytes = min(chunk_bytes, sandbox.HOST_LIMITS.file_size_bytes)
         for number, indices in enumerate(plan_chunks(cases, chunk_bytes)):
             if between_cases:
                 between_cases()

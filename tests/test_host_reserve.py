@@ -87,3 +87,19 @@ def test_the_pipeline_takes_the_spare_and_starts_the_next_one(kernels_build, tmp
     assert [host for _, host in host_reserve._spares] == during[0]
     assert _answers(first.results) == _answers(second.results) == _answers(plain.results)
     assert second.environment == plain.environment and second.adapter == plain.adapter
+
+
+def test_spares_taken_but_not_given_a_build_wait_again(kernels_build, tmp_path: Path) -> None:
+    """A co-run takes two spares while it fetches and builds its trees; when it stops before giving
+    them their builds (a run came, a tree no longer builds), they wait again for that run. One that
+    was given a build is closed: a spare serves one piece of work only."""
+    host_reserve.replenish(device="cpu", slot_root=tmp_path)
+    taken = host_reserve.spares(2, device="cpu", slot_root=tmp_path)
+    assert host_reserve._spares == [] and all(host.running() for host in taken)
+    taken[1].adopt_build(kernels_build.library_path)
+    host_reserve.put_back(taken, device="cpu")
+    assert [host for _, host in host_reserve._spares] == [taken[0]]
+    assert not taken[1].running()
+    assert host_reserve.take(kernels_build.library_path, device="cpu", adapter="bundled", adapter_paths=[],
+                             case_timeout_s=60, deadline=None) is taken[0]
+    taken[0].close()

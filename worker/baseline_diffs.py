@@ -111,6 +111,8 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
                     libraries[side] = build.library_path
             battery, adapter = job.battery, job.config.adapter
             adapter_paths = (jobs["commit"].adapter_folders, jobs["baseline"].adapter_folders)
+            if between_cases:  # a run that came meanwhile gets the spares, still without a build
+                between_cases()
             with phases("adopt"):
                 hosts = tuple(host_reserve.adopted(spare, libraries[side], device=settings.worker_device,
                                                    adapter=adapter, adapter_paths=paths,
@@ -145,10 +147,10 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
                               adapter_paths=adapter_paths)
             return len(diffs)
     finally:
-        for spare in spares:
-            if spare is not None:
-                spare.close()
-        if settings.resolved_warm_host:  # the next run's host, started while this worker waits
+        # Spares not given a build (the co-run stopped before: a run waits, a tree no longer builds)
+        # wait again for that run; then the pool is filled up for the next.
+        host_reserve.put_back(spares, device=settings.worker_device)
+        if settings.resolved_warm_host:
             host_reserve.replenish(device=settings.worker_device, slot_root=slot_root)
 
 

@@ -96,6 +96,21 @@ def spares(count: int, *, device: str, slot_root: Path | None = None) -> list[Ke
     return hosts[:count]
 
 
+def put_back(hosts: list[KernelHost | None], *, device: str, keep: int = KEEP) -> None:
+    """Spares taken with `spares` but not given a build (the work stopped first: a run came, a
+    build failed) wait again for the next taker, up to `keep`; the rest are closed. A host that
+    was given a build is closed, never put back: a spare serves one piece of work only."""
+    for host in hosts:
+        if host is None:
+            continue
+        with _lock:
+            fresh = host.running() and host.library_path == "" and host.start_attempts == 0
+            if fresh and len(_spares) < keep:
+                _spares.append((device, host))
+                continue
+        host.close()
+
+
 def adopted(spare: KernelHost | None, library_path: str | Path, *, device: str, adapter: str,
             adapter_paths: list[Path], case_timeout_s: float) -> KernelHost:
     """`spare` with this build loaded; when there is none or it does not come up (logged), a host

@@ -31,6 +31,9 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from corun_builds import resolve_device  # noqa: E402  (bench/, this script's folder)
 
 from worker.battery import load_battery  # noqa: E402
 from worker.build import build_extension  # noqa: E402
@@ -82,11 +85,7 @@ def main() -> int:
                         help="changed cases co-run the one-case way too and compared (0: none)")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
-    device = args.device
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(args.device)
     archs = [] if device == "cpu" else None
     root = Path(__file__).resolve().parents[1] / "csrc"
     battery = load_battery(args.battery)

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from corun_builds import build_baseline_and_decay, resolve_device  # noqa: E402  (bench/, this script's folder)
 
 from worker.battery import load_battery  # noqa: E402
-from worker.build import build_extension  # noqa: E402
 from worker.engine.corun import corun_battery  # noqa: E402
 from worker.engine.host import KernelHost  # noqa: E402
-from worker.mutations import DECAY_AFTER_UPDATE_OPTIMIZERS, copy_tree, decay_after_update  # noqa: E402
+from worker.mutations import DECAY_AFTER_UPDATE_OPTIMIZERS  # noqa: E402
 
 
 def main() -> int:
@@ -34,18 +34,11 @@ def main() -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--chunk-mib", type=int, nargs="+", default=[64, 256, 1024, 4096])
     args = parser.parse_args()
-    device = args.device
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    archs = [] if device == "cpu" else None
-    root = Path(__file__).resolve().parents[1] / "csrc"
-    with tempfile.TemporaryDirectory() as tmp:
-        mutant = decay_after_update(copy_tree(root, Path(tmp) / "mutant"))
-        base_build, commit_build = build_extension(root, cuda_archs=archs), build_extension(mutant, cuda_archs=archs)
-    if not (base_build.ok and commit_build.ok):
-        print(base_build.error or commit_build.error, file=sys.stderr)
+    device = resolve_device(args.device)
+    try:
+        base_build, commit_build = build_baseline_and_decay(device)
+    except RuntimeError as error:
+        print(error, file=sys.stderr)
         return 1
     battery = load_battery(args.battery)
     cases = [c for c in battery.expand()

@@ -54,16 +54,21 @@ def take(library_path: str | Path, *, device: str, adapter: str, adapter_paths: 
     """The waiting spare with this build loaded, or None (none waiting, another device, or it
     failed to come up: logged, and the caller starts a host as before)."""
     host = _take_waiting(device)
-    if host is None:
-        return None
-    try:
-        host.adopt_build(library_path, adapter=adapter, adapter_paths=adapter_paths,
-                         case_timeout_s=case_timeout_s, deadline=deadline)
-    except KernelHostError as error:
-        log.warning("the spare kernel host could not take %s (%s); starting one", library_path, error)
-        host.close()
+    if host is None or not _adopt(host, library_path, adapter=adapter, adapter_paths=adapter_paths,
+                                  case_timeout_s=case_timeout_s, deadline=deadline):
         return None
     return host
+
+
+def _adopt(host: KernelHost, library_path: str | Path, **load) -> bool:  # noqa: ANN003
+    """Give `host` its build (KernelHost.adopt_build); a spare that cannot take it is closed (logged)."""
+    try:
+        host.adopt_build(library_path, **load)
+        return True
+    except KernelHostError as error:
+        log.warning("a spare kernel host could not take %s (%s); starting one", library_path, error)
+        host.close()
+        return False
 
 
 def _take_waiting(device: str) -> KernelHost | None:
@@ -115,14 +120,9 @@ def adopted(spare: KernelHost | None, library_path: str | Path, *, device: str, 
             adapter_paths: list[Path], case_timeout_s: float) -> KernelHost:
     """`spare` with this build loaded; when there is none or it does not come up (logged), a host
     of that build that starts on its first request, as a host started without a spare would."""
-    if spare is not None:
-        try:
-            spare.adopt_build(library_path, adapter=adapter, adapter_paths=adapter_paths,
-                              case_timeout_s=case_timeout_s)
-            return spare
-        except KernelHostError as error:
-            log.warning("a spare kernel host could not take %s (%s); starting one", library_path, error)
-            spare.close()
+    if spare is not None and _adopt(spare, library_path, adapter=adapter, adapter_paths=adapter_paths,
+                                    case_timeout_s=case_timeout_s):
+        return spare
     return KernelHost(library_path, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
                       adapter_paths=adapter_paths)
 

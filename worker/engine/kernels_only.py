@@ -31,16 +31,16 @@ from worker.engine.reference_cache import series_key
 from worker.engine.trajectory import FamilyAdapter, bundled_families, run_params
 
 OnResult = Callable[[int, CaseResult], None]
-# Where a co-run request's parameter writing went (host clock; run_request resets and returns it).
-PARAMS_SECONDS = {"device_to_host": 0.0, "into_file": 0.0, "waves": 0}
 
 
 class _KernelsOnlyWave(fast._Wave):
     with_references = False
 
     def __init__(self, cases: list[CaseSpec], device: torch.device, families: Mapping[str, FamilyAdapter],
-                 initial: dict, closed_cache: dict, params_out: list[np.ndarray] | None) -> None:
+                 initial: dict, closed_cache: dict, params_out: list[np.ndarray] | None,
+                 params_seconds: dict[str, float] | None = None) -> None:
         self.params_out = params_out  # per wave case: its [steps, size] float32 rows of the file
+        self.params_seconds = params_seconds  # where writing them went (seconds added per wave)
         super().__init__(cases, device, families, False, initial, closed_cache)
 
     def _make_bundles(self, width_class, batch_low_precision_refs) -> None:  # noqa: ANN001
@@ -76,9 +76,9 @@ class _KernelsOnlyWave(fast._Wave):
                 if index not in self.broken:
                     at = self.param_at[index]
                     self.params_out[index][:] = history[:case.steps, at:at + case.size]
-            PARAMS_SECONDS["device_to_host"] += copied - began
-            PARAMS_SECONDS["into_file"] += time.perf_counter() - copied
-            PARAMS_SECONDS["waves"] += 1
+            if self.params_seconds is not None:
+                self.params_seconds["device_to_host"] += copied - began
+                self.params_seconds["into_file"] += time.perf_counter() - copied
         return super()._results(started)
 
     def _trajectory(self, index: int, steps: int, f64: torch.Tensor, i64: torch.Tensor) -> Trajectory:
@@ -101,11 +101,13 @@ class _Rows:
 
 def run_kernels_only(cases: list[CaseSpec], device: torch.device | str, *,
                      families: Mapping[str, FamilyAdapter] | None = None,
-                     params_out: list[np.ndarray] | None = None, on_result: OnResult | None = None,
+                     params_out: list[np.ndarray] | None = None, params_seconds: dict[str, float] | None = None,
+                     on_result: OnResult | None = None,
                      rerun_broken: bool = True, use_graphs: bool | None = None,
                      max_wave_elements: int | None = None) -> list[CaseResult | None]:
     """Each case's digests (run_params's result) in `cases` order; `params_out[i]`, when given, a
-    [steps, size] float32 array that receives case i's parameters after each step.
+    [steps, size] float32 array that receives case i's parameters after each step; `params_seconds`
+    ({"device_to_host": 0.0, "into_file": 0.0}) gains where writing them went, wave by wave.
     `rerun_broken=False` leaves a case the wave could not run unanswered (None) instead of running
     it alone (the reference cache's first pass: the full engine runs it next anyway)."""
     device = torch.device(device)
@@ -128,7 +130,7 @@ def run_kernels_only(cases: list[CaseSpec], device: torch.device | str, *,
 
     def make_wave(indices: list[int], wave_cases: list[CaseSpec], initial: dict, closed_cache: dict) -> _KernelsOnlyWave:
         rows = None if params_out is None else [params_out[i] for i in indices]
-        return _KernelsOnlyWave(wave_cases, device, families, initial, closed_cache, rows)
+        return _KernelsOnlyWave(wave_cases, device, families, initial, closed_cache, rows, params_seconds)
 
     return fast.run_waves(cases, max_wave_elements, use_graphs, on_result, None, make_wave=make_wave,
                           run_alone=alone)
@@ -170,7 +172,8 @@ def run_request(request: dict, cases: list[CaseSpec], runnable: list[int], devic
     """The kernel host's `run_many` (worker/engine/host.py) on the `runnable` indices of `cases`:
     with "params_out" (a file in the host's scratch) the co-run's kernels-only run writing it; with
     "known" ({case index: [series keys]}) the reference cache's two passes; else the fast engine.
-    Returns, for a co-run's request, where its parameter writing went (PARAMS_SECONDS), else {}."""
+    Returns, for a co-run's request, where its parameter writing went (run_kernels_only's
+    `params_seconds`), else {}."""
     subset = [cases[i] for i in runnable]
 
     def on_result(position: int, result: CaseResult) -> None:
@@ -181,13 +184,14 @@ def run_request(request: dict, cases: list[CaseSpec], runnable: list[int], devic
         if total == 0:
             open(path, "wb").close()
             return {}
-        PARAMS_SECONDS.update(device_to_host=0.0, into_file=0.0, waves=0)
+        seconds = {"device_to_host": 0.0, "into_file": 0.0}
         mapped = np.memmap(path, dtype="<f4", mode="w+", shape=(total,))
         layout = params_file.regions(cases)
         views = [mapped[r.offset:r.offset + r.elements].reshape(r.steps, r.size) for r in (layout[i] for i in runnable)]
-        run_kernels_only(subset, device, families=families, params_out=views, on_result=on_result)
+        run_kernels_only(subset, device, families=families, params_out=views, params_seconds=seconds,
+                         on_result=on_result)
         del views, mapped  # no flush: the parent reads the same pages; writing them to disk is not needed
-        return dict(PARAMS_SECONDS)
+        return seconds
     known = {int(index): set(keys) for index, keys in (request.get("known") or {}).items()}
     if known:
         position_of = {index: position for position, index in enumerate(runnable)}

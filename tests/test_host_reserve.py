@@ -103,3 +103,20 @@ def test_spares_taken_but_not_given_a_build_wait_again(kernels_build, tmp_path: 
     assert host_reserve.take(kernels_build.library_path, device="cpu", adapter="bundled", adapter_paths=[],
                              case_timeout_s=60, deadline=None) is taken[0]
     taken[0].close()
+
+
+def test_without_bubblewrap_no_spare_waits_beside_a_run(kernels_build, tmp_path: Path, monkeypatch) -> None:
+    """Unboxed (the sandbox's fallback), a run's code could signal or trace a process of the same
+    user waiting beside it, the host of a later run: one spare is kept, started after the run."""
+    monkeypatch.setattr(host_reserve, "start_beside_runs", lambda: False)
+    tree = tmp_path / "csrc"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "csrc", tree)
+    job = pipeline.prepare(tree, requested_battery="quick")
+    job.cases = CASES[:4]
+    warm = pipeline.Policy(warm_host=True, host_slot_root=tmp_path / "slots")
+    pipeline.run(job, kernels_build, warm)
+    assert len(host_reserve._spares) == host_reserve.spares_kept() == 1
+    beside: list[int] = []
+    pipeline.run(job, kernels_build, warm, on_result=lambda index, result: beside.append(len(host_reserve._spares)))
+    assert beside and set(beside) == {0}  # nothing waited beside the run's code
+    assert len(host_reserve._spares) == 1  # the next one, started after it

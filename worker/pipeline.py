@@ -137,7 +137,7 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
     spare = host_reserve.take(built.library_path, device=policy.device, adapter=job.config.adapter,
                               adapter_paths=adapter_paths, case_timeout_s=policy.case_timeout_s,
                               deadline=policy.deadline) if policy.warm_host else None
-    if policy.warm_host:  # the next ones import torch while this run runs (host_reserve.KEEP)
+    if policy.warm_host and host_reserve.start_beside_runs():  # the next ones start while this run runs
         host_reserve.replenish(device=policy.device, slot_root=policy.host_slot_root)
     try:
         return _run_on(spare or KernelHost(built.library_path, device=policy.device,
@@ -145,7 +145,7 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
                                            deadline=policy.deadline, adapter_paths=adapter_paths),
                        cases, policy, job, on_result, baseline_digests, on_pause)
     finally:
-        if policy.warm_host:  # any that died meanwhile, started again
+        if policy.warm_host:  # the next (unboxed: only now), or any that died meanwhile
             host_reserve.replenish(device=policy.device, slot_root=policy.host_slot_root)
 
 

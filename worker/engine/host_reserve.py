@@ -13,6 +13,10 @@ KEEP is 2: a run takes one and starts the next at once, so a commit submitted ri
 verdict finds its host ready (the H200 run of 2026-12-01 round 6: 4.3 s of an 8.3 s warm commit
 was a spare started only after the previous run); a flagged run's co-run takes two (its commit's
 build and its baseline's, worker/baseline_diffs.py). Each idle spare holds a device context.
+That holds only where hosts run under bubblewrap, whose boxes see no other process. Without it
+(worker.sandbox's weaker fallback), a run's code could signal or trace a spare of the same user
+waiting beside it, the host of a later run: there one spare is kept, started after the run
+(`spares_kept()`, `start_beside_runs()`).
 
 Used by the worker's main battery (worker.pipeline.run with Policy.warm_host) and its co-run;
 anything that fails here falls back to starting a host as before, so a spare can cost time, never
@@ -26,6 +30,7 @@ import logging
 import threading
 from pathlib import Path
 
+from worker import sandbox
 from worker.engine.host import KernelHost, KernelHostError
 
 log = logging.getLogger(__name__)
@@ -34,9 +39,20 @@ _lock = threading.Lock()
 _spares: list[tuple[str, KernelHost]] = []  # (device, the host), oldest first
 
 
-def replenish(*, device: str, slot_root: Path | None = None, keep: int = KEEP) -> None:
-    """Start spare hosts for `device` until `keep` are waiting (those of another device, or dead,
-    are closed)."""
+def start_beside_runs() -> bool:
+    """Whether a spare may wait while a run's code runs: only when every host is boxed (bubblewrap)."""
+    return sandbox.available()
+
+
+def spares_kept() -> int:
+    """How many spares wait: KEEP where hosts are boxed, else one (module docstring)."""
+    return KEEP if start_beside_runs() else 1
+
+
+def replenish(*, device: str, slot_root: Path | None = None, keep: int | None = None) -> None:
+    """Start spare hosts for `device` until `keep` (default: spares_kept()) are waiting (those of another
+    device, or dead, are closed)."""
+    keep = spares_kept() if keep is None else keep
     with _lock:
         for held in [entry for entry in _spares if entry[0] != device or not entry[1].running()]:
             _spares.remove(held)
@@ -101,10 +117,11 @@ def spares(count: int, *, device: str, slot_root: Path | None = None) -> list[Ke
     return hosts[:count]
 
 
-def put_back(hosts: list[KernelHost | None], *, device: str, keep: int = KEEP) -> None:
+def put_back(hosts: list[KernelHost | None], *, device: str, keep: int | None = None) -> None:
     """Spares taken with `spares` but not given a build (the work stopped first: a run came, a
     build failed) wait again for the next taker, up to `keep`; the rest are closed. A host that
     was given a build is closed, never put back: a spare serves one piece of work only."""
+    keep = spares_kept() if keep is None else keep
     for host in hosts:
         if host is None:
             continue

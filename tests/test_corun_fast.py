@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from service.results import CaseSpec
 from worker.battery import load_battery
 from worker.engine import host_reserve, params_file
 from worker.engine.corun import DEFAULT_CHUNK_BYTES, corun_battery, plan_chunks
@@ -89,8 +90,8 @@ def test_the_corun_runs_on_spare_hosts_given_their_builds_and_says_where_its_tim
         assert _digests(commit) == _digests(slow_commit) and _digests(base) == _digests(slow_base)
         assert all("build received" in host.startup_s and host.start_attempts == 1 for host in hosts)
         assert not any(host.running() for host in hosts)  # the co-run closes the hosts it was given
-        assert set(timings) == {"hosts_s", "kernels_s", "chunks", "commit_host_s", "baseline_host_s", "diff_s",
-                                "commit_device_to_host_s", "commit_into_file_s",
+        assert set(timings) == {"hosts_s", "kernels_s", "close_s", "chunks", "commit_host_s", "baseline_host_s",
+                                "diff_s", "commit_device_to_host_s", "commit_into_file_s",
                                 "baseline_device_to_host_s", "baseline_into_file_s"}
         for side in ("commit", "baseline"):  # the host's own account of its parameter writing
             assert 0 < timings[f"{side}_into_file_s"] + timings[f"{side}_device_to_host_s"] < timings[f"{side}_host_s"]
@@ -168,6 +169,30 @@ def test_the_parent_reads_only_a_plain_file_of_the_expected_size(tmp_path):
     with pytest.raises(params_file.ParamsFileError, match="48 bytes, not the 40"):
         params_file.open_checked(real, 10)
     assert params_file.open_checked(real, 12).tolist() == list(range(12))
+
+
+def test_a_host_writes_each_case_into_its_own_region_of_the_file(tmp_path):
+    # The host's side of the protocol (params_file.create_for_writing / RegionWriter, pwrite): the
+    # file has exactly the cases' size, each case's rows land at its region (whole or a step at a
+    # time, as a case run alone writes them), and rows that do not fit are refused.
+    cases = [CaseSpec(case_id="a", optimizer="adam", hyper={"lr": 0.1}, seed=0, size=3, steps=2),
+             CaseSpec(case_id="b", optimizer="adam", hyper={"lr": 0.1}, seed=1, size=5, steps=3)]
+    path = tmp_path / "params.f32"
+    fd, writers = params_file.create_for_writing(path, cases)
+    try:
+        first = np.arange(6, dtype=np.float32).reshape(2, 3)
+        second = 100 + np.arange(15, dtype=np.float32).reshape(3, 5)
+        writers[1](0, second[:1])
+        writers[1](1, second[1:])
+        writers[0](0, first)
+        with pytest.raises(ValueError, match="do not fit"):
+            writers[0](1, first)  # two rows from step 1 would run past the case's 2 steps
+        with pytest.raises(ValueError, match="do not fit"):
+            writers[1](0, first)  # rows of 3, not 5
+    finally:
+        os.close(fd)
+    stored = params_file.open_checked(path, params_file.total_elements(cases))
+    assert stored.tolist() == first.ravel().tolist() + second.ravel().tolist()
 
 
 def test_vectorised_diffs_are_the_per_step_diffs(monkeypatch):

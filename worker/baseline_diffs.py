@@ -46,7 +46,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
     """Store per-step |commit − baseline| for the changed cases of `run_id`; returns how many.
     `between_cases()` is called before each case (each chunk of cases on the fast engine) and may
     raise CorunYielded to stop. The verdict's detail records where the co-run's time went
-    (`corun_phases`, seconds: load, fetch, build, adopt, hosts, kernels, compare; the rest of
+    (`corun_phases`, seconds: load, fetch, build, adopt, hosts, kernels, close, compare; the rest of
     `corun_seconds` is writing the verdict) and how its kernels phase split (`corun_kernels`:
     chunks, each host's busy seconds, the diffs', which overlap; worker.engine.corun)."""
     from worker import pipeline
@@ -126,7 +126,8 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
                                             between_cases=between_cases, params_only=True,
                                             fast=settings.fast_engine, hosts=hosts, timings=timings,
                                             adapter_paths=adapter_paths)
-            phases.seconds.update(hosts=timings.pop("hosts_s", 0.0), kernels=timings.pop("kernels_s", 0.0))
+            phases.seconds.update(hosts=timings.pop("hosts_s", 0.0), kernels=timings.pop("kernels_s", 0.0),
+                                  close=timings.pop("close_s", 0.0))
             for result in rerun.cases:
                 original = stored[result.case.case_id]
                 if result.trajectory is None or original.trajectory is None \

@@ -539,13 +539,29 @@ class KernelHost:
             except ProcessLookupError:
                 pass
 
-    def close(self) -> None:
+    def _ask_exit(self) -> None:
         if self._alive():
             try:
                 self._process.stdin.write(b'{"op": "exit"}\n')
                 self._process.stdin.flush()
+            except OSError:
+                pass
+
+    @staticmethod
+    def close_together(hosts: list["KernelHost"]) -> None:
+        """Close `hosts`, their exits overlapped: a CUDA host's exit (its context and memory torn
+        down) takes about a second, which one after the other the co-run paid twice."""
+        for host in hosts:
+            host._ask_exit()
+        for host in hosts:
+            host.close()
+
+    def close(self) -> None:
+        self._ask_exit()
+        if self._process is not None:
+            try:
                 self._process.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
+            except subprocess.TimeoutExpired:
                 pass
         self._kill()
         self._process = None

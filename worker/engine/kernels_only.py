@@ -8,7 +8,8 @@ look like worker.engine.trajectory.run_params's: digests, empty metric series. T
 * **the co-run** (worker.engine.corun): each build runs the changed cases here and writes their
   parameters after every step into a parameter file (worker.engine.params_file). The parameters of
   a wave are gathered on the device into a [steps, elements] float32 history by the observation
-  (inside its CUDA graph), copied to the host once per wave and laid into the file per case.
+  (inside its CUDA graph). After the wave they are put in the file's order on the device, copied
+  once into a pinned host buffer the host keeps, and written into the file per case with pwrite.
 * **the reference cache's first pass** (worker.engine.reference_cache): cases whose digest
   series the parent already holds metrics for run here first; only those whose series turns out
   new run again through the full engine (`run_cases_known`).
@@ -19,6 +20,7 @@ one-case co-run would run it, writing its own rows of the parameter file.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 
@@ -31,15 +33,52 @@ from worker.engine.reference_cache import series_key
 from worker.engine.trajectory import FamilyAdapter, bundled_families, run_params
 
 OnResult = Callable[[int, CaseResult], None]
+# Where one case's parameters go: (first step, [n, size] float32 rows after those steps). A numpy
+# [steps, size] array is taken too (array_sink); the host passes params_file.RegionWriter.
+ParamsSink = Callable[[int, np.ndarray], None]
+
+
+def array_sink(array: np.ndarray) -> ParamsSink:
+    def write(first_step: int, rows: np.ndarray) -> None:
+        array[first_step:first_step + rows.shape[0]] = rows
+    return write
+
+
+def _sink(target: np.ndarray | ParamsSink) -> ParamsSink:
+    return array_sink(target) if isinstance(target, np.ndarray) else target
+
+
+class _Staging:
+    """A host buffer for the waves' device -> host copies, kept by the process and grown as needed:
+    pinned (page-locked) on CUDA, so the copy runs at the bus's speed and touches no new page. A
+    fresh pageable buffer per wave took 2.1 s per host and co-run on the H200 (docs/PERFORMANCE.md,
+    round 6). Pinning falls back to a kept pageable buffer where the driver refuses it."""
+
+    def __init__(self) -> None:
+        self.buffer: torch.Tensor | None = None
+
+    def take(self, elements: int, device: torch.device) -> torch.Tensor:
+        if self.buffer is None or self.buffer.numel() < elements:
+            self.buffer = None  # the old one goes before the larger one is made
+            size = max(elements, 1 << 20)
+            pin = device.type == "cuda"
+            try:
+                self.buffer = torch.empty(size, dtype=torch.float32, pin_memory=pin)
+            except RuntimeError:  # pinned memory refused (limits): pageable, still kept
+                self.buffer = torch.empty(size, dtype=torch.float32)
+        return self.buffer[:elements]
+
+
+_staging = _Staging()
 
 
 class _KernelsOnlyWave(fast._Wave):
     with_references = False
 
     def __init__(self, cases: list[CaseSpec], device: torch.device, families: Mapping[str, FamilyAdapter],
-                 initial: dict, closed_cache: dict, params_out: list[np.ndarray] | None,
+                 initial: dict, closed_cache: dict, params_out: list[ParamsSink] | None,
                  params_seconds: dict[str, float] | None = None) -> None:
-        self.params_out = params_out  # per wave case: its [steps, size] float32 rows of the file
+        self.params_out = params_out  # per wave case: where its [steps, size] float32 rows go
         self.params_seconds = params_seconds  # where writing them went (seconds added per wave)
         super().__init__(cases, device, families, False, initial, closed_cache)
 
@@ -70,12 +109,23 @@ class _KernelsOnlyWave(fast._Wave):
     def _results(self, started: float) -> dict[int, CaseResult]:
         if self.params_out is not None:
             began = time.perf_counter()
-            history = self.param_hist.cpu().numpy()  # the wave's one device -> host copy
+            written = [index for index in range(len(self.cases)) if index not in self.broken]
+            # Each case's [steps, size] block made contiguous on the device (file order), then one
+            # copy to the host: the device reorders at its own bandwidth, the bus moves it once.
+            blocks = [self.param_hist[:self.cases[i].steps, self.param_at[i]:self.param_at[i] + self.cases[i].size]
+                      .reshape(-1) for i in written]
+            if blocks:
+                flat = torch.cat(blocks)
+                host = _staging.take(flat.numel(), self.device)
+                host.copy_(flat)
+                del flat
+                rows = host.numpy()
             copied = time.perf_counter()
-            for index, case in enumerate(self.cases):
-                if index not in self.broken:
-                    at = self.param_at[index]
-                    self.params_out[index][:] = history[:case.steps, at:at + case.size]
+            at = 0
+            for index in written:
+                case = self.cases[index]
+                self.params_out[index](0, rows[at:at + case.steps * case.size].reshape(case.steps, case.size))
+                at += case.steps * case.size
             if self.params_seconds is not None:
                 self.params_seconds["device_to_host"] += copied - began
                 self.params_seconds["into_file"] += time.perf_counter() - copied
@@ -87,26 +137,27 @@ class _KernelsOnlyWave(fast._Wave):
 
 
 class _Rows:
-    """A run_params sink that fills a [steps, size] float32 array one step (row) at a time."""
+    """A run_params sink (a binary file's write) that hands each step's row to a ParamsSink."""
 
-    def __init__(self, rows: np.ndarray | None) -> None:
-        self.rows, self.step = rows, 0
+    def __init__(self, sink: ParamsSink | None, size: int) -> None:
+        self.sink, self.size, self.step = sink, size, 0
 
     def write(self, data: bytes) -> int:
-        if self.rows is not None:
-            self.rows[self.step] = np.frombuffer(data, dtype=np.float32)
+        if self.sink is not None:
+            self.sink(self.step, np.frombuffer(data, dtype=np.float32).reshape(1, self.size))
         self.step += 1
         return len(data)
 
 
 def run_kernels_only(cases: list[CaseSpec], device: torch.device | str, *,
                      families: Mapping[str, FamilyAdapter] | None = None,
-                     params_out: list[np.ndarray] | None = None, params_seconds: dict[str, float] | None = None,
+                     params_out: list[np.ndarray | ParamsSink] | None = None,
+                     params_seconds: dict[str, float] | None = None,
                      on_result: OnResult | None = None,
                      rerun_broken: bool = True, use_graphs: bool | None = None,
                      max_wave_elements: int | None = None) -> list[CaseResult | None]:
-    """Each case's digests (run_params's result) in `cases` order; `params_out[i]`, when given, a
-    [steps, size] float32 array that receives case i's parameters after each step; `params_seconds`
+    """Each case's digests (run_params's result) in `cases` order; `params_out[i]`, when given,
+    receives case i's parameters after each step: a [steps, size] float32 array, or a ParamsSink; `params_seconds`
     ({"device_to_host": 0.0, "into_file": 0.0}) gains where writing them went, wave by wave.
     `rerun_broken=False` leaves a case the wave could not run unanswered (None) instead of running
     it alone (the reference cache's first pass: the full engine runs it next anyway)."""
@@ -118,19 +169,20 @@ def run_kernels_only(cases: list[CaseSpec], device: torch.device | str, *,
     unknown = sorted({c.family for c in cases} - set(families))
     if unknown:
         raise ValueError(f"kernel families {unknown} have no adapter (known: {sorted(families)})")
+    sinks = None if params_out is None else [_sink(target) for target in params_out]
 
     def alone(index: int, case: CaseSpec) -> CaseResult | None:
         if not rerun_broken:
             return None
         try:
-            return run_params(case, device, _Rows(None if params_out is None else params_out[index]),
+            return run_params(case, device, _Rows(None if sinks is None else sinks[index], case.size),
                               families=families)
         except Exception as error:  # noqa: BLE001 - the kernel host's rule: a kernel error breaks its case
             return CaseResult(case=case, status="broken", message=f"{type(error).__name__}: {error}")
 
     def make_wave(indices: list[int], wave_cases: list[CaseSpec], initial: dict, closed_cache: dict) -> _KernelsOnlyWave:
-        rows = None if params_out is None else [params_out[i] for i in indices]
-        return _KernelsOnlyWave(wave_cases, device, families, initial, closed_cache, rows, params_seconds)
+        wave_sinks = None if sinks is None else [sinks[i] for i in indices]
+        return _KernelsOnlyWave(wave_cases, device, families, initial, closed_cache, wave_sinks, params_seconds)
 
     return fast.run_waves(cases, max_wave_elements, use_graphs, on_result, None, make_wave=make_wave,
                           run_alone=alone)
@@ -180,17 +232,14 @@ def run_request(request: dict, cases: list[CaseSpec], runnable: list[int], devic
         emit(runnable[position], result)
 
     if request.get("params_out"):
-        path, total = request["params_out"], params_file.total_elements(cases)
-        if total == 0:
-            open(path, "wb").close()
-            return {}
-        seconds = {"device_to_host": 0.0, "into_file": 0.0}
-        mapped = np.memmap(path, dtype="<f4", mode="w+", shape=(total,))
-        layout = params_file.regions(cases)
-        views = [mapped[r.offset:r.offset + r.elements].reshape(r.steps, r.size) for r in (layout[i] for i in runnable)]
-        run_kernels_only(subset, device, families=families, params_out=views, params_seconds=seconds,
-                         on_result=on_result)
-        del views, mapped  # no flush: the parent reads the same pages; writing them to disk is not needed
+        fd, writers = params_file.create_for_writing(request["params_out"], cases)
+        try:
+            seconds = {"device_to_host": 0.0, "into_file": 0.0}
+            if subset:
+                run_kernels_only(subset, device, families=families, params_out=[writers[i] for i in runnable],
+                                 params_seconds=seconds, on_result=on_result)
+        finally:  # no fsync: the parent reads the same pages; writing them to disk is not needed
+            os.close(fd)
         return seconds
     known = {int(index): set(keys) for index, keys in (request.get("known") or {}).items()}
     if known:

@@ -51,6 +51,41 @@ def total_elements(cases: list[CaseSpec]) -> int:
     return sum(case.steps * case.size for case in cases)
 
 
+class RegionWriter:
+    """One case's [steps, size] block of a parameter file, written by the host with pwrite.
+
+    pwrite copies into the page cache in the kernel: writing through a mapping of the new file
+    instead faults every page in first, which took 1.4 s per host and co-run on the H200
+    (docs/PERFORMANCE.md, round 6)."""
+
+    def __init__(self, fd: int, region: Region) -> None:
+        self.fd, self.region = fd, region
+
+    def __call__(self, first_step: int, rows: np.ndarray) -> None:
+        """rows: [n, size] float32, the case's parameters after steps first_step .. first_step+n-1."""
+        rows = np.ascontiguousarray(rows, dtype="<f4")
+        if rows.ndim != 2 or rows.shape[1] != self.region.size or first_step + rows.shape[0] > self.region.steps:
+            raise ValueError(f"rows {rows.shape} from step {first_step} do not fit a "
+                             f"[{self.region.steps}, {self.region.size}] region")
+        at = (self.region.offset + first_step * self.region.size) * 4
+        view = memoryview(rows).cast("B")
+        while view:  # pwrite may write less than asked (a signal, a large write)
+            written = os.pwrite(self.fd, view, at)
+            view, at = view[written:], at + written
+
+
+def create_for_writing(path: str | Path, cases: list[CaseSpec]) -> tuple[int, list[RegionWriter]]:
+    """A new parameter file of exactly the cases' size (zeros until written) and a writer per case,
+    in case order; the caller closes the descriptor."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.ftruncate(fd, total_elements(cases) * 4)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd, [RegionWriter(fd, region) for region in regions(cases)]
+
+
 class ParamsFileError(RuntimeError):
     """A parameter file that is not what the protocol says (missing, a link, the wrong size)."""
 

@@ -276,11 +276,39 @@ def test_a_timing_stops_for_a_waiting_run(kernels_build) -> None:  # noqa: ANN00
             answer = host.ask({"op": "time_kernels", "plan": long_plan}, timeout_s=600)
         assert yielded.is_set() and answer is None and not host.running() and asked == [1]
 
+    # Through measure(): no run waits when the host is taken; one comes while it times.
+    answers = iter([False, True])
+    asked.clear()
+
+    def run_comes() -> bool:
+        asked.append(1)
+        return next(answers)
+
     job = pipeline.prepare(Path(__file__).resolve().parents[1] / "csrc", requested_battery="quick")
     with pytest.raises(record.TimingYielded):
         record.measure(job, kernels_build, pipeline.Policy(device="cpu"), timing_plan=long_plan,
-                       should_yield=run_waiting)
+                       should_yield=run_comes)
     assert len(asked) == 2
+
+
+def test_a_run_that_came_while_the_timing_built_gets_the_spare(kernels_build, monkeypatch) -> None:  # noqa: ANN001
+    """A run that came while the timing fetched and built its tree: measure() yields before it takes
+    a host, so the spare stays for the run and no timing kernel starts."""
+    from pathlib import Path
+
+    from worker import pipeline
+    from worker.engine import host, host_reserve
+    from worker.speed import record
+
+    def no_host(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("a host was taken or started although a run waits")
+
+    monkeypatch.setattr(host_reserve, "take", no_host)
+    monkeypatch.setattr(host.KernelHost, "__init__", no_host)
+    job = pipeline.prepare(Path(__file__).resolve().parents[1] / "csrc", requested_battery="quick")
+    with pytest.raises(record.TimingYielded):
+        record.measure(job, kernels_build, pipeline.Policy(device="cpu", warm_host=True),
+                       timing_plan={"sizes": [1 << 10], "repeats": 3, "budget_s": 60}, should_yield=lambda: True)
 
 
 def test_a_timing_waits_for_waiting_runs_and_for_the_co_run_this_worker_queued(monkeypatch) -> None:

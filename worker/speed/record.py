@@ -47,11 +47,17 @@ def plan(settings: Settings, seconds: float) -> dict:
 def measure(job, built, policy, *, timing_plan: dict,  # noqa: ANN001
             should_yield: Callable[[], bool] | None = None) -> dict:
     """The kernel host's `time_kernels` answer for this build; raises RuntimeError with the reason,
-    or TimingYielded when `should_yield()` (asked every YIELD_POLL_S while the host times) said a
-    run is waiting. The host is a spare started ahead where the policy keeps them (host_reserve)."""
+    or TimingYielded when `should_yield()` (asked before a host is taken, then every YIELD_POLL_S
+    while the host times) said a run is waiting. The host is a spare started ahead where the policy keeps them (host_reserve)."""
     from worker.engine import host_reserve
     from worker.engine.host import KernelHost
 
+    # Asked once more before a host is taken: a run that came while the tree was fetched and built
+    # would otherwise lose the spare to the timing, which starts its kernels and is stopped only at
+    # the watcher's first check (H200, round 7 call 2: the run came 0.13 s before the timing took
+    # the spare, the timing yielded 0.36 s later, and the run was claimed 0.55 s after it came).
+    if should_yield is not None and should_yield():
+        raise TimingYielded("a run is waiting for this worker")
     host = host_reserve.take(built.library_path, device=policy.device, adapter=job.config.adapter,
                              adapter_paths=job.adapter_folders, case_timeout_s=policy.case_timeout_s,
                              deadline=policy.deadline) if policy.warm_host else None

@@ -8,7 +8,10 @@ three ways, each printed as a table of phases and, with --top, the heaviest func
 1. through the kernel host, as the pipeline runs it (worker.engine.reference_cache.run_many):
    the cache lookup, the host's answers arriving, the parent's checks and the store;
 2. the host's half in this process (worker.engine.kernels_only.run_cases_known on the loaded
-   build, no sandbox, no protocol): what the kernels-only pass itself costs;
+   build, no sandbox, no protocol): what the kernels-only pass itself costs; then, on its own,
+   the kernels-only pass without cProfile (its host seconds per wave phase), and on CUDA under
+   torch.profiler: the GPU's kernel time and launches against the wall clock (is the pass
+   waiting on the GPU, or the GPU on the pass?);
 1b. the same, split over 2, 3, 4 kernel hosts running at once (`--split`): whether the
    case-by-case kernel calls, which are host CPU time, spread over processes;
 3. the protocol alone: the host's answers for the whole battery encoded and parsed as the
@@ -44,6 +47,38 @@ def top(profile: cProfile.Profile, count: int) -> str:
     out = io.StringIO()
     pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(count)
     return "\n".join(line for line in out.getvalue().splitlines() if line.strip())[-6000:]
+
+
+def kernels_only_phases(cases, device, known, families, figures: dict, top_count: int) -> None:  # noqa: ANN001
+    """The warm run's kernels-only pass (every case here is known) without cProfile: its wall time
+    and host seconds per wave phase, then on CUDA once more under torch.profiler."""
+    import torch
+
+    from worker.engine.kernels_only import run_kernels_only
+
+    subset = [cases[i] for i in sorted(known)]
+    phases: dict[str, float] = {}
+    started = time.perf_counter()
+    run_kernels_only(subset, device, families=families, rerun_broken=False, profile=phases)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    figures["kernels_only_wall_s"] = time.perf_counter() - started
+    for name, seconds in phases.items():
+        figures[f"kernels_only_host_{name.split(' ')[0]}_s"] = seconds
+    if device.type != "cuda":
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as traced:
+        started = time.perf_counter()
+        run_kernels_only(subset, device, families=families, rerun_broken=False)
+        torch.cuda.synchronize(device)
+        figures["profiled_wall_s"] = time.perf_counter() - started
+    averages = traced.key_averages()
+    kernels = [a for a in averages if getattr(a, "device_type", None) == torch.autograd.DeviceType.CUDA]
+    figures["gpu_kernel_s"] = sum(a.self_device_time_total for a in kernels) / 1e6
+    figures["gpu_kernel_launches"] = sum(a.count for a in kernels)
+    print(averages.table(sort_by="self_device_time_total", row_limit=top_count), flush=True)
 
 
 def main() -> int:
@@ -144,6 +179,7 @@ def main() -> int:
             profile.disable()
             figures[f"in_process_known_{attempt + 1}_s"] = time.perf_counter() - started
         print(top(profile, args.top), flush=True)
+        kernels_only_phases(cases, torch_device, known, families, figures, args.top)
 
         # 3. the protocol alone
         started = time.perf_counter()

@@ -14,5 +14,7 @@ install_carried_wheels || exit 1
 if ls .tools/bubblewrap_*.deb >/dev/null 2>&1; then
   mkdir -p /tmp/bwrap-root && dpkg -x .tools/bubblewrap_*.deb /tmp/bwrap-root && export OPTDRIFT_BWRAP=/tmp/bwrap-root/usr/bin/bwrap
 fi
-python3 bench/warm_battery_profile.py --battery "${BATTERY:-standard}" --device cuda --top "${TOP:-30}" \
+# SPLIT: the host counts of the split runs (default "2 3 4"; SPLIT= skips them).
+# shellcheck disable=SC2086
+python3 bench/warm_battery_profile.py --battery "${BATTERY:-standard}" --device cuda --top "${TOP:-30}" --split ${SPLIT-2 3 4} \
   --json-out "$OUT/warm_profile.json" 2>&1 | tee "$OUT/warm_profile.txt"

@@ -155,12 +155,14 @@ def run_kernels_only(cases: list[CaseSpec], device: torch.device | str, *,
                      params_seconds: dict[str, float] | None = None,
                      on_result: OnResult | None = None,
                      rerun_broken: bool = True, use_graphs: bool | None = None,
-                     max_wave_elements: int | None = None) -> list[CaseResult | None]:
+                     max_wave_elements: int | None = None,
+                     profile: dict[str, float] | None = None) -> list[CaseResult | None]:
     """Each case's digests (run_params's result) in `cases` order; `params_out[i]`, when given,
     receives case i's parameters after each step: a [steps, size] float32 array, or a ParamsSink; `params_seconds`
     ({"device_to_host": 0.0, "into_file": 0.0}) gains where writing them went, wave by wave.
     `rerun_broken=False` leaves a case the wave could not run unanswered (None) instead of running
-    it alone (the reference cache's first pass: the full engine runs it next anyway)."""
+    it alone (the reference cache's first pass: the full engine runs it next anyway). `profile`
+    gains the host seconds per phase of the waves (fast.run_waves; bench/warm_battery_profile.py)."""
     device = torch.device(device)
     use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
     if max_wave_elements is None:
@@ -184,7 +186,7 @@ def run_kernels_only(cases: list[CaseSpec], device: torch.device | str, *,
         wave_sinks = None if sinks is None else [sinks[i] for i in indices]
         return _KernelsOnlyWave(wave_cases, device, families, initial, closed_cache, wave_sinks, params_seconds)
 
-    return fast.run_waves(cases, max_wave_elements, use_graphs, on_result, None, make_wave=make_wave,
+    return fast.run_waves(cases, max_wave_elements, use_graphs, on_result, profile, make_wave=make_wave,
                           run_alone=alone)
 
 

@@ -51,8 +51,8 @@ def _sink(target: np.ndarray | ParamsSink) -> ParamsSink:
 class _Staging:
     """A host buffer for the waves' device -> host copies, kept by the process and grown as needed:
     pinned (page-locked) on CUDA, so the copy runs at the bus's speed and touches no new page. A
-    fresh pageable buffer per wave took 2.1 s per host and co-run on the H200 (docs/PERFORMANCE.md,
-    round 6). Pinning falls back to a kept pageable buffer where the driver refuses it."""
+    fresh pageable buffer per wave took 2.1 s per host and co-run on the H200, this 0.55-0.73 s
+    (docs/PERFORMANCE.md, round 7). Pinning falls back to a kept pageable buffer where the driver refuses it."""
 
     def __init__(self) -> None:
         self.buffer: torch.Tensor | None = None

@@ -55,8 +55,8 @@ class RegionWriter:
     """One case's [steps, size] block of a parameter file, written by the host with pwrite.
 
     pwrite copies into the page cache in the kernel: writing through a mapping of the new file
-    instead faults every page in first, which took 1.4 s per host and co-run on the H200
-    (docs/PERFORMANCE.md, round 6)."""
+    instead faults every page in first: 1.4 s per host and co-run on the H200, against 0.87-0.97 s
+    this way (docs/PERFORMANCE.md, round 7)."""
 
     def __init__(self, fd: int, region: Region) -> None:
         self.fd, self.region = fd, region

@@ -116,6 +116,23 @@ def test_a_chunk_never_exceeds_the_file_a_sandboxed_host_may_write(kernels_build
     assert {k: repr(v) for k, v in diffs.items()} == {k: repr(v) for k, v in slow_diffs.items()}
 
 
+def test_hosts_handed_in_stay_open_when_the_caller_closes_them(kernels_build, decay_build, one_case_corun):
+    """The worker's co-run stores its diffs before its hosts exit (worker/baseline_diffs.py): with
+    close_hosts=False the hosts it handed in are still running afterwards, and no close is timed."""
+    battery, cases, (_, _, slow_diffs) = one_case_corun
+    hosts = [KernelHost(build.library_path, device="cpu", case_timeout_s=60) for build in (decay_build, kernels_build)]
+    try:
+        timings = {}
+        _, _, diffs = corun_battery(battery, decay_build.library_path, kernels_build.library_path, device="cpu",
+                                    cases=cases[:6], fast=True, hosts=tuple(hosts), timings=timings,
+                                    close_hosts=False)
+        assert all(host.running() for host in hosts) and "close_s" not in timings
+        assert {k: repr(v) for k, v in diffs.items()} == {k: repr(slow_diffs[k]) for k in diffs}
+    finally:
+        KernelHost.close_together(hosts)
+    assert not any(host.running() for host in hosts)
+
+
 def test_a_spare_that_cannot_take_its_build_falls_back_to_a_host_of_its_own(kernels_build, tmp_path):
     spare = KernelHost.spare(device="cpu", slot_root=tmp_path)
     spare._kill()  # as an out-of-memory kill would

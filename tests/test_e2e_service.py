@@ -92,7 +92,7 @@ def three_commit_scenario(url: str, home: Path) -> None:
     # Where the co-run's time went (docs/PERFORMANCE.md reads it on the H200): every phase timed,
     # and together no more than the co-run's own time.
     phases = detail["corun_phases"]
-    assert set(phases) == {"load", "fetch", "build", "adopt", "hosts", "kernels", "close", "compare"}, phases
+    assert set(phases) == {"load", "fetch", "build", "adopt", "hosts", "kernels", "compare"}, phases
     assert all(seconds >= 0 for seconds in phases.values()) and phases["kernels"] > 0
     assert sum(phases.values()) <= detail["corun_seconds"]
     split = detail["corun_kernels"]  # the kernels phase: each host's busy time and the diffs'

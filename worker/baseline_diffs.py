@@ -46,12 +46,13 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
     """Store per-step |commit − baseline| for the changed cases of `run_id`; returns how many.
     `between_cases()` is called before each case (each chunk of cases on the fast engine) and may
     raise CorunYielded to stop. The verdict's detail records where the co-run's time went
-    (`corun_phases`, seconds: load, fetch, build, adopt, hosts, kernels, close, compare; the rest of
+    (`corun_phases`, seconds: load, fetch, build, adopt, hosts, kernels, compare; the rest of
     `corun_seconds` is writing the verdict) and how its kernels phase split (`corun_kernels`:
     chunks, each host's busy seconds, the diffs', which overlap; worker.engine.corun)."""
     from worker import pipeline
     from worker.engine import host_reserve
     from worker.engine.corun import corun_battery
+    from worker.engine.host import KernelHost
     from worker.tasks import worker_name  # the Celery face imports this module: import it late
 
     started, started_at = time.monotonic(), datetime.now(timezone.utc)
@@ -118,26 +119,32 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
                                                    adapter=adapter, adapter_paths=paths,
                                                    case_timeout_s=settings.case_timeout_s)
                               for spare, side, paths in zip(spares, ("commit", "baseline"), adapter_paths))
-            spares = []  # corun_battery closes them
+            spares = []  # theirs now: closed below, once the diffs are stored
             timings: dict[str, float] = {}
-            rerun, _, diffs = corun_battery(battery, libraries["commit"], libraries["baseline"],
-                                            device=settings.worker_device, cases=cases,
-                                            case_timeout_s=settings.case_timeout_s, adapter=adapter,
-                                            between_cases=between_cases, params_only=True,
-                                            fast=settings.fast_engine, hosts=hosts, timings=timings,
-                                            adapter_paths=adapter_paths)
-            phases.seconds.update(hosts=timings.pop("hosts_s", 0.0), kernels=timings.pop("kernels_s", 0.0),
-                                  close=timings.pop("close_s", 0.0))
-            for result in rerun.cases:
-                original = stored[result.case.case_id]
-                if result.trajectory is None or original.trajectory is None \
-                        or result.trajectory.digests != original.trajectory.digests:
-                    log.warning("run %s: the co-run of %s did not reproduce the stored trajectory; "
-                                "diffs not stored", run_id, result.case.case_id)
-                    return 0
-            comparison = _store(run_id=run_id, commit_result=commit_result, baseline_result=baseline_result,
-                                diffs=diffs, started=started, started_at=started_at, phases=phases,
-                                kernels_split=timings, worker=worker_name())
+            try:
+                rerun, _, diffs = corun_battery(battery, libraries["commit"], libraries["baseline"],
+                                                device=settings.worker_device, cases=cases,
+                                                case_timeout_s=settings.case_timeout_s, adapter=adapter,
+                                                between_cases=between_cases, params_only=True,
+                                                fast=settings.fast_engine, hosts=hosts, timings=timings,
+                                                adapter_paths=adapter_paths, close_hosts=False)
+                phases.seconds.update(hosts=timings.pop("hosts_s", 0.0), kernels=timings.pop("kernels_s", 0.0))
+                for result in rerun.cases:
+                    original = stored[result.case.case_id]
+                    if result.trajectory is None or original.trajectory is None \
+                            or result.trajectory.digests != original.trajectory.digests:
+                        log.warning("run %s: the co-run of %s did not reproduce the stored trajectory; "
+                                    "diffs not stored", run_id, result.case.case_id)
+                        return 0
+                comparison = _store(run_id=run_id, commit_result=commit_result, baseline_result=baseline_result,
+                                    diffs=diffs, started=started, started_at=started_at, phases=phases,
+                                    kernels_split=timings, worker=worker_name())
+            finally:
+                # After the store, not before: the two CUDA hosts' exits (about a second, together)
+                # no longer delay the detail (H200, round 7).
+                closing = time.monotonic()
+                KernelHost.close_together(list(hosts))
+                log.info("run %s: the co-run's hosts closed in %.2f s", run_id, time.monotonic() - closing)
             if comparison is None:
                 return 0
             # Issue 17: rounding-level or semantic, and which variant (worker/attribution), added beside

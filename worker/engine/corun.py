@@ -94,7 +94,7 @@ def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_lib
                   fast: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                   adapter_paths: tuple[list[Path], list[Path]] = ([], []),
                   hosts: tuple[KernelHost, KernelHost] | None = None, timings: dict[str, float] | None = None,
-                  ) -> tuple[RunResult, RunResult, dict[str, list[float]]]:
+                  close_hosts: bool = True) -> tuple[RunResult, RunResult, dict[str, list[float]]]:
     """(commit run, baseline run, per-step max |commit - baseline| of the cases whose digests differ).
     `between_cases()` runs before each case, or each chunk when `fast` (the worker's co-run yields
     to waiting runs there). `params_only`: the kernels alone in both hosts, no references (the
@@ -103,11 +103,14 @@ def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_lib
     of at most `chunk_bytes` of parameters per side (module docstring). `adapter_paths`: (the
     commit's, the baseline's) folders their adapter module is imported from (a tree's adapter_path).
     `hosts`: (the commit's, the baseline's) hosts of those builds, started ahead or not (the worker's
-    co-run hands in spares: worker.engine.host_reserve.adopted); closed here either way. `timings`
-    gains "hosts_s" (starting the hosts not yet running, together) and "kernels_s" (the rest), and
-    when `fast` its split (_corun_fast)."""
+    co-run hands in spares: worker.engine.host_reserve.adopted); closed here either way unless
+    `close_hosts=False` and they were handed in (the worker's co-run closes them after storing its
+    diffs: a CUDA host's exit takes about a second). `timings` gains "hosts_s" (starting the hosts
+    not yet running, together), "kernels_s" (the rest) and, when it closes them, "close_s"; when
+    `fast`, the kernels' split too (_corun_fast)."""
     cases = battery.expand() if cases is None else cases
     if hosts is None:
+        close_hosts = True  # started here: closed here
         hosts = tuple(KernelHost(library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
                                  adapter_paths=paths)
                       for library, paths in zip((commit_library, baseline_library), adapter_paths))
@@ -123,9 +126,10 @@ def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_lib
         finally:
             timings["kernels_s"] = time.monotonic() - began - timings["hosts_s"]
     finally:
-        closing = time.monotonic()
-        KernelHost.close_together(hosts)
-        timings["close_s"] = time.monotonic() - closing
+        if close_hosts:
+            closing = time.monotonic()
+            KernelHost.close_together(hosts)
+            timings["close_s"] = time.monotonic() - closing
 
 
 def _corun(battery: BatterySpec, hosts: list[KernelHost], cases: list[CaseSpec], commit_digest: str | None,

@@ -64,6 +64,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         }
     return {
         "broker_url": settings.resolved_broker_url,
+        # kombu's filesystem transport with its exchange tables created atomically: two processes
+        # binding at once could otherwise read a table the other was creating (service/domain/fs_broker.py).
+        "broker_transport": "service.domain.fs_broker:Transport" if settings.uses_filesystem_broker else None,
         "broker_transport_options": transport_options,
         "broker_connection_retry_on_startup": True,
         "broker_connection_timeout": 3,

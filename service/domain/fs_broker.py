@@ -1,0 +1,45 @@
+"""kombu's filesystem transport with exchange tables created atomically (the embedded default).
+
+kombu (5.x) creates an exchange's table file on first bind by opening it for writing, then locking
+and writing it. A second process binding to the same exchange in between finds the file, locks it,
+reads it empty and fails with a JSONDecodeError. Two workers started together on one embedded
+default hit it in CI: both bind their pidbox queue to `celery.pidbox` at start, and one exited
+before it was ready (tests/test_broker_filesystem.py reproduces it with kombu's own transport).
+
+Here a missing table is first created whole, as "[]", by linking a complete temporary file into
+place (a link never replaces an existing file). kombu's bind then always takes its locked
+read-modify-write path. Every process of the embedded default (the API publishing, each worker)
+uses this transport (service.domain.queueing.celery_config), so none ever creates a table the
+other way.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+from kombu.transport import filesystem
+
+
+class Channel(filesystem.Channel):
+    def _queue_bind(self, exchange, routing_key, pattern, queue):  # noqa: ANN001, ANN202
+        self._ensure_table(exchange)
+        return super()._queue_bind(exchange, routing_key, pattern, queue)
+
+    def _ensure_table(self, exchange: str) -> None:
+        table = self._exchange_file(exchange)
+        if table.exists():
+            return
+        self.control_folder.mkdir(parents=True, exist_ok=True)
+        staged = table.with_name(f".{table.name}.{os.getpid()}.{uuid.uuid4().hex}")
+        staged.write_bytes(b"[]")
+        try:
+            os.link(staged, table)
+        except FileExistsError:  # another process created it first: theirs stands
+            pass
+        finally:
+            staged.unlink()
+
+
+class Transport(filesystem.Transport):
+    Channel = Channel

@@ -4,8 +4,8 @@ In CI two workers started together; one exited before it was ready, with a JSOND
 kombu's filesystem transport: it had read the `celery.pidbox` exchange table while the other was
 creating it. Here several processes bind a queue each to one fresh exchange at the same moment (a
 barrier), over several fresh folders: every bind must succeed and the table must hold every queue.
-With kombu's own `filesystem` transport in place of ours this fails (binds raise, or the table is
-left corrupt: seen on this machine within 20 rounds)."""
+With TRANSPORT = "filesystem" (kombu's own) this fails: tried once on the 2-core development
+machine, a binding was lost in the second round."""
 
 from __future__ import annotations
 

@@ -56,15 +56,38 @@ def kernels_only_phases(cases, device, known, families, figures: dict, top_count
 
     from worker.engine.kernels_only import run_kernels_only
 
+    import os
+
+    from worker.engine import fast, od2_op
+
     subset = [cases[i] for i in sorted(known)]
-    phases: dict[str, float] = {}
-    started = time.perf_counter()
-    run_kernels_only(subset, device, families=families, rerun_broken=False, profile=phases)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    figures["kernels_only_wall_s"] = time.perf_counter() - started
-    for name, seconds in phases.items():
-        figures[f"kernels_only_host_{name.split(' ')[0]}_s"] = seconds
+
+    def timed_pass(label: str) -> None:
+        phases: dict[str, float] = {}
+        started = time.perf_counter()
+        run_kernels_only(subset, device, families=families, rerun_broken=False, profile=phases)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        figures[f"{label}_wall_s"] = time.perf_counter() - started
+        for name, seconds in phases.items():
+            figures[f"{label}_host_{name.split(' ')[0]}_s"] = seconds
+
+    figures["od2_fused"] = int(od2_op.fused_for(device))
+    timed_pass("kernels_only")
+    # Each phase on its own: the device waited for at every phase boundary, so the kernel calls'
+    # seconds are their launches (and their own GPU work), not a wait behind the observation's.
+    fast.SYNCHRONIZE_PHASES = True
+    try:
+        timed_pass("kernels_only_synchronized")
+    finally:
+        fast.SYNCHRONIZE_PHASES = False
+    if figures["od2_fused"]:  # the same pass with digest.py's torch ops in place of the fused op
+        os.environ["OPTDRIFT_OD2_FUSED"] = "0"
+        try:
+            timed_pass("kernels_only_torch_ops")
+        finally:
+            del os.environ["OPTDRIFT_OD2_FUSED"]
+    setup_profile(subset, device, families, top_count)
     if device.type != "cuda":
         return
     from torch.profiler import ProfilerActivity, profile
@@ -79,6 +102,26 @@ def kernels_only_phases(cases, device, known, families, figures: dict, top_count
     figures["gpu_kernel_s"] = sum(a.self_device_time_total for a in kernels) / 1e6
     figures["gpu_kernel_launches"] = sum(a.count for a in kernels)
     print(averages.table(sort_by="self_device_time_total", row_limit=top_count), flush=True)
+
+
+def setup_profile(cases, device, families, top_count: int) -> None:  # noqa: ANN001
+    """cProfile of the kernels-only waves' setup alone (made, then closed without running)."""
+    from worker.engine import fast
+    from worker.engine.kernels_only import _KernelsOnlyWave
+
+    profile = cProfile.Profile()
+    started = time.perf_counter()
+    profile.enable()
+    initial: dict = {}
+    closed: dict = {}
+    for indices in fast.plan_waves(cases, fast.DEFAULT_MAX_WAVE_ELEMENTS.get(device.type, 1 << 23)):
+        wave = _KernelsOnlyWave([cases[i] for i in indices], device, families, initial, closed, None)
+        wave.inputs.close()
+        wave.close_handles()
+        del wave
+    profile.disable()
+    print(f"wave setup alone, under cProfile: {time.perf_counter() - started:.3f} s", flush=True)
+    print(top(profile, top_count), flush=True)
 
 
 def main() -> int:
@@ -164,6 +207,9 @@ def main() -> int:
         from worker.engine.kernels_only import run_cases_known
 
         torch.set_num_threads(1)  # as the kernel host runs (worker/engine/host.py --threads)
+        from worker.engine import od2_op
+
+        od2_op.ensure_loaded(resolve_device(device))  # as the kernel host loads it
         adapter = get_adapter("bundled")
         adapter.load(build.library_path)
         families = adapter.families()

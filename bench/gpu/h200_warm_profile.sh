@@ -14,6 +14,12 @@ install_carried_wheels || exit 1
 if ls .tools/bubblewrap_*.deb >/dev/null 2>&1; then
   mkdir -p /tmp/bwrap-root && dpkg -x .tools/bubblewrap_*.deb /tmp/bwrap-root && export OPTDRIFT_BWRAP=/tmp/bwrap-root/usr/bin/bwrap
 fi
+# The fused od2 observation's CUDA tests first (TESTS=0 skips them): op == digest.py's torch ops
+# on every dtype, fast engine with it == run_case.
+if [ "${TESTS:-1}" != 0 ]; then
+  timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/test_od2_op.py tests/test_fast_engine.py -k cuda 2>&1 \
+    | tee "$OUT/pytest_od2.txt"
+fi
 # SPLIT: the host counts of the split runs (default "2 3 4"; SPLIT= skips them).
 # shellcheck disable=SC2086
 python3 bench/warm_battery_profile.py --battery "${BATTERY:-standard}" --device cuda --top "${TOP:-30}" --split ${SPLIT-2 3 4} \

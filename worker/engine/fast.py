@@ -62,7 +62,7 @@ from service.results import CaseResult, CaseSpec, Trajectory
 from worker.adapters.base import AdapterContractError
 from worker.engine import digest as od2
 from worker.engine.cuda_errors import context_lost
-from worker.engine import lifecycle
+from worker.engine import lifecycle, od2_op
 from worker.engine.gradients import GradientStream, initial_parameters, zero_mask
 from worker.references.optimizers import make_reference
 from worker.engine.trajectory import RELATIVE_ERROR_FLOOR, TORCH_DTYPES, FamilyAdapter, bundled_families, run_case
@@ -79,6 +79,10 @@ MERGE_PADDING_FRACTION = {"cuda": 0.75, "cpu": 0.0}
 # thread_local, not CUDA's default global mode: see _Wave._capture.
 CAPTURE_ERROR_MODE = "thread_local"
 PREFETCH_STEPS = 32  # steps of gradients made ahead (~6 MB a step for the standard battery)
+# Profiling only (bench/warm_battery_profile.py): wait for the device at each phase boundary, so a
+# phase's host seconds are its own launches plus its own GPU work, never a wait behind the GPU's
+# backlog from another phase. Never set in a real run: it serialises host and device.
+SYNCHRONIZE_PHASES = False
 
 
 def _round_up(n: int) -> int:
@@ -171,17 +175,18 @@ class StepInputs:
         for case in cases:
             if case.gradient.kind == "open":
                 self._specs.setdefault(_stream_key(case), case.gradient)
-        shared: dict[tuple, tuple] = {}
         self._layouts: dict[int, tuple] = {}
-        for step in range(1, self.steps + 1):
-            active = [c for c in cases if step <= c.steps]
+        # The active cases change only after some case's last step: one layout per stretch of steps
+        # (a wave's cases share their step count, so usually one layout for the whole wave).
+        first = 1
+        for last in sorted({c.steps for c in cases}):
+            active = [c for c in cases if c.steps >= last]
             streams = sorted({_stream_key(c) for c in active} - {None})
             masks = sorted({_mask_key(c) for c in active} - {None})
-            key = (tuple(streams), tuple(masks))
-            if key not in shared:
-                shared[key] = (_offsets(streams), _offsets(masks),
-                               sum(s[1] for s in streams), sum(m[1] for m in masks))
-            self._layouts[step] = shared[key]
+            layout = (_offsets(streams), _offsets(masks), sum(s[1] for s in streams), sum(m[1] for m in masks))
+            for step in range(first, last + 1):
+                self._layouts[step] = layout
+            first = last + 1
         workers = max(1, min(8, (os.cpu_count() or 2) - 1))
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="optdrift-inputs")
         self._futures: dict[int, Future] = {}
@@ -244,7 +249,7 @@ class _ParamArena:
     gradients, the same-precision reference values and (closed loop) the quadratic's constants."""
 
     def __init__(self, dtype: torch.dtype, width: int, cases: list[CaseSpec], wave_index: list[int],
-                 device: torch.device, initial: dict) -> None:
+                 device: torch.device, initial: dict, with_references: bool = True) -> None:
         self.dtype, self.width, self.cases, self.wave_index = dtype, width, cases, wave_index
         self.param = torch.zeros((len(cases), width), dtype=dtype, device=device)
         for row, case in enumerate(cases):
@@ -254,10 +259,11 @@ class _ParamArena:
                 initial[key] = initial_parameters(case.seed, case.size).to(dtype).to(device)
             self.param[row, :case.size].copy_(initial[key])
         self.grad = torch.zeros_like(self.param)
-        self.same = self.param.clone()
         self.has_closed = any(c.gradient.kind == "closed" for c in cases)
         self.has_zeros = any(c.gradient.zero_fraction > 0 for c in cases)
-        self.same_grad = torch.zeros_like(self.param) if self.has_closed else self.grad
+        # The same-precision reference's values and gradients (none in a kernels-only wave).
+        self.same = self.param.clone() if with_references else None
+        self.same_grad = torch.zeros_like(self.param) if self.has_closed and with_references else self.grad
         self.r64_rows: torch.Tensor | None = None            # rows of the width class's float64 arena
         self.closed_rows = _row_flags(cases, device)
         self.h32 = self.c32 = self.h_same = self.c_same = None
@@ -294,26 +300,33 @@ class _WidthClass:
     """One width class: its dtype arenas and the float64 reference arena over all of its rows."""
 
     def __init__(self, width: int, order: list[int], cases: list[CaseSpec], arenas: dict,
-                 device: torch.device, closed_cache: dict) -> None:
+                 device: torch.device, closed_cache: dict, with_references: bool = True) -> None:
         self.width, self.order, self.arenas = width, order, arenas
         self.cases = [cases[i] for i in order]
         position = {index: row for row, index in enumerate(order)}
-        self.r64 = torch.zeros((len(order), width), dtype=torch.float64, device=device)
+        # The float64 reference arena and its gradients: none in a kernels-only wave, where they
+        # were the largest part of its setup (8 bytes an element, filled and never read).
+        self.r64 = self.g64 = None
+        if with_references:
+            self.r64 = torch.zeros((len(order), width), dtype=torch.float64, device=device)
+            self.g64 = torch.zeros_like(self.r64)
         for arena in arenas.values():
             arena.r64_rows = torch.tensor([position[i] for i in arena.wave_index], dtype=torch.int64, device=device)
-            self.r64.index_copy_(0, arena.r64_rows, arena.param.to(torch.float64))
-        self.g64 = torch.zeros_like(self.r64)
+            if with_references:
+                self.r64.index_copy_(0, arena.r64_rows, arena.param.to(torch.float64))
         self.has_closed = any(c.gradient.kind == "closed" for c in self.cases)
         self.has_zeros = any(c.gradient.zero_fraction > 0 for c in self.cases)
         if self.has_closed:
             h32, c32 = _closed_constants(self.cases, width, closed_cache, device)
             self.closed_rows = _row_flags(self.cases, device)
-            self.h64 = h32.to(device=device, dtype=torch.float64)
-            self.c64 = c32.to(device=device, dtype=torch.float64)
+            if with_references:
+                self.h64 = h32.to(device=device, dtype=torch.float64)
+                self.c64 = c32.to(device=device, dtype=torch.float64)
             for arena in arenas.values():
                 arena.h32 = h32.index_select(0, arena.r64_rows)
                 arena.c32 = c32.index_select(0, arena.r64_rows)
-                arena.h_same, arena.c_same = arena.h32.to(arena.dtype), arena.c32.to(arena.dtype)
+                if with_references:
+                    arena.h_same, arena.c_same = arena.h32.to(arena.dtype), arena.c32.to(arena.dtype)
         self.index_cache: dict[tuple, dict] = {}
 
 
@@ -327,6 +340,19 @@ class _Bundle:
     ref64: object
     # (arena, its contiguous rows, a batched reference or None, per-case [(row, reference)])
     same: list[tuple[_ParamArena, slice, object | None, list]] = field(default_factory=list)
+
+
+@dataclass
+class _Observed:
+    """One arena the observation digests: [rows, W] `tensor`, its od2 slot (0: parameters), the wave
+    case of each row; for the fused op each row's length, else the valid mask and the salts."""
+
+    tensor: torch.Tensor
+    slot: int
+    case_index: torch.Tensor
+    lengths: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+    salts: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class _StateArena:
@@ -388,9 +414,10 @@ class _Wave:
             for dtype in dtype_order:
                 rows = [i for i in order if TORCH_DTYPES[cases[i].param_dtype] == dtype]
                 if rows:
-                    arenas[dtype] = _ParamArena(dtype, width, [cases[i] for i in rows], rows, device, initial)
+                    arenas[dtype] = _ParamArena(dtype, width, [cases[i] for i in rows], rows, device, initial,
+                                                self.with_references)
                     self.param_arenas.append(arenas[dtype])
-            width_class = _WidthClass(width, order, cases, arenas, device, closed_cache)
+            width_class = _WidthClass(width, order, cases, arenas, device, closed_cache, self.with_references)
             self.classes.append(width_class)
             self._make_bundles(width_class, batch_low_precision_refs)
         self._bind_kernels()
@@ -586,16 +613,26 @@ class _Wave:
         self.current_f64 = torch.zeros((3, n), dtype=torch.float64, device=device)
         self.current_i64 = torch.zeros((3, n), dtype=torch.int64, device=device)
         self.step_index = torch.zeros((1,), dtype=torch.int64, device=device)
-        self.observed = []   # (tensor [rows, W], valid [rows, W], salts, case index [rows])
+        # One pass per arena through optdrift_od2::observe_rows where it is loaded (worker.engine.od2_op),
+        # else digest.py's torch ops over the arena (valid mask and salts made here): same bits.
+        self.fused_observation = od2_op.fused_for(device)
+        self.observed: list[_Observed] = []
         for arena in self.param_arenas:
             arena.case_index = torch.tensor(arena.wave_index, dtype=torch.int64, device=device)
-            valid = _valid(arena.param, [c.size for c in arena.cases])
+            lengths = [c.size for c in arena.cases]
+            valid = _valid(arena.param, lengths)
             arena.padding = ~valid
-            self.observed.append((arena.param, valid, od2.salts(0, arena.width, device), arena.case_index))
+            self.observed.append(self._observed(arena.param, 0, lengths, arena.case_index, valid))
         for state in self.state_arenas:
-            self.observed.append((state.buffer, _valid(state.buffer, state.lengths),
-                                  od2.salts(state.slot, state.buffer.shape[1], device),
-                                  torch.tensor(state.wave_index, dtype=torch.int64, device=device)))
+            self.observed.append(self._observed(state.buffer, state.slot, state.lengths,
+                                                torch.tensor(state.wave_index, dtype=torch.int64, device=device)))
+
+    def _observed(self, tensor: torch.Tensor, slot: int, lengths: list[int], case_index: torch.Tensor,
+                  valid: torch.Tensor | None = None) -> "_Observed":
+        if self.fused_observation:
+            return _Observed(tensor, slot, case_index, torch.tensor(lengths, dtype=torch.int64, device=self.device))
+        valid = _valid(tensor, lengths) if valid is None else valid
+        return _Observed(tensor, slot, case_index, valid=valid, salts=od2.salts(slot, tensor.shape[1], self.device))
 
     def observe(self) -> None:
         """This step's metrics and od2 lanes of every case into the histories (device only)."""
@@ -614,9 +651,13 @@ class _Wave:
                 current_f64[0].index_copy_(0, arena.case_index, delta.masked_fill(padding, 0.0).amax(dim=1))
                 current_f64[1].index_copy_(0, arena.case_index, relative.amax(dim=1))
                 current_f64[2].index_copy_(0, arena.case_index, same.amax(dim=1))
-        for tensor, valid, (salt, odd), case_index in self.observed:
+        for observed in self.observed:
+            tensor, case_index = observed.tensor, observed.case_index
+            if observed.lengths is not None:
+                od2_op.observe_rows(tensor, observed.lengths, observed.slot, case_index, current_i64)
+                continue
             current_i64[0].index_add_(0, case_index, (~torch.isfinite(tensor)).sum(dim=1))
-            lane_a, lane_b = od2.lanes(od2.element_bits(tensor), salt, odd, valid)
+            lane_a, lane_b = od2.lanes(od2.element_bits(tensor), *observed.salts, observed.valid)
             current_i64[1].index_add_(0, case_index, lane_a)
             current_i64[2].index_add_(0, case_index, lane_b)
         self.hist_f64.index_copy_(1, self.step_index, current_f64.unsqueeze(1))
@@ -650,21 +691,22 @@ class _Wave:
         graph = None
         phases = defaultdict(float)
         try:
+            wait = _synchronizer(self.device)
             for step in range(1, self.steps + 1):
-                t0 = time.perf_counter()
+                t0 = wait()
                 self.gradients(step, inputs)
-                t1 = time.perf_counter()
+                t1 = wait()
                 self.kernels(step)
-                t2 = time.perf_counter()
+                t2 = wait()
                 self.references(step)
-                t3 = time.perf_counter()
+                t3 = wait()
                 if not use_graph:
                     self.observe()
                 elif graph is None:
                     graph = self._capture()
                 else:
                     graph.replay()
-                t4 = time.perf_counter()
+                t4 = wait()
                 phases["gradients"] += t1 - t0
                 phases["kernels"] += t2 - t1
                 phases["references"] += t3 - t2
@@ -690,6 +732,17 @@ class _Wave:
         return Trajectory(ref64_max_abs=f64[0, :steps, index].tolist(), ref64_max_rel=f64[1, :steps, index].tolist(),
                           same_precision_max_abs=f64[2, :steps, index].tolist(),
                           nonfinite_count=i64[0, :steps, index].tolist(), digests=_digests(i64, steps, index))
+
+
+def _synchronizer(device: torch.device) -> Callable[[], float]:
+    """The clock read at a phase boundary; with SYNCHRONIZE_PHASES, after the device caught up."""
+    if not (SYNCHRONIZE_PHASES and device.type == "cuda"):
+        return time.perf_counter
+
+    def wait() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+    return wait
 
 
 def _digests(i64: torch.Tensor, steps: int, index: int) -> list[str]:

@@ -9,6 +9,7 @@ optimizer generically from the names in `OPTIMIZER_STATES` and a hyperparameter 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import threading
@@ -252,9 +253,18 @@ def bind_step(optimizer: str, param: torch.Tensor, grad: torch.Tensor,
         )
     kwargs = _checked_hyper(optimizer, hyper)
     tensors = (param, grad, *(states[name] for name in expected))
-    if optimizer in STEP_DEPENDENT:
-        return lambda step: wrapper(*tensors, step=step, **kwargs)
-    return lambda step: wrapper(*tensors, **kwargs)
+    # The wrapper's call, made positionally on the op's overload: every scalar in schema order,
+    # defaults filled in as the wrapper fills them. A Python layer less per call (~1 us of ~3 on a
+    # CPU, for ~10^5 calls a battery).
+    op = getattr(_ops(), f"{optimizer}_step").default
+    full = {name: kwargs.get(name, default) for name, default in _keyword_defaults(optimizer).items()}
+    order = [argument.name for argument in op._schema.arguments][len(tensors):]
+    assert wrapper is _WRAPPERS[optimizer] and set(order) == set(full), (order, sorted(full))
+    if order[0] == "step":
+        scalars = [full[name] for name in order[1:]]
+        return lambda step: op(*tensors, step, *scalars)
+    scalars = [full[name] for name in order]
+    return lambda step: op(*tensors, *scalars)
 
 
 def _checked_hyper(optimizer: str, hyper: Mapping[str, float | bool]) -> dict[str, float | bool]:
@@ -274,12 +284,16 @@ def _checked_hyper(optimizer: str, hyper: Mapping[str, float | bool]) -> dict[st
 
 def hyperparameters(optimizer: str) -> dict[str, bool]:
     """Keyword arguments of an optimizer's wrapper (step included) -> whether each is required."""
-    signature = inspect.signature(_WRAPPERS[optimizer])
-    return {
-        name: parameter.default is inspect.Parameter.empty
-        for name, parameter in signature.parameters.items()
-        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
-    }
+    return {name: default is inspect.Parameter.empty for name, default in _keyword_defaults(optimizer).items()}
+
+
+@functools.cache
+def _keyword_defaults(optimizer: str) -> dict[str, object]:
+    """The wrapper's keyword arguments in order -> default (inspect.Parameter.empty: required).
+    Read once per optimizer: the fast engine binds ~10^3 cases a run, and inspect.signature costs
+    tens of microseconds a call."""
+    return {name: parameter.default for name, parameter in inspect.signature(_WRAPPERS[optimizer]).parameters.items()
+            if parameter.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
 # =============================================================================================
@@ -430,9 +444,7 @@ def bind_step_8bit(optimizer: str, param: torch.Tensor, grad: torch.Tensor,
         raise ValueError(f"optimizer {optimizer!r} takes states {expected}, got {tuple(states)}")
     kwargs = _checked_hyper(optimizer, hyper)
     # Fill the wrapper's defaults so the op call can be positional, schema order.
-    signature = inspect.signature(_WRAPPERS[optimizer])
-    full = {name: kwargs.get(name, parameter.default) for name, parameter in signature.parameters.items()
-            if parameter.kind is inspect.Parameter.KEYWORD_ONLY}
+    full = {name: kwargs.get(name, default) for name, default in _keyword_defaults(optimizer).items()}
     tensors = [param, grad]
     for name in expected:
         tensors += list(states[name])

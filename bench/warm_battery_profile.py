@@ -81,13 +81,28 @@ def kernels_only_phases(cases, device, known, families, figures: dict, top_count
         timed_pass("kernels_only_synchronized")
     finally:
         fast.SYNCHRONIZE_PHASES = False
+    # The kernel calls spread over threads (fast.KERNEL_THREADS), and under inference_mode.
+    default_threads = fast.KERNEL_THREADS
+    for threads in (1, 2, 4):
+        fast.KERNEL_THREADS = threads
+        try:
+            timed_pass(f"kernels_only_threads{threads}")
+            fast.SYNCHRONIZE_PHASES = True
+            timed_pass(f"kernels_only_threads{threads}_synchronized")
+        finally:
+            fast.KERNEL_THREADS, fast.SYNCHRONIZE_PHASES = default_threads, False
+    fast.KERNELS_IN_INFERENCE_MODE = True
+    try:
+        timed_pass("kernels_only_inference_mode")
+    finally:
+        fast.KERNELS_IN_INFERENCE_MODE = False
     if figures["od2_fused"]:  # the same pass with digest.py's torch ops in place of the fused op
         os.environ["OPTDRIFT_OD2_FUSED"] = "0"
         try:
             timed_pass("kernels_only_torch_ops")
         finally:
             del os.environ["OPTDRIFT_OD2_FUSED"]
-    setup_profile(subset, device, families, top_count)
+    setup_profile(subset, device, families, top_count, figures)
     if device.type != "cuda":
         return
     from torch.profiler import ProfilerActivity, profile
@@ -104,21 +119,41 @@ def kernels_only_phases(cases, device, known, families, figures: dict, top_count
     print(averages.table(sort_by="self_device_time_total", row_limit=top_count), flush=True)
 
 
-def setup_profile(cases, device, families, top_count: int) -> None:  # noqa: ANN001
-    """cProfile of the kernels-only waves' setup alone (made, then closed without running)."""
+def setup_profile(cases, device, families, top_count: int, figures: dict) -> None:  # noqa: ANN001
+    """The kernels-only waves' setup alone (made, then closed without running): timed with and
+    without the gradient threads' prefetch running beside it, then under cProfile (which in
+    Python 3.12 also counts the gradient threads' calls)."""
+    import torch
+
     from worker.engine import fast
     from worker.engine.kernels_only import _KernelsOnlyWave
 
+    def make_all() -> float:
+        started = time.perf_counter()
+        initial: dict = {}
+        closed: dict = {}
+        for indices in fast.plan_waves(cases, fast.DEFAULT_MAX_WAVE_ELEMENTS.get(device.type, 1 << 23)):
+            wave = _KernelsOnlyWave([cases[i] for i in indices], device, families, initial, closed, None)
+            made = time.perf_counter()
+            wave.inputs.close()
+            wave.close_handles()
+            del wave
+            started += time.perf_counter() - made  # closing is not setup
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - started
+
+    figures["setup_alone_s"] = make_all()
+    prefetch = fast.StepInputs.prefetch
+    fast.StepInputs.prefetch = lambda self, step: None
+    try:
+        figures["setup_alone_no_prefetch_s"] = make_all()
+    finally:
+        fast.StepInputs.prefetch = prefetch
     profile = cProfile.Profile()
     started = time.perf_counter()
     profile.enable()
-    initial: dict = {}
-    closed: dict = {}
-    for indices in fast.plan_waves(cases, fast.DEFAULT_MAX_WAVE_ELEMENTS.get(device.type, 1 << 23)):
-        wave = _KernelsOnlyWave([cases[i] for i in indices], device, families, initial, closed, None)
-        wave.inputs.close()
-        wave.close_handles()
-        del wave
+    make_all()
     profile.disable()
     print(f"wave setup alone, under cProfile: {time.perf_counter() - started:.3f} s", flush=True)
     print(top(profile, top_count), flush=True)

@@ -81,21 +81,6 @@ def kernels_only_phases(cases, device, known, families, figures: dict, top_count
         timed_pass("kernels_only_synchronized")
     finally:
         fast.SYNCHRONIZE_PHASES = False
-    # The kernel calls spread over threads (fast.KERNEL_THREADS), and under inference_mode.
-    default_threads = fast.KERNEL_THREADS
-    for threads in (1, 2, 4):
-        fast.KERNEL_THREADS = threads
-        try:
-            timed_pass(f"kernels_only_threads{threads}")
-            fast.SYNCHRONIZE_PHASES = True
-            timed_pass(f"kernels_only_threads{threads}_synchronized")
-        finally:
-            fast.KERNEL_THREADS, fast.SYNCHRONIZE_PHASES = default_threads, False
-    fast.KERNELS_IN_INFERENCE_MODE = True
-    try:
-        timed_pass("kernels_only_inference_mode")
-    finally:
-        fast.KERNELS_IN_INFERENCE_MODE = False
     if figures["od2_fused"]:  # the same pass with digest.py's torch ops in place of the fused op
         os.environ["OPTDRIFT_OD2_FUSED"] = "0"
         try:

@@ -69,3 +69,14 @@ def test_zero_state_and_dequantize():
     top = torch.full((300,), MAP_SIZE - 1, dtype=torch.uint8)
     values = dequantize(top, torch.tensor([2.0, 5.0]), qmap)
     assert values[:256].eq(2.0).all() and values[256:].eq(5.0).all()
+
+
+def test_zero_code_is_read_again_after_the_map_changes_in_place():
+    # zero_code remembers each map's code (a GPU map's read waits for the device); a map changed in
+    # place since must be read again, not answered from memory.
+    qmap = dynamic_map(signed=True)
+    first = zero_code(qmap)
+    assert zero_code(qmap) == first
+    qmap.copy_(qmap.roll(1))
+    assert zero_code(qmap) == first + 1
+    assert zero_code(dynamic_map(signed=True)) == first  # a fresh map is its own entry

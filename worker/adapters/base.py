@@ -42,8 +42,6 @@ open at once with their steps interleaved):
 * `fast_engine = False` says the family cannot have several cases open and stepped interleaved
   (a global singleton in the library, state whose shape changes): the fast engine runs its cases
   one at a time with run_case.
-* `concurrent_steps = True` says different cases' bound steps may be called from several threads
-  at once; the fast engine then spreads a step's calls over threads (worker.engine.fast.KERNEL_THREADS).
 * `bind(handle, param, grad) -> step_fn` (optional) is `step` on fixed tensors with per-call checks
   done once; the fast engine calls it when the adapter overrides it.
 
@@ -87,11 +85,6 @@ class FamilyAdapter(ABC):
     states_movable: ClassVar[bool] = False
     # False: never several cases open at once; the fast engine hands this family to run_case.
     fast_engine: ClassVar[bool] = True
-    # True: the bound steps of different cases may run at the same time in different threads
-    # (they share nothing but the device's stream; a torch op releases the GIL while it launches),
-    # so the fast engine may spread one step's calls over a few threads. Off unless the adapter
-    # knows its library's calls are thread-safe.
-    concurrent_steps: ClassVar[bool] = False
 
     @abstractmethod
     def open(self, case: "CaseSpec", param: "torch.Tensor", device: "torch.device") -> Any:

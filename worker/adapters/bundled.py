@@ -20,8 +20,6 @@ if TYPE_CHECKING:  # pragma: no cover
 class ThirtyTwoBitAdapter(HandedOverStates):
     """fp32 states, one op call per step (worker.engine.kernel_ops over torch.ops.optdrift.*)."""
 
-    concurrent_steps = True  # torch.ops calls on the case's own tensors; nothing shared
-
     def init_states(self, case: "CaseSpec", param: "torch.Tensor") -> dict[str, "torch.Tensor"]:
         import torch
 

@@ -21,8 +21,6 @@ from worker.adapters.base import HandedOverStates
 
 
 class EightBitBlockwiseAdapter(HandedOverStates):
-    concurrent_steps = True  # torch.ops calls on the case's own tensors; the maps are only read
-
     def __init__(self) -> None:
         self._maps: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 

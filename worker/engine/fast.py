@@ -53,7 +53,6 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -80,16 +79,6 @@ MERGE_PADDING_FRACTION = {"cuda": 0.75, "cpu": 0.0}
 # thread_local, not CUDA's default global mode: see _Wave._capture.
 CAPTURE_ERROR_MODE = "thread_local"
 PREFETCH_STEPS = 32  # steps of gradients made ahead (~6 MB a step for the standard battery)
-# Threads that make one step's kernel calls, where every family of the wave declares
-# `concurrent_steps` (worker.adapters.base). A torch op call holds the GIL while Python parses its
-# arguments and releases it while it dispatches and launches, so a few threads overlap one call's
-# launch with the next call's parsing; the calls of one step still all come before that step's
-# observation, on the same stream. None: OPTDRIFT_KERNEL_THREADS, else DEFAULT_KERNEL_THREADS.
-KERNEL_THREADS: int | None = None
-DEFAULT_KERNEL_THREADS = {"cuda": 1, "cpu": 1}
-# Profiling only: the kernel calls under torch.inference_mode (skips the autograd fallback's
-# per-call work for custom ops; the kernels compute the same bits).
-KERNELS_IN_INFERENCE_MODE = False
 # Profiling only (bench/warm_battery_profile.py): wait for the device at each phase boundary, so a
 # phase's host seconds are its own launches plus its own GPU work, never a wait behind the GPU's
 # backlog from another phase. Never set in a real run: it serialises host and device.
@@ -531,12 +520,10 @@ class _Wave:
                 raise
             except Exception:  # noqa: BLE001 - the run_case re-run reports it
                 self.broken.add(index)
-        self._plan_kernel_calls(family_of)
 
     def close_handles(self, quiet: bool = False) -> None:
         """Close every handle this wave opened, once (lifecycle.close_all); `quiet` while an
         error is already on its way out, so a failing close() does not hide it."""
-        self._close_kernel_pool()
         opened, self.opened = getattr(self, "opened", []), []
         try:
             lifecycle.close_all(opened)
@@ -594,54 +581,16 @@ class _Wave:
                     closed64 = closed64.masked_fill(masks.take(index["masks64"]), 0.0)
                 width_class.g64.copy_(torch.where(width_class.closed_rows, closed64, width_class.g64))
 
-    def _plan_kernel_calls(self, family_of: dict[int, FamilyAdapter]) -> None:
-        """Which thread calls which case: all in this thread, or (KERNEL_THREADS > 1 and every
-        family of the wave concurrent) dealt round-robin over that many threads."""
-        bound = [index for index, step_fn in enumerate(self.bound) if step_fn is not None]
-        threads = _kernel_threads(self.device)
-        self._kernel_pool: ThreadPoolExecutor | None = None
-        self._kernel_shares = [bound]
-        if threads > 1 and len(bound) >= 2 * threads and \
-                all(getattr(family_of[index], "concurrent_steps", False) for index in bound):
-            self._kernel_shares = [bound[k::threads] for k in range(threads)]
-            self._kernel_pool = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="optdrift-kernels")
-
-    def _close_kernel_pool(self) -> None:
-        pool, self._kernel_pool = getattr(self, "_kernel_pool", None), None
-        if pool is not None:
-            pool.shutdown(wait=True)
-
     def kernels(self, step: int) -> None:
-        if self._kernel_pool is None:
-            self._call_kernels(self._kernel_shares[0], step)
-            return
-        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        futures = [self._kernel_pool.submit(self._call_kernels, share, step, stream)
-                   for share in self._kernel_shares[1:]]
-        try:
-            self._call_kernels(self._kernel_shares[0], step)
-        finally:
-            errors = [future.exception() for future in futures]  # waits for every share
-        for error in errors:
-            if error is not None:
-                raise error
-
-    def _call_kernels(self, indices: list[int], step: int, stream: "torch.cuda.Stream | None" = None) -> None:
-        """The bound steps of `indices` in order; on CUDA from another thread, on `stream` (the
-        calling thread's stream, so the calls stay ordered before the step's observation)."""
-        with (torch.cuda.device(self.device) if stream is not None else _nothing()), \
-                (torch.cuda.stream(stream) if stream is not None else _nothing()), \
-                torch.inference_mode(KERNELS_IN_INFERENCE_MODE):
-            bound, broken, cases = self.bound, self.broken, self.cases
-            for index in indices:
-                if index in broken or cases[index].steps < step:
-                    continue
-                try:
-                    bound[index](step)
-                except Exception as error:  # noqa: BLE001
-                    if context_lost(error, self.device):
-                        raise  # the kernel host reports it and restarts; a refused launch breaks only this case
-                    broken.add(index)
+        for index, bound in enumerate(self.bound):
+            if bound is None or index in self.broken or self.cases[index].steps < step:
+                continue
+            try:
+                bound(step)
+            except Exception as error:  # noqa: BLE001
+                if context_lost(error, self.device):
+                    raise  # the kernel host reports it and restarts; a refused launch breaks only this case
+                self.broken.add(index)
 
     def references(self, step: int) -> None:
         for bundle in self.bundles:
@@ -764,7 +713,6 @@ class _Wave:
                 phases["observe"] += t4 - t3
         finally:
             inputs.close()
-            self._close_kernel_pool()
         t5 = time.perf_counter()
         results = self._results(started)
         phases["results (incl. waiting for the GPU)"] += time.perf_counter() - t5
@@ -784,20 +732,6 @@ class _Wave:
         return Trajectory(ref64_max_abs=f64[0, :steps, index].tolist(), ref64_max_rel=f64[1, :steps, index].tolist(),
                           same_precision_max_abs=f64[2, :steps, index].tolist(),
                           nonfinite_count=i64[0, :steps, index].tolist(), digests=_digests(i64, steps, index))
-
-
-def _kernel_threads(device: torch.device) -> int:
-    if KERNEL_THREADS is not None:
-        return max(1, KERNEL_THREADS)
-    configured = os.environ.get("OPTDRIFT_KERNEL_THREADS", "").strip()
-    if configured:
-        return max(1, int(configured))
-    return DEFAULT_KERNEL_THREADS.get(device.type, 1)
-
-
-@contextmanager
-def _nothing():  # noqa: ANN202
-    yield
 
 
 def _synchronizer(device: torch.device) -> Callable[[], float]:

@@ -35,6 +35,7 @@ the last bit, which is why the map travels as data with every kernel call.)
 
 from __future__ import annotations
 
+import weakref
 from functools import lru_cache
 
 import torch
@@ -69,11 +70,25 @@ def dynamic_map(*, signed: bool, device: torch.device | str = "cpu") -> torch.Te
     return _dynamic_map_cpu(signed).clone().to(device)
 
 
+# id(map tensor) -> (a weak reference to it, its version counter when read, its zero code).
+# Reading the code of a GPU map waits for the device; a battery makes ~800 8-bit states from the
+# same two maps, so each map is read once while it is unchanged (an in-place write bumps the
+# version, and it is read again). Entries of maps that are gone are dropped as the table grows.
+_zero_codes: dict[int, tuple[weakref.ref, int, int]] = {}
+
+
 def zero_code(qmap: torch.Tensor) -> int:
     """The code whose value is exactly 0: what a fresh state's codes are filled with."""
+    entry = _zero_codes.get(id(qmap))
+    if entry is not None and entry[0]() is qmap and entry[1] == qmap._version:
+        return entry[2]
     hits = (qmap == 0).nonzero().flatten().tolist()
     if len(hits) != 1:
         raise ValueError(f"a quantization map must contain exactly one 0, this one has {len(hits)}")
+    if len(_zero_codes) >= 64:
+        for key in [key for key, (ref, _, _) in _zero_codes.items() if ref() is None]:
+            del _zero_codes[key]
+    _zero_codes[id(qmap)] = (weakref.ref(qmap), qmap._version, int(hits[0]))
     return int(hits[0])
 
 

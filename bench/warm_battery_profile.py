@@ -81,6 +81,12 @@ def kernels_only_phases(cases, device, known, families, figures: dict, top_count
         timed_pass("kernels_only_synchronized")
     finally:
         fast.SYNCHRONIZE_PHASES = False
+    # The same pass with every kernel call made from Python (no C++ loop).
+    os.environ["OPTDRIFT_CALL_LOOP"] = "0"
+    try:
+        timed_pass("kernels_only_python_calls")
+    finally:
+        del os.environ["OPTDRIFT_CALL_LOOP"]
     if figures["od2_fused"]:  # the same pass with digest.py's torch ops in place of the fused op
         os.environ["OPTDRIFT_OD2_FUSED"] = "0"
         try:
@@ -227,9 +233,9 @@ def main() -> int:
         from worker.engine.kernels_only import run_cases_known
 
         torch.set_num_threads(1)  # as the kernel host runs (worker/engine/host.py --threads)
-        from worker.engine import od2_op
+        from worker.engine import harness
 
-        od2_op.ensure_loaded(resolve_device(device))  # as the kernel host loads it
+        harness.ensure_loaded(resolve_device(device))  # as the kernel host loads it
         adapter = get_adapter("bundled")
         adapter.load(build.library_path)
         families = adapter.families()

@@ -1,4 +1,4 @@
-"""The fused od2 observation (optdrift_od2::observe_rows, worker/engine/od2_op.py) gives digest.py's
+"""The fused od2 observation (optdrift_od2::observe_rows, worker/engine/od2_op.py, in the harness library) gives digest.py's
 bits exactly, and the fast engine gives run_case's results with it.
 
 Exactness, not tolerance: the op's sums are integers modulo 2^64, so they are compared with
@@ -13,7 +13,7 @@ import torch
 
 from worker.battery import load_battery
 from worker.engine import digest as od2
-from worker.engine import od2_op
+from worker.engine import harness, od2_op
 from worker.engine.fast import run_cases_fast
 from worker.engine.trajectory import run_case
 from tests.test_fast_engine import GROUPED, _assert_identical
@@ -25,9 +25,9 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 @pytest.fixture(scope="module")
 def od2_loaded() -> None:
     """The op built for this machine (CUDA too where there is a GPU) and loaded in this process."""
-    path = od2_op.library_for("auto" if torch.cuda.is_available() else "cpu")
-    assert path is not None, "the fused od2 observation did not build (see the warning in the log)"
-    od2_op.load(path)
+    path = harness.library_for("auto" if torch.cuda.is_available() else "cpu")
+    assert path is not None, "the harness library did not build (see the warning in the log)"
+    harness.load(path)
 
 
 def _torch_ops(data: torch.Tensor, lengths: torch.Tensor, slot: int, case_index: torch.Tensor,
@@ -119,9 +119,9 @@ def test_turning_the_fused_observation_off_gives_the_same_results(od2_loaded, ke
     _assert_identical(run_cases_fast(cases, torch.device("cpu")), fused)
 
 
-def test_a_kernel_host_loads_the_fused_observation(kernels_build) -> None:
+def test_a_kernel_host_loads_the_harness_library(kernels_build) -> None:
     from worker.engine.host import KernelHost
 
     with KernelHost(kernels_build.library_path, device="cpu") as host:
         host.start()
-        assert "od2 load" in host.startup_s, host.startup_s
+        assert "harness load" in host.startup_s, host.startup_s

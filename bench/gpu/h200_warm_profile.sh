@@ -17,8 +17,12 @@ fi
 # The fused od2 observation's CUDA tests first (TESTS=0 skips them): op == digest.py's torch ops
 # on every dtype, fast engine with it == run_case.
 if [ "${TESTS:-1}" != 0 ]; then
-  timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/test_od2_op.py tests/test_fast_engine.py -k cuda 2>&1 \
+  timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/test_od2_op.py tests/test_call_loop.py tests/test_fast_engine.py -k cuda 2>&1 \
     | tee "$OUT/pytest_od2.txt"
+fi
+# What one kernel call costs the host, by layer (OPCOST=0 skips it).
+if [ "${OPCOST:-1}" != 0 ]; then
+  timeout 120 python3 bench/op_call_cost.py --device cuda 2>&1 | tee "$OUT/op_call_cost.txt"
 fi
 # SPLIT: the host counts of the split runs (default "2 3 4"; SPLIT= skips them).
 # shellcheck disable=SC2086

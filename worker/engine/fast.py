@@ -62,7 +62,7 @@ from service.results import CaseResult, CaseSpec, Trajectory
 from worker.adapters.base import AdapterContractError
 from worker.engine import digest as od2
 from worker.engine.cuda_errors import context_lost
-from worker.engine import lifecycle, od2_op
+from worker.engine import call_loop, lifecycle, od2_op
 from worker.engine.gradients import GradientStream, initial_parameters, zero_mask
 from worker.references.optimizers import make_reference
 from worker.engine.trajectory import RELATIVE_ERROR_FLOOR, TORCH_DTYPES, FamilyAdapter, bundled_families, run_case
@@ -463,6 +463,7 @@ class _Wave:
         except BaseException:
             self.close_handles(quiet=True)
             raise
+        self.prepared_calls = call_loop.prepare(self.bound, [c.steps for c in self.cases], self.broken)
 
     def _open_and_bind(self) -> None:
         params: dict[int, torch.Tensor] = {}
@@ -582,6 +583,13 @@ class _Wave:
                 width_class.g64.copy_(torch.where(width_class.closed_rows, closed64, width_class.g64))
 
     def kernels(self, step: int) -> None:
+        if self.prepared_calls is not None:  # the same calls from C++ (worker.engine.call_loop)
+            for index, message in self.prepared_calls.run(step):
+                error = RuntimeError(message)
+                if context_lost(error, self.device):
+                    raise error
+                self.broken.add(index)
+            return
         for index, bound in enumerate(self.bound):
             if bound is None or index in self.broken or self.cases[index].steps < step:
                 continue

@@ -117,9 +117,9 @@ def host_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapter-path", action="append", default=[],
                         help="a folder to import the adapter module from (first on sys.path); repeatable")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    parser.add_argument("--od2-library",
-                        help="the fused od2 observation (worker.engine.od2_op), built by the parent; "
-                             "without it the engine digests with torch ops (same bits, slower)")
+    parser.add_argument("--harness-library",
+                        help="optdrift's compiled harness (worker.engine.harness), built by the parent; "
+                             "without it the engine runs its Python paths (same results, slower)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads. 1 by default: the engine co-runs two hosts, and "
                              "on small tensors thread hand-offs cost far more than they save "
@@ -150,14 +150,14 @@ def host_main(argv: list[str] | None = None) -> int:
     from worker.engine.trajectory import run_case, run_params
 
     mark("import engine")
-    if args.od2_library:
-        from worker.engine import od2_op
+    if args.harness_library:
+        from worker.engine import harness
 
         try:
-            od2_op.load(args.od2_library)
-        except (OSError, RuntimeError) as error:  # the engine digests with torch ops: same bits
-            print(f"the fused od2 observation did not load ({error}); digesting with torch ops", file=sys.stderr)
-        mark("od2 load")
+            harness.load(args.harness_library)
+        except (OSError, RuntimeError, ImportError) as error:  # the engine's Python paths: same results
+            print(f"the harness library did not load ({error}); the engine uses its Python paths", file=sys.stderr)
+        mark("harness load")
     torch.set_num_threads(max(1, args.threads))
     device = environment = None
     if args.wait_for_build:  # everything that does not depend on the build, then wait for it
@@ -420,12 +420,12 @@ class KernelHost:
     def _spawn(self, arguments: list[str], readable: list[Path]) -> float:
         env = sandbox.sandbox_env(scratch=self._scratch.path,
                                   source=os.environ if self.env is None else self.env)
-        from worker.engine import od2_op  # imports torch: only where a host is started
+        from worker.engine import harness  # imports torch: only where a host is started
 
-        od2_library = od2_op.library_for(self.device)  # optdrift's own harness op; a cache hit after the first
-        if od2_library is not None:
-            arguments = ["--od2-library", str(od2_library), *arguments]
-            readable = [*readable, od2_library.parent]
+        harness_library = harness.library_for(self.device)  # optdrift's own code; a cache hit after the first
+        if harness_library is not None:
+            arguments = ["--harness-library", str(harness_library), *arguments]
+            readable = [*readable, harness_library.parent]
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
         self._buffer = bytearray()
         spawned = time.perf_counter()

@@ -254,17 +254,37 @@ def bind_step(optimizer: str, param: torch.Tensor, grad: torch.Tensor,
     kwargs = _checked_hyper(optimizer, hyper)
     tensors = (param, grad, *(states[name] for name in expected))
     # The wrapper's call, made positionally on the op's overload: every scalar in schema order,
-    # defaults filled in as the wrapper fills them. A Python layer less per call (~1 us of ~3 on a
-    # CPU, for ~10^5 calls a battery).
+    # defaults filled in as the wrapper fills them.
     op = getattr(_ops(), f"{optimizer}_step").default
     full = {name: kwargs.get(name, default) for name, default in _keyword_defaults(optimizer).items()}
     order = [argument.name for argument in op._schema.arguments][len(tensors):]
     assert wrapper is _WRAPPERS[optimizer] and set(order) == set(full), (order, sorted(full))
     if order[0] == "step":
-        scalars = [full[name] for name in order[1:]]
-        return lambda step: op(*tensors, step, *scalars)
-    scalars = [full[name] for name in order]
-    return lambda step: op(*tensors, *scalars)
+        return BoundOp(op, tensors, [full[name] for name in order[1:]], takes_step=True)
+    return BoundOp(op, [*tensors, *(full[name] for name in order)], [], takes_step=False)
+
+
+class BoundOp:
+    """One case's op call with every argument fixed but the step number (which, where the op takes
+    one, comes right after the tensors): `bound(step)` makes the call. worker.engine.call_loop makes
+    the same call from C++ when the harness library is loaded (tests/test_call_loop.py)."""
+
+    __slots__ = ("op", "head", "tail", "takes_step")
+
+    def __init__(self, op: torch._ops.OpOverload, head: list | tuple, tail: list, *, takes_step: bool) -> None:
+        self.op, self.head, self.tail, self.takes_step = op, tuple(head), tuple(tail), takes_step
+
+    def __call__(self, step: int) -> None:
+        if self.takes_step:
+            self.op(*self.head, step, *self.tail)
+        else:
+            self.op(*self.head)
+
+    def arguments(self) -> tuple[list, int]:
+        """Every argument in schema order with 0 in the step's place, and that place (-1: none)."""
+        if self.takes_step:
+            return [*self.head, 0, *self.tail], len(self.head)
+        return list(self.head), -1
 
 
 def _checked_hyper(optimizer: str, hyper: Mapping[str, float | bool]) -> dict[str, float | bool]:
@@ -449,10 +469,8 @@ def bind_step_8bit(optimizer: str, param: torch.Tensor, grad: torch.Tensor,
     for name in expected:
         tensors += list(states[name])
     tensors += [{"signed": signed_map, "unsigned": unsigned_map}[kind] for kind in _MAPS_8BIT[optimizer]]
-    op = getattr(_ops(), f"{optimizer}_8bit_blockwise_step")
+    op = getattr(_ops(), f"{optimizer}_8bit_blockwise_step").default
     order = _SCALAR_ORDER_8BIT[optimizer]
     if order[0] == "step":
-        scalars = [full[name] for name in order[1:]]
-        return lambda step: op(*tensors, step, *scalars)
-    scalars = [full[name] for name in order]
-    return lambda step: op(*tensors, *scalars)
+        return BoundOp(op, tensors, [full[name] for name in order[1:]], takes_step=True)
+    return BoundOp(op, [*tensors, *(full[name] for name in order)], [], takes_step=False)

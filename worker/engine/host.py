@@ -157,7 +157,8 @@ def host_main(argv: list[str] | None = None) -> int:
             harness.load(args.harness_library)
         except (OSError, RuntimeError, ImportError) as error:  # the engine's Python paths: same results
             print(f"the harness library did not load ({error}); the engine uses its Python paths", file=sys.stderr)
-        mark("harness load")
+        else:
+            mark("harness load")  # the ready line's phases say whether it loaded
     torch.set_num_threads(max(1, args.threads))
     device = environment = None
     if args.wait_for_build:  # everything that does not depend on the build, then wait for it

@@ -122,9 +122,16 @@ void launch_typed(const Rule& rule, const at::Tensor& param, const at::Tensor& g
   const int device = param.get_device();
   // Named first: a template-id's comma would split the C10_CUDA_CHECK macro argument.
   const auto kernel = apply_rule_kernel<Rule, param_t>;
-  int blocks_per_sm = 0;
-  C10_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreadsPerBlock, 0));
+  // Occupancy of this kernel instantiation, asked once per device: it depends only on the kernel
+  // and the device, and asking the runtime on every launch cost host time on each of the ~10^5
+  // launches of a battery (docs/PERFORMANCE.md, round 8).
+  static int occupancy[64] = {0};
+  int blocks_per_sm = device < 64 ? occupancy[device] : 0;
+  if (blocks_per_sm == 0) {
+    C10_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreadsPerBlock, 0));
+    if (device < 64) occupancy[device] = blocks_per_sm;
+  }
   const int64_t full_grid =
       static_cast<int64_t>(std::max(blocks_per_sm, 1)) * multiprocessor_count(device);
   const int64_t needed = (work_items + kThreadsPerBlock - 1) / kThreadsPerBlock;

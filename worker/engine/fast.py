@@ -187,7 +187,11 @@ class StepInputs:
             for step in range(first, last + 1):
                 self._layouts[step] = layout
             first = last + 1
-        workers = max(1, min(8, (os.cpu_count() or 2) - 1))
+        # Making a step's values is CPU work (~65 ms a step for the standard battery's 100-step wave
+        # on one core; the ops release the GIL): up to 15 threads, one core left to the step loop.
+        # With the kernel calls made from C++ the loop runs 100 steps in under a second, and 8
+        # threads left it waiting on them (docs/PERFORMANCE.md, round 8).
+        workers = max(1, min(15, (os.cpu_count() or 2) - 1))
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="optdrift-inputs")
         self._futures: dict[int, Future] = {}
 

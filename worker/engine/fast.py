@@ -21,7 +21,8 @@ Why the bits stay run_case's:
 
 * **The kernel under test is called per case**, with exactly run_case's op and arguments
   (the adapter's `bind`, which checks once and then makes the same call), on a tensor of the
-  case's own length. Nothing about the kernel is assumed, so a kernel whose result depends on
+  case's own length; where every bound call is a registered op (kernel_ops.BoundOp), the
+  harness's C++ loop makes those same calls (worker.engine.call_loop). Nothing about the kernel is assumed, so a kernel whose result depends on
   the length, blocks or tail sees the same length, blocks and tail as in run_case.
 * **States** are what each case's handle gives as `state_for_digest` (docs/PROJECTS.md, "The
   adapter contract"): handed-over states move into the state arenas and the adapter steps them
@@ -40,8 +41,9 @@ Why the bits stay run_case's:
   indices; closed-loop gradients h*(p - c) are the same two float32 (or reference-dtype) ops as
   run_case, over the whole arena.
 * **Metrics and digests** are per-row maxima and integer sums, exact in any order; padding adds 0
-  to the maxima and is masked out of the od2 lanes. The whole observation of a step (a few
-  hundred small kernels over every arena) is one CUDA graph, captured at step 1 and replayed.
+  to the maxima and is masked out of the od2 lanes (one pass per arena through the harness's
+  optdrift_od2::observe_rows where it is loaded, worker.engine.od2_op). The whole observation of
+  a step is one CUDA graph, captured at step 1 and replayed.
 
 A case whose kernel (or binding) raises is re-run alone with run_case after the wave, so a broken
 case is reported exactly as the straightforward path reports it; its arena row is left alone.

@@ -37,6 +37,11 @@ class Settings(BaseSettings):
     )
     store_dir: Path | None = Field(default=None, description="Source archive store; default <home>/store.")
     build_cache_dir: Path | None = Field(default=None, description="Build cache; default <home>/builds.")
+    harness_cache: Path | None = Field(
+        default=None,
+        description="optdrift's compiled harness (worker/engine/harness.py reads it where a kernel host "
+                    "starts); default ~/.cache/optdrift/harness.",
+    )
     public_url: str = Field(
         default="http://127.0.0.1:8000",
         description="Where workers reach the API to fetch sources (workers may be on other hosts).",

@@ -22,8 +22,9 @@ Why the bits stay run_case's:
 * **The kernel under test is called per case**, with exactly run_case's op and arguments
   (the adapter's `bind`, which checks once and then makes the same call), on a tensor of the
   case's own length; where every bound call is a registered op (kernel_ops.BoundOp), the
-  harness's C++ loop makes those same calls (worker.engine.call_loop). Nothing about the kernel is assumed, so a kernel whose result depends on
-  the length, blocks or tail sees the same length, blocks and tail as in run_case.
+  harness's C++ loop makes those same calls (worker.engine.call_loop). Nothing about the
+  kernel is assumed, so a kernel whose result depends on the length, blocks or tail sees the
+  same length, blocks and tail as in run_case.
 * **States** are what each case's handle gives as `state_for_digest` (docs/PROJECTS.md, "The
   adapter contract"): handed-over states move into the state arenas and the adapter steps them
   there; library-owned ones stay with the library and are copied into their arena rows after
@@ -189,7 +190,7 @@ class StepInputs:
             for step in range(first, last + 1):
                 self._layouts[step] = layout
             first = last + 1
-        # Making a step's values is CPU work (~65 ms a step for the standard battery's 100-step wave
+        # Making a step's values is CPU work (~110 ms a step for the standard battery's 100-step wave
         # on one core; the ops release the GIL): up to 15 threads, one core left to the step loop.
         # With the kernel calls made from C++ the loop runs 100 steps in under a second, and 8
         # threads left it waiting on them (docs/PERFORMANCE.md, round 8).

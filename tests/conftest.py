@@ -70,12 +70,21 @@ def decay_build(tmp_path_factory, csrc_under_test: Path, build_cache_dir: Path):
 def harness_library():
     """optdrift's compiled harness (worker/engine/harness.py), built before any test runs: a kernel
     host's parent builds it on first use, which would otherwise land inside whichever test starts
-    the first host (about 40 s on a 2-core machine; a cache hit after that)."""
+    the first host (tens of seconds; a cache hit after that)."""
     import torch
 
     from worker.engine import harness
 
     return harness.library_for("auto" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(scope="session")
+def harness_loaded(harness_library):
+    """The harness library loaded into this test process (its ops and the C++ call loop)."""
+    from worker.engine import harness
+
+    assert harness_library is not None, "the harness library did not build (see the warning in the log)"
+    return harness.load(harness_library)
 
 
 @pytest.fixture(scope="session")

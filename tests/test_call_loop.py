@@ -11,21 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.engine import call_loop, harness, kernel_ops
+from worker.engine import call_loop, kernel_ops
 from worker.engine.fast import run_cases_fast
 from worker.engine.trajectory import run_case
 from tests.test_fast_engine import GROUPED, _assert_identical
-
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                                 reason="needs a CUDA device"))]
-
-
-@pytest.fixture(scope="module")
-def harness_loaded() -> object:
-    path = harness.library_for("auto" if torch.cuda.is_available() else "cpu")
-    assert path is not None, "the harness library did not build (see the warning in the log)"
-    return harness.load(path)
-
+from tests.test_od2_op import DEVICES
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_fast_engine_with_the_call_loop_equals_run_case(harness_loaded, kernels, device: str, monkeypatch) -> None:

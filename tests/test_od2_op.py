@@ -13,21 +13,13 @@ import torch
 
 from worker.battery import load_battery
 from worker.engine import digest as od2
-from worker.engine import harness, od2_op
+from worker.engine import od2_op
 from worker.engine.fast import run_cases_fast
 from worker.engine.trajectory import run_case
 from tests.test_fast_engine import GROUPED, _assert_identical
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                  reason="needs a CUDA device"))]
-
-
-@pytest.fixture(scope="module")
-def od2_loaded() -> None:
-    """The op built for this machine (CUDA too where there is a GPU) and loaded in this process."""
-    path = harness.library_for("auto" if torch.cuda.is_available() else "cpu")
-    assert path is not None, "the harness library did not build (see the warning in the log)"
-    harness.load(path)
 
 
 def _torch_ops(data: torch.Tensor, lengths: torch.Tensor, slot: int, case_index: torch.Tensor,
@@ -54,7 +46,7 @@ def _rows(dtype: torch.dtype, rows: int, width: int, generator: torch.Generator)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64,
                                    torch.uint8, torch.int32, torch.int64])
-def test_observe_rows_equals_digest_lanes(od2_loaded, device: str, dtype: torch.dtype) -> None:
+def test_observe_rows_equals_digest_lanes(harness_loaded, device: str, dtype: torch.dtype) -> None:
     generator = torch.Generator().manual_seed(11)
     # Widths below, at and above one CUDA block's tile (4096), several tiles; lengths of 0, 1, a
     # part, the whole row and more than the row (clamped); rows 0 and 3 feed the same case, and a
@@ -74,7 +66,7 @@ def test_observe_rows_equals_digest_lanes(od2_loaded, device: str, dtype: torch.
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_observe_rows_says_what_is_wrong(od2_loaded, device: str) -> None:
+def test_observe_rows_says_what_is_wrong(harness_loaded, device: str) -> None:
     data = torch.zeros((2, 8), device=device)
     lengths = torch.tensor([8, 8], device=device)
     index = torch.tensor([0, 1], device=device)
@@ -93,7 +85,7 @@ def test_observe_rows_says_what_is_wrong(od2_loaded, device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_fast_engine_with_the_fused_observation_equals_run_case(od2_loaded, kernels, device: str,
+def test_fast_engine_with_the_fused_observation_equals_run_case(harness_loaded, kernels, device: str,
                                                                  monkeypatch) -> None:
     assert od2_op.fused_for(torch.device(device))
     calls = []
@@ -111,7 +103,7 @@ def test_fast_engine_with_the_fused_observation_equals_run_case(od2_loaded, kern
     _assert_identical([run_case(c, torch.device(device)) for c in cases], fused)
 
 
-def test_turning_the_fused_observation_off_gives_the_same_results(od2_loaded, kernels, monkeypatch) -> None:
+def test_turning_the_fused_observation_off_gives_the_same_results(harness_loaded, kernels, monkeypatch) -> None:
     cases = load_battery("quick").expand()[:40]
     fused = run_cases_fast(cases, torch.device("cpu"))
     monkeypatch.setenv("OPTDRIFT_OD2_FUSED", "0")

@@ -12,6 +12,8 @@ three ways, each printed as a table of phases and, with --top, the heaviest func
    the kernels-only pass without cProfile (its host seconds per wave phase), and on CUDA under
    torch.profiler: the GPU's kernel time and launches against the wall clock (is the pass
    waiting on the GPU, or the GPU on the pass?);
+1a. as the worker runs a warm commit: on a spare host that waited `--spare-idle-s` for its build,
+   once without and once with the gradient inputs it made meanwhile (worker.engine.step_inputs);
 1b. the same, split over 2, 3, 4 kernel hosts running at once (`--split`): whether the
    case-by-case kernel calls, which are host CPU time, spread over processes;
 3. the protocol alone: the host's answers for the whole battery encoded and parsed as the
@@ -112,8 +114,7 @@ def kernels_only_phases(cases, device, known, families, figures: dict, top_count
 
 def setup_profile(cases, device, families, top_count: int, figures: dict) -> None:  # noqa: ANN001
     """The kernels-only waves' setup alone (made, then closed without running): timed with and
-    without the gradient threads' prefetch running beside it, then under cProfile (which in
-    Python 3.12 also counts the gradient threads' calls)."""
+    without the gradient threads' prefetch running beside it, then without it under cProfile."""
     import torch
 
     from worker.engine import fast
@@ -139,15 +140,36 @@ def setup_profile(cases, device, families, top_count: int, figures: dict) -> Non
     fast.StepInputs.prefetch = lambda self, step: None
     try:
         figures["setup_alone_no_prefetch_s"] = make_all()
+        # cProfile without the gradient threads, so that the table holds the setup's own calls
+        profile = cProfile.Profile()
+        started = time.perf_counter()
+        profile.enable()
+        make_all()
+        profile.disable()
     finally:
         fast.StepInputs.prefetch = prefetch
-    profile = cProfile.Profile()
-    started = time.perf_counter()
-    profile.enable()
-    make_all()
-    profile.disable()
-    print(f"wave setup alone, under cProfile: {time.perf_counter() - started:.3f} s", flush=True)
+    print(f"wave setup alone (no gradient prefetch), under cProfile: {time.perf_counter() - started:.3f} s",
+          flush=True)
     print(top(profile, top_count), flush=True)
+
+
+def spare_run(library_path, device: str, cases, cache, prepare, idle_s: float, label: str,  # noqa: ANN001
+              figures: dict) -> None:
+    """A spare host started, left waiting `idle_s` (a worker's time between runs), given the build
+    and run on the warm cache: the wall clock from the build's hand-over to the last answer."""
+    spare = KernelHost.spare(device=device, prepare=prepare)
+    try:
+        time.sleep(idle_s)
+        started = time.perf_counter()
+        spare.adopt_build(library_path, case_timeout_s=600)
+        figures[f"{label}_adopt_s"] = time.perf_counter() - started
+        reference_cache.run_many(spare, cases, cache)
+        figures[f"{label}_warm_s"] = time.perf_counter() - started
+        figures[f"{label}_run_many_s"] = figures[f"{label}_warm_s"] - figures[f"{label}_adopt_s"]
+        figures[f"{label}_inputs_taken"] = spare.last_inputs_taken
+        print(f"{label} startup phases:", json.dumps(spare.startup_s), flush=True)
+    finally:
+        spare.close()
 
 
 def main() -> int:
@@ -157,6 +179,8 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--split", type=int, nargs="*", default=[2, 3, 4],
                         help="also run the warm battery split over this many hosts at once")
+    parser.add_argument("--spare-idle-s", type=float, default=20.0,
+                        help="how long the spare hosts of 1a wait before their build comes")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
     import torch
@@ -186,20 +210,30 @@ def main() -> int:
             held = cache.lookup(environment, cases)
             figures["lookup_s"] = time.perf_counter() - started
             arrivals: list[float] = []
-            profile = cProfile.Profile()
             started = time.perf_counter()
-            profile.enable()
             results = reference_cache.run_many(host, cases, cache,
                                                on_result=lambda i, r: arrivals.append(time.perf_counter()))
-            profile.disable()
             figures["warm_run_many_s"] = time.perf_counter() - started
             figures["warm_first_answer_s"] = arrivals[0] - started if arrivals else float("nan")
             figures["warm_last_answer_s"] = arrivals[-1] - started if arrivals else float("nan")
+            # Once more under cProfile, for the table of the parent's heaviest functions (cProfile
+            # slows the parent's share, so this run's time is reported apart).
+            profile = cProfile.Profile()
+            started = time.perf_counter()
+            profile.enable()
+            reference_cache.run_many(host, cases, cache)
+            profile.disable()
+            figures["warm_run_many_under_cprofile_s"] = time.perf_counter() - started
             started = time.perf_counter()
             cache.store(environment, [], [(r.case, reference_cache.series_key(r.trajectory.digests))
                                           for r in results if r.trajectory])
             figures["store_reused_s"] = time.perf_counter() - started
             print(top(profile, args.top), flush=True)
+
+        # 1a. as the worker runs a warm commit: on a spare host that waited for its build, without
+        # and with the gradient inputs it prepared while waiting (worker.engine.step_inputs)
+        for label, prepare in (("spare", None), ("spare_prepared", cases)):
+            spare_run(build.library_path, device, cases, cache, prepare, args.spare_idle_s, label, figures)
 
         # 1b. the same warm run split over N hosts at once (cases dealt by cost, largest first)
         for count in args.split:

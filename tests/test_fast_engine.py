@@ -99,6 +99,18 @@ def test_od2_sees_one_ulp_and_a_swap():
     assert od2.digest_tensors([tensors[1], tensors[0]]) != od2.digest_tensors([tensors[0], tensors[1]])
 
 
+def test_a_whole_digest_history_is_formatted_as_digest_by_digest():
+    # The fast engine formats a wave's lanes in one hex conversion; each string must be
+    # format_digest's, negative lanes (two's complement, masked to 64 bits) and extremes included.
+    gen = torch.Generator().manual_seed(11)
+    lanes = torch.randint(-2**63, 2**63 - 1, (2, 4, 6), dtype=torch.int64, generator=gen)
+    lanes[0, 0, 0], lanes[1, 0, 0], lanes[0, 1, 1], lanes[1, 3, 5] = -1, -2**63, 0, 2**63 - 1
+    series = od2.format_digest_series(lanes[0], lanes[1])
+    assert series == [[od2.format_digest(int(lanes[0, row, step]), int(lanes[1, row, step])) for step in range(6)]
+                      for row in range(4)]
+    assert series[0][0] == "od2:ffffffffffffffff8000000000000000"
+
+
 @needs_cuda
 def test_od2_cuda_equals_cpu():
     assert od2.digest_tensors(_sample_tensors("cuda")) == od2.digest_tensors(_sample_tensors("cpu"))

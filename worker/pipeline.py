@@ -137,6 +137,8 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
     spare = host_reserve.take(built.library_path, device=policy.device, adapter=job.config.adapter,
                               adapter_paths=adapter_paths, case_timeout_s=policy.case_timeout_s,
                               deadline=policy.deadline) if policy.warm_host else None
+    if policy.warm_host:
+        host_reserve.expect(cases, device=policy.device)  # what the next spares prepare
     if policy.warm_host and host_reserve.start_beside_runs():  # the next ones start while this run runs
         host_reserve.replenish(device=policy.device, slot_root=policy.host_slot_root)
     try:

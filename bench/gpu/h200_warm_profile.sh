@@ -17,7 +17,7 @@ fi
 # The fused od2 observation's CUDA tests first (TESTS=0 skips them): op == digest.py's torch ops
 # on every dtype, fast engine with it == run_case.
 if [ "${TESTS:-1}" != 0 ]; then
-  timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/test_od2_op.py tests/test_call_loop.py tests/test_fast_engine.py -k cuda 2>&1 \
+  timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/test_od2_op.py tests/test_call_loop.py tests/test_fast_engine.py tests/test_step_inputs.py -k cuda 2>&1 \
     | tee "$OUT/pytest_od2.txt"
 fi
 # What one kernel call costs the host, by layer (OPCOST=0 skips it).

@@ -38,8 +38,8 @@ Why the bits stay run_case's:
   every series with run_case's, 16-bit cases of several sizes included.
 * **Gradients** are gradients.py's values: each open-loop stream (seed, size, scale, step) and
   each zero mask is made once, in a thread pool ahead of the step that needs it (torch releases
-  the GIL), concatenated into one upload per step, and gathered into the arenas by precomputed
-  indices; closed-loop gradients h*(p - c) are the same two float32 (or reference-dtype) ops as
+  the GIL) or before the run came (a spare host's, worker.engine.step_inputs), concatenated into
+  one upload per step, and gathered into the arenas by precomputed indices; closed-loop gradients h*(p - c) are the same two float32 (or reference-dtype) ops as
   run_case, over the whole arena.
 * **Metrics and digests** are per-row maxima and integer sums, exact in any order; padding adds 0
   to the maxima and is masked out of the od2 lanes (one pass per arena through the harness's
@@ -52,11 +52,9 @@ case is reported exactly as the straightforward path reports it; its arena row i
 
 from __future__ import annotations
 
-import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -66,7 +64,8 @@ from worker.adapters.base import AdapterContractError
 from worker.engine import digest as od2
 from worker.engine.cuda_errors import context_lost
 from worker.engine import call_loop, lifecycle, od2_op
-from worker.engine.gradients import GradientStream, initial_parameters, zero_mask
+from worker.engine.gradients import GradientStream, initial_parameters
+from worker.engine.step_inputs import StepInputs, mask_key, stream_key
 from worker.references.optimizers import make_reference
 from worker.engine.trajectory import RELATIVE_ERROR_FLOOR, TORCH_DTYPES, FamilyAdapter, bundled_families, run_case
 
@@ -81,7 +80,6 @@ DEFAULT_MAX_WAVE_ELEMENTS = {"cuda": 1 << 26, "cpu": 1 << 23}
 MERGE_PADDING_FRACTION = {"cuda": 0.75, "cpu": 0.0}
 # thread_local, not CUDA's default global mode: see _Wave._capture.
 CAPTURE_ERROR_MODE = "thread_local"
-PREFETCH_STEPS = 32  # steps of gradients made ahead (~6 MB a step for the standard battery)
 # Profiling only (bench/warm_battery_profile.py): wait for the device at each phase boundary, so a
 # phase's host seconds are its own launches plus its own GPU work, never a wait behind the GPU's
 # backlog from another phase. Never set in a real run: it serialises host and device.
@@ -146,94 +144,6 @@ def plan_waves(cases: list[CaseSpec], max_wave_elements: int) -> list[list[int]]
 
 
 # ----------------------------------------------------------------------------- gradient inputs
-def _stream_key(case: CaseSpec) -> tuple | None:
-    return (case.seed, case.size, case.gradient.scale) if case.gradient.kind == "open" else None
-
-
-def _mask_key(case: CaseSpec) -> tuple | None:
-    return (case.seed, case.size, case.gradient.zero_fraction) if case.gradient.zero_fraction > 0 else None
-
-
-def _offsets(keys: list[tuple]) -> dict[tuple, int]:
-    """Start of each (seed, size, ...) stream when they are laid back to back."""
-    offsets, at = {}, 0
-    for key in keys:
-        offsets[key] = at
-        at += key[1]
-    return offsets
-
-
-class StepInputs:
-    """Open-loop gradient values and zero masks, each (stream, step) made once with gradients.py's
-    own functions, in a thread pool ahead of the step that needs it (torch releases the GIL), and
-    uploaded as one float32 and one bool tensor per step.
-
-    Step t's layout: the values of the streams active at t back to back, then one 0.0 (where
-    padding, closed-loop rows and finished cases point); the masks likewise, then one False."""
-
-    def __init__(self, cases: list[CaseSpec], device: torch.device) -> None:
-        self.device = device
-        self.steps = max(c.steps for c in cases)
-        self._specs = {}
-        for case in cases:
-            if case.gradient.kind == "open":
-                self._specs.setdefault(_stream_key(case), case.gradient)
-        self._layouts: dict[int, tuple] = {}
-        # The active cases change only after some case's last step: one layout per stretch of steps
-        # (a wave's cases share their step count, so usually one layout for the whole wave).
-        first = 1
-        for last in sorted({c.steps for c in cases}):
-            active = [c for c in cases if c.steps >= last]
-            streams = sorted({_stream_key(c) for c in active} - {None})
-            masks = sorted({_mask_key(c) for c in active} - {None})
-            layout = (_offsets(streams), _offsets(masks), sum(s[1] for s in streams), sum(m[1] for m in masks))
-            for step in range(first, last + 1):
-                self._layouts[step] = layout
-            first = last + 1
-        # Making a step's values is CPU work (~110 ms a step for the standard battery's 100-step wave
-        # on one core; the ops release the GIL): up to 15 threads, one core left to the step loop.
-        # With the kernel calls made from C++ the loop runs 100 steps in under a second, and 8
-        # threads left it waiting on them (docs/PERFORMANCE.md, round 8).
-        workers = max(1, min(15, (os.cpu_count() or 2) - 1))
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="optdrift-inputs")
-        self._futures: dict[int, Future] = {}
-
-    def layout(self, step: int) -> tuple[dict, dict, int, int]:
-        """(value offsets, mask offsets, number of values, number of mask elements) of `step`."""
-        return self._layouts[step]
-
-    def _make(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        value_offsets, mask_offsets, n_values, n_masks = self._layouts[step]
-        values = torch.zeros(n_values + 1, dtype=torch.float32)
-        for key, offset in value_offsets.items():
-            seed, size, _scale = key
-            stream = GradientStream(self._specs[key], seed=seed, size=size, device="cpu", grad_dtype=torch.float32)
-            values[offset:offset + size] = stream._open_values(step)
-        masks = torch.zeros(n_masks + 1, dtype=torch.bool)
-        for (seed, size, fraction), offset in mask_offsets.items():
-            masks[offset:offset + size] = zero_mask(seed, step, size, fraction)
-        if self.device.type == "cuda":
-            values, masks = values.pin_memory(), masks.pin_memory()
-        return values, masks
-
-    def prefetch(self, step: int) -> None:
-        """Queue steps `step`.. (PREFETCH_STEPS of them) that are not queued yet."""
-        for ahead in range(step, min(self.steps, step + PREFETCH_STEPS) + 1):
-            if ahead not in self._futures:
-                self._futures[ahead] = self._pool.submit(self._make, ahead)
-
-    def get(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Step `step`'s values and masks on the device (and the next steps queued)."""
-        self.prefetch(step)
-        values, masks = self._futures.pop(step).result()
-        return values.to(self.device, non_blocking=True), masks.to(self.device, non_blocking=True)
-
-    def close(self) -> None:
-        for future in self._futures.values():
-            future.cancel()
-        self._pool.shutdown(wait=True)
-
-
 def _gather_index(cases: list[CaseSpec], width: int, offsets: dict, sentinel: int, key_of, step: int,  # noqa: ANN001
                   device: torch.device) -> torch.Tensor:
     """[rows, width] int64 into a step's layout, made on the device: offset + j for j < size
@@ -548,13 +458,13 @@ class _Wave:
             entry = {}
             for dtype, arena in width_class.arenas.items():
                 entry[("values", dtype)] = _gather_index(arena.cases, arena.width, value_offsets, n_values,
-                                                         _stream_key, step, self.device)
+                                                         stream_key, step, self.device)
                 if arena.has_zeros:
                     entry[("masks", dtype)] = _gather_index(arena.cases, arena.width, mask_offsets, n_masks,
-                                                            _mask_key, step, self.device)
+                                                            mask_key, step, self.device)
             if width_class.has_zeros and width_class.has_closed:
                 entry["masks64"] = _gather_index(width_class.cases, width_class.width, mask_offsets, n_masks,
-                                                 _mask_key, step, self.device)
+                                                 mask_key, step, self.device)
             width_class.index_cache[key] = entry
         return width_class.index_cache[key]
 
@@ -738,15 +648,17 @@ class _Wave:
 
     def _results(self, started: float) -> dict[int, CaseResult]:
         f64, i64 = self.hist_f64.cpu(), self.hist_i64.cpu()
+        digests = od2.format_digest_series(i64[1].T, i64[2].T)  # [case][step], lanes 1 and 2
         seconds = (time.perf_counter() - started) / len(self.cases)
-        return {index: CaseResult(case=case, status="ok", trajectory=self._trajectory(index, case.steps, f64, i64),
-                                  duration_s=seconds)
+        return {index: CaseResult(case=case, status="ok", duration_s=seconds,
+                                  trajectory=self._trajectory(index, case.steps, f64, i64, digests[index][:case.steps]))
                 for index, case in enumerate(self.cases) if index not in self.broken}
 
-    def _trajectory(self, index: int, steps: int, f64: torch.Tensor, i64: torch.Tensor) -> Trajectory:
+    def _trajectory(self, index: int, steps: int, f64: torch.Tensor, i64: torch.Tensor,
+                    digests: list[str]) -> Trajectory:
         return Trajectory(ref64_max_abs=f64[0, :steps, index].tolist(), ref64_max_rel=f64[1, :steps, index].tolist(),
                           same_precision_max_abs=f64[2, :steps, index].tolist(),
-                          nonfinite_count=i64[0, :steps, index].tolist(), digests=_digests(i64, steps, index))
+                          nonfinite_count=i64[0, :steps, index].tolist(), digests=digests)
 
 
 def _synchronizer(device: torch.device) -> Callable[[], float]:
@@ -758,11 +670,6 @@ def _synchronizer(device: torch.device) -> Callable[[], float]:
         torch.cuda.synchronize(device)
         return time.perf_counter()
     return wait
-
-
-def _digests(i64: torch.Tensor, steps: int, index: int) -> list[str]:
-    """Case `index`'s od2 digests from a wave's integer history (lanes 1 and 2)."""
-    return [od2.format_digest(a, b) for a, b in zip(i64[1, :steps, index].tolist(), i64[2, :steps, index].tolist())]
 
 
 def _valid(buffer: torch.Tensor, lengths: list[int]) -> torch.Tensor:

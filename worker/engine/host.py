@@ -57,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from worker import sandbox
@@ -112,6 +113,9 @@ def host_main(argv: list[str] | None = None) -> int:
                         help="a spare host (worker.engine.host_reserve): import torch and make the "
                              "device's context now, then read the build from the first line on stdin, "
                              '{"op": "load", "library": ..., "adapter": ..., "adapter_path": [...]}')
+    parser.add_argument("--prepare-inputs", metavar="CASES_JSON",
+                        help="with --wait-for-build: the cases the run is expected to bring (a JSON list); "
+                             "their gradient inputs are made while the host waits (worker.engine.step_inputs)")
     parser.add_argument("--adapter", default="bundled",
                         help="project adapter (worker.adapters): bundled, bitsandbytes, tinyopt or a module path")
     parser.add_argument("--adapter-path", action="append", default=[],
@@ -164,6 +168,8 @@ def host_main(argv: list[str] | None = None) -> int:
     if args.wait_for_build:  # everything that does not depend on the build, then wait for it
         device, environment = _open_device(args.device, torch, resolve_device, fingerprint)
         mark("device")
+        if args.prepare_inputs:  # the cases the parent expects: their inputs made while it waits
+            _prepare_inputs(Path(args.prepare_inputs), device, mark)
         request = json.loads(sys.stdin.readline() or '{"op": "exit"}')
         if request.get("op") != "load":
             return 0  # the parent closed its spare without using it
@@ -186,14 +192,19 @@ def host_main(argv: list[str] | None = None) -> int:
         device, environment = _open_device(args.device, torch, resolve_device, fingerprint)
         mark("device")
     protocol.write(json.dumps({"ready": True, "environment": environment, "adapter": description,
-                               "startup_s": startup}) + "\n")
+                               "startup_s": dict(startup)}) + "\n")
 
     for line in sys.stdin:
         request = json.loads(line)
         if request.get("op") == "exit":
             return 0
         if request.get("op") == "run_many":
-            if not _run_many(request, device, protocol, adapter, families):
+            finished = _run_many(request, device, protocol, adapter, families)
+            if "inputs queued" in startup:  # a spare serves one run: what it prepared and no wave took goes
+                from worker.engine import step_inputs
+
+                step_inputs.discard_prepared()
+            if not finished:
                 return 3
             continue
         if request.get("op") == "time_kernels":  # the kernels' own speed (worker/speed/timing.py)
@@ -230,6 +241,25 @@ def host_main(argv: list[str] | None = None) -> int:
         if restart:
             return 3
     return 0
+
+
+def _prepare_inputs(expected: Path, device, mark: Callable[[str], None]) -> None:  # noqa: ANN001
+    """A spare's idle time: start making the gradient inputs of the cases its parent expects
+    (worker.engine.step_inputs.prepare), in threads, while it waits for its build. Marks "inputs
+    prepared" when they are all made (shown in the ready line if that was before it). What cannot
+    be prepared is said on stderr and left to the run, which makes its own inputs."""
+    from worker.engine import fast, step_inputs
+
+    try:
+        cases = [CaseSpec.model_validate(c) for c in json.loads(expected.read_text())]
+        limit = fast.DEFAULT_MAX_WAVE_ELEMENTS.get(device.type, fast.DEFAULT_MAX_WAVE_ELEMENTS["cpu"])
+        queued, done = step_inputs.prepare(cases, device, limit)
+    except Exception as error:  # noqa: BLE001 - preparing is an optimisation, never a failure
+        print(f"inputs not prepared: {type(error).__name__}: {error}", file=sys.stderr)
+        return
+    mark("inputs queued")
+    if done is not None:
+        done.add_done_callback(lambda _: mark("inputs prepared"))
 
 
 def _open_device(name: str, torch, resolve_device, fingerprint) -> tuple:  # noqa: ANN001
@@ -270,7 +300,9 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
         return not restart
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    protocol.write(json.dumps({"done": True, "params_s": split}) + "\n")
+    from worker.engine import step_inputs
+
+    protocol.write(json.dumps({"done": True, "params_s": split, "inputs_taken": step_inputs.taken()}) + "\n")
     return True
 
 
@@ -382,6 +414,7 @@ class KernelHost:
         self._scratch = sandbox.Scratch(prefix="optdrift-host-scratch-")
         self._slot: Path | None = None  # a spare's folder for its build (spare(), adopt_build())
         self.last_params_s: dict[str, float] = {}  # the last run_many's parameter writing (host clock)
+        self.last_inputs_taken = 0  # steps of gradient inputs it had prepared and the last run_many took
         self._spare_spawned = 0.0
 
     def __enter__(self) -> "KernelHost":
@@ -469,16 +502,24 @@ class KernelHost:
 
     # -- a spare host: started before its build is known (worker.engine.host_reserve)
     @classmethod
-    def spare(cls, *, device: str, threads: int = 1, slot_root: Path | None = None) -> "KernelHost":
+    def spare(cls, *, device: str, threads: int = 1, slot_root: Path | None = None,
+              prepare: list[CaseSpec] | None = None) -> "KernelHost":
         """A host that imports torch and makes the device's context now, and waits for `adopt_build`.
         Its sandbox shows, besides what every host sees, one empty folder of its own (the slot),
-        read-only; the build is linked into it when it is known."""
+        read-only; the build is linked into it when it is known. `prepare`: the cases its run is
+        expected to bring; it makes their gradient inputs while it waits (worker.engine.step_inputs)."""
         host = cls("", device=device, threads=threads)
         if slot_root is not None:
             Path(slot_root).mkdir(parents=True, exist_ok=True, mode=0o700)
         host._slot = Path(tempfile.mkdtemp(prefix="optdrift-host-slot-", dir=slot_root))
         os.chmod(host._slot, 0o755)  # the sandbox user reads it
-        host._spare_spawned = host._spawn(["--wait-for-build"], readable=[host._slot])
+        arguments = ["--wait-for-build"]
+        if prepare:  # a file in its slot, not a pipe: the host reads it only once its context is made
+            expected = host._slot / "expected-cases.json"
+            expected.write_text(json.dumps([c.model_dump(mode="json") for c in prepare]))
+            os.chmod(expected, 0o644)
+            arguments += ["--prepare-inputs", str(expected)]
+        host._spare_spawned = host._spawn(arguments, readable=[host._slot])
         return host
 
     def adopt_build(self, library_path: str | Path, *, adapter: str = "bundled",
@@ -803,6 +844,8 @@ class KernelHost:
                     self._kill()
                 # A co-run request's parameter writing, on the host's clock: shown, never trusted.
                 split = answer.get("params_s")
+                taken = answer.get("inputs_taken")  # likewise shown only (bench/warm_battery_profile.py)
+                self.last_inputs_taken = taken if isinstance(taken, int) else 0
                 self.last_params_s = ({str(k)[:40]: float(v) for k, v in list(split.items())[:8]
                                        if isinstance(v, (int, float))} if isinstance(split, dict) else {})
                 break

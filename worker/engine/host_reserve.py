@@ -18,6 +18,10 @@ That holds only where hosts run under bubblewrap, whose boxes see no other proce
 waiting beside it, the host of a later run: there one spare is kept, started after the run
 (`spares_kept()`, `start_beside_runs()`).
 
+A spare also makes, while it waits, the gradient inputs of the cases the worker's last run on its
+device brought (`expect`; worker.engine.step_inputs): they do not depend on the build, and a
+warm commit's battery is most often the last one's. Cases that do not match make their own.
+
 Used by the worker's main battery (worker.pipeline.run with Policy.warm_host) and its co-run;
 anything that fails here falls back to starting a host as before, so a spare can cost time, never
 a result.
@@ -30,6 +34,7 @@ import logging
 import threading
 from pathlib import Path
 
+from service.results import CaseSpec
 from worker import sandbox
 from worker.engine.host import KernelHost, KernelHostError
 
@@ -37,6 +42,13 @@ log = logging.getLogger(__name__)
 KEEP = 2
 _lock = threading.Lock()
 _spares: list[tuple[str, KernelHost]] = []  # (device, the host), oldest first
+_expected: dict[str, list[CaseSpec]] = {}  # device -> the cases of its last run: what spares prepare
+
+
+def expect(cases: list[CaseSpec], *, device: str) -> None:
+    """The cases the next run on `device` will likely bring (the last run's): spares started from
+    now on make their gradient inputs while they wait (worker.engine.step_inputs)."""
+    _expected[device] = list(cases)
 
 
 def start_beside_runs() -> bool:
@@ -59,7 +71,8 @@ def replenish(*, device: str, slot_root: Path | None = None, keep: int | None = 
             held[1].close()
         while len(_spares) < keep:
             try:
-                _spares.append((device, KernelHost.spare(device=device, slot_root=slot_root)))
+                _spares.append((device, KernelHost.spare(device=device, slot_root=slot_root,
+                                                         prepare=_expected.get(device))))
             except OSError as error:  # no sandbox, no fork: the next run starts its host itself
                 log.warning("could not start a spare kernel host: %s", error)
                 return

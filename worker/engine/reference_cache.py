@@ -56,7 +56,7 @@ MAX_ROWS = 50_000  # about 46 standard batteries' worth of series (~270 MB); old
 _LOOKUP_CHUNK = 500  # case keys per query (SQLite's variable limit)
 # What a metric depends on besides the kernel's parameters (relative to the worker package).
 ENGINE_SOURCES = ("references/*.py", "engine/gradients.py", "engine/trajectory.py", "engine/fast.py",
-                  "engine/kernels_only.py", "engine/digest.py")
+                  "engine/kernels_only.py", "engine/digest.py", "engine/step_inputs.py")
 
 
 def series_key(digests: list[str]) -> str:

@@ -1,0 +1,111 @@
+"""Gradient inputs made before the run comes (worker.engine.step_inputs): a wave takes a prepared
+step only where everything its tensors depend on matches, and the values are the ones it would
+have made itself, bit for bit; a spare kernel host prepares the cases its parent expects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from worker.battery import load_battery
+from worker.engine import fast, host_reserve, step_inputs
+from worker.engine.host import KernelHost
+from worker.engine.trajectory import run_case
+
+CPU = torch.device("cpu")
+QUICK = load_battery("quick").expand()  # open-loop, closed-loop and zeroed gradients; 1, 10 and 20 steps
+WAVES = fast.plan_waves(QUICK, fast.DEFAULT_MAX_WAVE_ELEMENTS["cpu"])
+
+
+@pytest.fixture(autouse=True)
+def _nothing_prepared_left():
+    step_inputs.discard_prepared()
+    yield
+    step_inputs.discard_prepared()
+    host_reserve.discard()
+
+
+def _every_step(cases) -> list[tuple[torch.Tensor, torch.Tensor]]:  # noqa: ANN001
+    inputs = step_inputs.StepInputs(cases, CPU)
+    try:
+        return [inputs.get(step) for step in range(1, inputs.steps + 1)]
+    finally:
+        inputs.close()
+
+
+def _made_without_preparing() -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    assert not step_inputs._prepared
+    return [_every_step([QUICK[i] for i in wave]) for wave in WAVES]
+
+
+def test_prepared_steps_are_taken_and_are_the_values_a_wave_makes() -> None:
+    made = _made_without_preparing()
+    queued, done = step_inputs.prepare(QUICK, CPU, fast.DEFAULT_MAX_WAVE_ELEMENTS["cpu"])
+    assert queued == sum(max(QUICK[i].steps for i in wave) for wave in WAVES)
+    assert done.result(timeout=120) == queued
+    prepared = dict(step_inputs._prepared)
+    taken = []
+    for wave, expected in zip(WAVES, made):
+        inputs = step_inputs.StepInputs([QUICK[i] for i in wave], CPU)
+        inputs.prefetch(1)
+        taken += [future for future in inputs._futures.values() if future in prepared.values()]
+        got = [inputs.get(step) for step in range(1, inputs.steps + 1)]
+        inputs.close()
+        assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, expected))
+    # every prepared step went to the wave that asks for it, and nothing is left behind
+    assert len(taken) == queued and not step_inputs._prepared
+
+
+def test_a_wave_whose_inputs_differ_makes_its_own() -> None:
+    step_inputs.prepare(QUICK, CPU, fast.DEFAULT_MAX_WAVE_ELEMENTS["cpu"])[1].result(timeout=120)
+    before = len(step_inputs._prepared)
+    # The same seeds and sizes with another gradient scale: another stream, so nothing matches.
+    rescaled = [c.model_copy(update={"gradient": c.gradient.model_copy(update={"scale": 2.0})}) for c in QUICK]
+    wave = [rescaled[i] for i in WAVES[-1]]
+    got = _every_step(wave)
+    assert len(step_inputs._prepared) == before
+    step_inputs.discard_prepared()
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, _every_step(wave)))
+
+
+def test_preparing_stops_at_its_byte_budget() -> None:
+    # Steps are prepared in plan order (wave by wave, step by step) while their bytes fit.
+    planned = [(inputs, step) for inputs in (step_inputs.StepInputs([QUICK[i] for i in wave], CPU) for wave in WAVES)
+               for step in range(1, inputs.steps + 1)]
+    budget = sum(inputs.step_bytes(step) for inputs, step in planned[:3]) + 1  # three steps, not four
+    queued, done = step_inputs.prepare(QUICK, CPU, fast.DEFAULT_MAX_WAVE_ELEMENTS["cpu"], max_bytes=budget)
+    assert queued == 3 and done.result(timeout=60) == 3
+    assert sorted(key for key in step_inputs._prepared) == sorted((inputs._contents[step], step)
+                                                                   for inputs, step in planned[:3])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_the_fast_engine_with_prepared_inputs_equals_run_case(kernels, device: str) -> None:
+    # On CUDA the prepared steps are pinned host memory, made by the idle threads before any wave.
+    device = torch.device(device)
+    step_inputs.prepare(QUICK, device, fast.DEFAULT_MAX_WAVE_ELEMENTS[device.type])[1].result(timeout=120)
+    fast_results = fast.run_cases_fast(QUICK, device)
+    assert not step_inputs._prepared  # the waves took them all
+    slow = [run_case(case, device) for case in QUICK]
+    assert [repr(r.trajectory) for r in fast_results] == [repr(r.trajectory) for r in slow]
+
+
+def test_a_spare_prepares_the_cases_its_parent_expects(kernels_build, tmp_path: Path) -> None:
+    cases = QUICK[:24]
+    with KernelHost(kernels_build.library_path, device="cpu") as started:
+        expected = [repr(r.trajectory) for r in started.run_many(cases)]
+    host_reserve.expect(cases, device="cpu")
+    host_reserve.replenish(device="cpu", slot_root=tmp_path, keep=1)
+    spare = host_reserve.take(kernels_build.library_path, device="cpu", adapter="bundled", adapter_paths=[],
+                              case_timeout_s=60, deadline=None)
+    assert spare is not None
+    with spare:
+        # It read the expected cases from its slot, inside its sandbox, before its build came,
+        # and its waves took every step it made.
+        assert spare.startup_s["inputs queued"] <= spare.startup_s["build received"]
+        assert [repr(r.trajectory) for r in spare.run_many(cases)] == expected
+        waves = fast.plan_waves(cases, fast.DEFAULT_MAX_WAVE_ELEMENTS["cpu"])
+        assert spare.last_inputs_taken == sum(max(cases[i].steps for i in wave) for wave in waves) > 0

@@ -46,6 +46,7 @@ line, "foreign:TEXT" answers a result for another case. Nothing else reads it.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -170,6 +171,7 @@ def host_main(argv: list[str] | None = None) -> int:
         mark("device")
         if args.prepare_inputs:  # the cases the parent expects: their inputs made while it waits
             _prepare_inputs(Path(args.prepare_inputs), device, mark)
+        importlib.import_module("worker.engine.kernels_only")  # the engine's modules, before the run needs them
         request = json.loads(sys.stdin.readline() or '{"op": "exit"}')
         if request.get("op") != "load":
             return 0  # the parent closed its spare without using it
@@ -292,8 +294,10 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
             emit(index, CaseResult(case=case, status="not_applicable", message=unsupported))
         else:
             runnable.append(index)
+    phases: dict[str, float] | None = {} if request.get("profile") else None
+    started = time.perf_counter()
     try:
-        split = run_request(request, cases, runnable, device, families, emit)
+        split = run_request(request, cases, runnable, device, families, emit, phases)
     except Exception as error:  # noqa: BLE001 - reported; the parent falls back to one case at a time
         restart = context_lost(error, device)
         protocol.write(json.dumps({"stopped": f"{type(error).__name__}: {error}", "restart": restart}) + "\n")
@@ -302,7 +306,10 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
         torch.cuda.synchronize(device)
     from worker.engine import step_inputs
 
-    protocol.write(json.dumps({"done": True, "params_s": split, "inputs_taken": step_inputs.taken()}) + "\n")
+    if phases is not None:
+        phases["request"] = time.perf_counter() - started
+    protocol.write(json.dumps({"done": True, "params_s": split, "inputs_taken": step_inputs.taken(),
+                               "phases": phases}) + "\n")
     return True
 
 
@@ -415,6 +422,7 @@ class KernelHost:
         self._slot: Path | None = None  # a spare's folder for its build (spare(), adopt_build())
         self.last_params_s: dict[str, float] = {}  # the last run_many's parameter writing (host clock)
         self.last_inputs_taken = 0  # steps of gradient inputs it had prepared and the last run_many took
+        self.last_phases: dict[str, float] = {}  # run_many(profile=True): the host's seconds per wave phase
         self._spare_spawned = 0.0
 
     def __enter__(self) -> "KernelHost":
@@ -789,7 +797,7 @@ class KernelHost:
         return self._scratch.path
 
     def run_many(self, cases: list[CaseSpec], on_result=None, *, params_file: str | None = None,  # noqa: ANN001
-                 known=None, run_one=None, on_pause=None) -> list[CaseResult]:  # noqa: ANN001
+                 known=None, run_one=None, on_pause=None, profile: bool = False) -> list[CaseResult]:  # noqa: ANN001
         """All `cases` through the host's fast runner (worker.engine.fast), the same results as
         `run` one by one. `on_result(index, result)` as results arrive (out of order). Cases the
         fast runner did not answer (crash, hang, CUDA error) are then run one by one with `run`
@@ -798,13 +806,16 @@ class KernelHost:
         worker.engine.params_file). `known(environment) -> {index: [series keys]}`: the reference
         cache's known digest series (worker.engine.reference_cache.run_many). `on_pause()` when
         the host has no further answer ready (its answers come in bursts, one per wave): where a
-        caller storing results in batches writes what it holds."""
+        caller storing results in batches writes what it holds. `profile`: the host times its wave
+        phases (`last_phases`, on the host's clock: shown, never trusted)."""
         results: list[CaseResult | None] = [None] * len(cases)
         self._ensure_running()  # a startup failure: the one-by-one pass below reports it per case
         if self._alive():
             request = {"op": "run_many", "cases": [c.model_dump(mode="json") for c in cases]}
             if params_file:
                 request["params_out"] = str(self._scratch.path / params_file)
+            if profile:
+                request["profile"] = True
             held = known(self.environment) if known is not None and self.environment is not None else None
             if held:
                 request["known"] = {str(index): keys for index, keys in held.items()}
@@ -846,6 +857,9 @@ class KernelHost:
                 split = answer.get("params_s")
                 taken = answer.get("inputs_taken")  # likewise shown only (bench/warm_battery_profile.py)
                 self.last_inputs_taken = taken if isinstance(taken, int) else 0
+                phases = answer.get("phases")
+                self.last_phases = ({str(k)[:40]: float(v) for k, v in list(phases.items())[:16]
+                                     if isinstance(v, (int, float))} if isinstance(phases, dict) else {})
                 self.last_params_s = ({str(k)[:40]: float(v) for k, v in list(split.items())[:8]
                                        if isinstance(v, (int, float))} if isinstance(split, dict) else {})
                 break

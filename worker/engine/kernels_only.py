@@ -192,13 +192,15 @@ def run_kernels_only(cases: list[CaseSpec], device: torch.device | str, *,
 
 def run_cases_known(cases: list[CaseSpec], device: torch.device | str, known: dict[int, set[str]], *,
                     families: Mapping[str, FamilyAdapter] | None = None,
-                    on_result: OnResult | None = None) -> list[CaseResult]:
+                    on_result: OnResult | None = None,
+                    profile: dict[str, float] | None = None) -> list[CaseResult]:
     """Every case's result, with the reference work skipped where it is known already.
 
     `known[i]`: series keys (reference_cache.series_key) of digest series whose metrics the parent
     holds for case i in this environment. Those cases run kernels-only first; a case whose digests
     form a known series is answered with digests only (the parent fills in the metrics); every
-    other case runs through the full fast engine, as without a cache."""
+    other case runs through the full fast engine, as without a cache. `profile` gains both
+    passes' host seconds per wave phase."""
     results: list[CaseResult | None] = [None] * len(cases)
     first = sorted(known)
 
@@ -214,20 +216,21 @@ def run_cases_known(cases: list[CaseSpec], device: torch.device | str, known: di
 
     if first:
         run_kernels_only([cases[i] for i in first], device, families=families, on_result=first_pass,
-                         rerun_broken=False)
+                         rerun_broken=False, profile=profile)
     rest = [index for index, result in enumerate(results) if result is None]
     fast.run_cases_fast([cases[i] for i in rest], torch.device(device), families=families,
-                        on_result=lambda position, result: answer(rest[position], result))
+                        on_result=lambda position, result: answer(rest[position], result), profile=profile)
     return results
 
 
 def run_request(request: dict, cases: list[CaseSpec], runnable: list[int], device: torch.device,
-                families: Mapping[str, FamilyAdapter], emit: OnResult) -> dict[str, float]:
+                families: Mapping[str, FamilyAdapter], emit: OnResult,
+                profile: dict[str, float] | None = None) -> dict[str, float]:
     """The kernel host's `run_many` (worker/engine/host.py) on the `runnable` indices of `cases`:
     with "params_out" (a file in the host's scratch) the co-run's kernels-only run writing it; with
     "known" ({case index: [series keys]}) the reference cache's two passes; else the fast engine.
     Returns, for a co-run's request, where its parameter writing went (run_kernels_only's
-    `params_seconds`), else {}."""
+    `params_seconds`), else {}. `profile` gains the host seconds per wave phase."""
     subset = [cases[i] for i in runnable]
 
     def on_result(position: int, result: CaseResult) -> None:
@@ -239,7 +242,7 @@ def run_request(request: dict, cases: list[CaseSpec], runnable: list[int], devic
             seconds = {"device_to_host": 0.0, "into_file": 0.0}
             if subset:
                 run_kernels_only(subset, device, families=families, params_out=[writers[i] for i in runnable],
-                                 params_seconds=seconds, on_result=on_result)
+                                 params_seconds=seconds, on_result=on_result, profile=profile)
         finally:  # no fsync: the parent reads the same pages; writing them to disk is not needed
             os.close(fd)
         return seconds
@@ -247,7 +250,7 @@ def run_request(request: dict, cases: list[CaseSpec], runnable: list[int], devic
     if known:
         position_of = {index: position for position, index in enumerate(runnable)}
         run_cases_known(subset, device, {position_of[i]: keys for i, keys in known.items() if i in position_of},
-                        families=families, on_result=on_result)
+                        families=families, on_result=on_result, profile=profile)
         return {}
-    fast.run_cases_fast(subset, device, families=families, on_result=on_result)
+    fast.run_cases_fast(subset, device, families=families, on_result=on_result, profile=profile)
     return {}

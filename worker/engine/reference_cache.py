@@ -192,12 +192,13 @@ def for_policy(folder: Path | None, *, trusted: bool) -> ReferenceCache | None:
 
 def run_many(host, cases: list[CaseSpec], cache: ReferenceCache | None, *,  # noqa: ANN001
              on_result: Callable[[int, CaseResult], None] | None = None,
-             on_pause: Callable[[], None] | None = None) -> list[CaseResult]:
+             on_pause: Callable[[], None] | None = None, profile: bool = False) -> list[CaseResult]:
     """`host.run_many(cases)` (a worker.engine.host.KernelHost) with the metrics of known digest
     series taken from `cache` instead of recomputed; the same results, bit for bit. A cache that
-    cannot be read or written is logged and the run goes on without it."""
+    cannot be read or written is logged and the run goes on without it. `profile`: as
+    KernelHost.run_many's."""
     if cache is None:
-        return host.run_many(cases, on_result=on_result, on_pause=on_pause)
+        return host.run_many(cases, on_result=on_result, on_pause=on_pause, profile=profile)
     held: dict[int, dict[str, Trajectory]] = {}
     reused: dict[int, tuple[CaseSpec, str]] = {}  # case index -> (case, series key) taken from the cache
 
@@ -227,7 +228,7 @@ def run_many(host, cases: list[CaseSpec], cache: ReferenceCache | None, *,  # no
 
     results = [filled(index, result)
                for index, result in enumerate(host.run_many(cases, on_result=on_raw, known=known,
-                                                            on_pause=on_pause))]
+                                                            on_pause=on_pause, profile=profile))]
     if host.environment is not None:
         fresh = [r for index, r in enumerate(results) if r.status == "ok" and r.trajectory is not None
                  and series_key(r.trajectory.digests) not in held.get(index, {})]

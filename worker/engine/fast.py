@@ -64,7 +64,8 @@ from worker.adapters.base import AdapterContractError
 from worker.engine import digest as od2
 from worker.engine.cuda_errors import context_lost
 from worker.engine import call_loop, lifecycle, od2_op
-from worker.engine.gradients import GradientStream, initial_parameters
+from worker.engine import step_inputs
+from worker.engine.gradients import GradientStream
 from worker.engine.step_inputs import StepInputs, mask_key, stream_key
 from worker.references.optimizers import make_reference
 from worker.engine.trajectory import RELATIVE_ERROR_FLOOR, TORCH_DTYPES, FamilyAdapter, bundled_families, run_case
@@ -172,8 +173,11 @@ class _ParamArena:
         for row, case in enumerate(cases):
             key = (case.seed, case.size, dtype)
             if key not in initial:
-                # run_case's start: the float32 init cast on the CPU, then moved (once per key).
-                initial[key] = initial_parameters(case.seed, case.size).to(dtype).to(device)
+                # run_case's start: the float32 init cast on the CPU, then moved (once per key); the
+                # float32 values made once per (seed, size), or taken from a spare's preparation.
+                if (case.seed, case.size) not in initial:
+                    initial[(case.seed, case.size)] = step_inputs.initial_parameters(case.seed, case.size)
+                initial[key] = initial[(case.seed, case.size)].to(dtype).to(device)
             self.param[row, :case.size].copy_(initial[key])
         self.grad = torch.zeros_like(self.param)
         self.has_closed = any(c.gradient.kind == "closed" for c in cases)

@@ -197,8 +197,9 @@ def run_many(host, cases: list[CaseSpec], cache: ReferenceCache | None, *,  # no
     series taken from `cache` instead of recomputed; the same results, bit for bit. A cache that
     cannot be read or written is logged and the run goes on without it. `profile`: as
     KernelHost.run_many's."""
+    options = {"profile": True} if profile else {}  # asked only when wanted: any host with run_many serves
     if cache is None:
-        return host.run_many(cases, on_result=on_result, on_pause=on_pause, profile=profile)
+        return host.run_many(cases, on_result=on_result, on_pause=on_pause, **options)
     held: dict[int, dict[str, Trajectory]] = {}
     reused: dict[int, tuple[CaseSpec, str]] = {}  # case index -> (case, series key) taken from the cache
 
@@ -228,7 +229,7 @@ def run_many(host, cases: list[CaseSpec], cache: ReferenceCache | None, *,  # no
 
     results = [filled(index, result)
                for index, result in enumerate(host.run_many(cases, on_result=on_raw, known=known,
-                                                            on_pause=on_pause, profile=profile))]
+                                                            on_pause=on_pause, **options))]
     if host.environment is not None:
         fresh = [r for index, r in enumerate(results) if r.status == "ok" and r.trajectory is not None
                  and series_key(r.trajectory.digests) not in held.get(index, {})]

@@ -24,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 import torch
 
 from service.results import CaseSpec
+from worker.engine import gradients
 from worker.engine.gradients import GradientStream, zero_mask
 
 PREFETCH_STEPS = 32  # steps of gradients made ahead in a run (~4.6 MB a step for the standard battery)
@@ -36,6 +37,7 @@ _pool: ThreadPoolExecutor | None = None
 _idle_pool: ThreadPoolExecutor | None = None  # `prepare`'s threads, at the lowest CPU priority
 _prepared_lock = threading.Lock()
 _prepared: dict[tuple, Future] = {}  # (a step's content key, step) -> its (values, masks)
+_initial: dict[tuple[int, int], Future] = {}  # (seed, size) -> its float32 initial parameters (CPU)
 
 
 def _threads() -> ThreadPoolExecutor:
@@ -174,15 +176,31 @@ def taken() -> int:
     return _taken[0]
 
 
+def initial_parameters(seed: int, size: int) -> torch.Tensor:
+    """gradients.initial_parameters(seed, size), prepared or made now. Shared: read it, never write it."""
+    with _prepared_lock:
+        future = _initial.get((seed, size))
+    return future.result() if future is not None else gradients.initial_parameters(seed, size)
+
+
 def prepare(cases: list[CaseSpec], device: torch.device, max_wave_elements: int,
             max_bytes: int = PREPARE_MAX_BYTES) -> tuple[int, Future | None]:
-    """Start making the gradient inputs of `cases`' waves (planned as the fast engine plans them,
+    """Start making the initial parameters and gradient inputs of `cases`' waves (planned as the fast engine plans them,
     worker.engine.fast.plan_waves), step by step, while their total stays within `max_bytes`.
-    Returns (the steps queued, a future done when they all are made; None when none were)."""
+    The (seed, size) initial parameters come first (kept until `discard_prepared`: each serves every
+    dtype and wave). Returns (the tensors queued, a future done when they all are made; None when
+    none were)."""
     from worker.engine.fast import plan_waves
 
     queued: list[Future] = []
     spent = 0
+    # The initial parameters first: a wave's setup needs them before its first step.
+    for seed, size in dict.fromkeys((c.seed, c.size) for c in cases):
+        spent += 4 * size
+        with _prepared_lock:
+            if spent <= max_bytes and (seed, size) not in _initial:
+                _initial[(seed, size)] = _idle_threads().submit(gradients.initial_parameters, seed, size)
+                queued.append(_initial[(seed, size)])
     waves = [StepInputs([cases[i] for i in indices], device) for indices in plan_waves(cases, max_wave_elements)]
     for inputs, step in ((inputs, step) for inputs in waves for step in range(1, inputs.steps + 1)):
         spent += inputs.step_bytes(step)
@@ -214,6 +232,7 @@ def discard_prepared() -> int:
     with _prepared_lock:
         left = list(_prepared.values())
         _prepared.clear()
+        _initial.clear()
     for future in left:
         future.cancel()
     return len(left)

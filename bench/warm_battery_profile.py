@@ -83,6 +83,12 @@ def kernels_only_phases(cases, device, known, families, figures: dict, top_count
         timed_pass("kernels_only_synchronized")
     finally:
         fast.SYNCHRONIZE_PHASES = False
+    # The same pass with each step's gradients made eagerly (no gradient graph).
+    fast.GRAPHED_GRADIENTS = False
+    try:
+        timed_pass("kernels_only_eager_gradients")
+    finally:
+        fast.GRAPHED_GRADIENTS = True
     # The same pass with every kernel call made from Python (no C++ loop).
     os.environ["OPTDRIFT_CALL_LOOP"] = "0"
     try:

@@ -17,7 +17,8 @@ fi
 # The fused od2 observation's CUDA tests first (TESTS=0 skips them): op == digest.py's torch ops
 # on every dtype, fast engine with it == run_case.
 if [ "${TESTS:-1}" != 0 ]; then
-  timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/test_od2_op.py tests/test_call_loop.py tests/test_fast_engine.py tests/test_step_inputs.py -k cuda 2>&1 \
+  # shellcheck disable=SC2086
+  timeout 300 python3 -m pytest -q -rs -p no:cacheprovider ${CUDA_TESTS:-tests/test_od2_op.py tests/test_call_loop.py tests/test_fast_engine.py tests/test_step_inputs.py} -k cuda 2>&1 \
     | tee "$OUT/pytest_od2.txt"
 fi
 # What one kernel call costs the host, by layer (OPCOST=0 skips it).
@@ -27,4 +28,4 @@ fi
 # SPLIT: the host counts of the split runs (default "2 3 4"; SPLIT= skips them).
 # shellcheck disable=SC2086
 python3 bench/warm_battery_profile.py --battery "${BATTERY:-standard}" --device cuda --top "${TOP:-30}" --split ${SPLIT-2 3 4} \
-  --json-out "$OUT/warm_profile.json" 2>&1 | tee "$OUT/warm_profile.txt"
+  --spare-idle-s "${SPARE_IDLE_S:-20}" --json-out "$OUT/warm_profile.json" 2>&1 | tee "$OUT/warm_profile.txt"

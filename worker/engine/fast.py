@@ -85,6 +85,9 @@ CAPTURE_ERROR_MODE = "thread_local"
 # phase's host seconds are its own launches plus its own GPU work, never a wait behind the GPU's
 # backlog from another phase. Never set in a real run: it serialises host and device.
 SYNCHRONIZE_PHASES = False
+# Profiling only (bench/warm_battery_profile.py): False makes each step's gradients eagerly on CUDA
+# too, to compare against their graph (`_Wave.graphed_gradients`) in one run.
+GRAPHED_GRADIENTS = True
 
 
 def _round_up(n: int) -> int:
@@ -170,6 +173,7 @@ class _ParamArena:
                  device: torch.device, initial: dict, with_references: bool = True) -> None:
         self.dtype, self.width, self.cases, self.wave_index = dtype, width, cases, wave_index
         self.param = torch.zeros((len(cases), width), dtype=dtype, device=device)
+        rows, starts = [], []
         for row, case in enumerate(cases):
             key = (case.seed, case.size, dtype)
             if key not in initial:
@@ -178,7 +182,9 @@ class _ParamArena:
                 if (case.seed, case.size) not in initial:
                     initial[(case.seed, case.size)] = step_inputs.initial_parameters(case.seed, case.size)
                 initial[key] = initial[(case.seed, case.size)].to(dtype).to(device)
-            self.param[row, :case.size].copy_(initial[key])
+            rows.append(self.param[row, :case.size])
+            starts.append(initial[key])
+        torch._foreach_copy_(rows, starts)  # one call for every row: the setup is ~10,000 small calls
         self.grad = torch.zeros_like(self.param)
         self.has_closed = any(c.gradient.kind == "closed" for c in cases)
         self.has_zeros = any(c.gradient.zero_fraction > 0 for c in cases)
@@ -343,6 +349,7 @@ class _Wave:
             self._make_bundles(width_class, batch_low_precision_refs)
         self._bind_kernels()
         self._allocate_observation()
+        self.gradient_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def _make_bundles(self, width_class: _WidthClass, batch_low_precision_refs: bool) -> None:
         order, start = width_class.order, 0
@@ -424,10 +431,10 @@ class _Wave:
         self.state_arenas: list[_StateArena] = []
         for (slot, _dtype, width), entries in sorted(by_slot.items()):
             buffer = torch.zeros((len(entries), width), dtype=entries[0][2].dtype, device=self.device)
-            for row, (index, name, tensor) in enumerate(entries):
-                view = buffer[row, :tensor.numel()]
-                view.copy_(tensor.reshape(-1))
-                views[index][name] = view.view(tensor.shape)
+            rows = [buffer[row, :tensor.numel()] for row, (_, _, tensor) in enumerate(entries)]
+            torch._foreach_copy_(rows, [tensor.reshape(-1) for _, _, tensor in entries])
+            for row, (index, name, tensor) in zip(rows, entries):
+                views[index][name] = row.view(tensor.shape)
             self.state_arenas.append(_StateArena(slot, buffer, [e[2].numel() for e in entries], [e[0] for e in entries]))
         for index, named in states_of.items():
             family, handle = family_of[index], handle_of[index]
@@ -477,7 +484,30 @@ class _Wave:
         GradientStream makes them: open-loop values cast to the dtype, closed-loop h*(p - c) in
         float32 then cast, zeros applied last; references get the kernel's open-loop values
         upcast and their own h*(r - c)."""
-        values, masks = inputs.get(step)
+        self._gradient_ops(step, inputs, *inputs.get(step))
+
+    def graphed_gradients(self, step: int, inputs: StepInputs) -> None:
+        """`gradients` on CUDA as one graph per step layout: the step's values and masks are copied
+        into fixed device buffers and the same ops replay from there. The ops only overwrite the
+        gradient arenas from the buffers, the parameters and constants, so the layout's first step
+        runs them eagerly (as the capture's warm-up) and the graph serves the steps after it."""
+        values, masks = inputs.get_host(step)
+        value_offsets, mask_offsets, _, _ = inputs.layout(step)
+        key = (id(value_offsets), id(mask_offsets), tuple(i for i, c in enumerate(self.cases) if c.steps < step))
+        held = self.gradient_graphs.get(key)
+        if held is not None:
+            graph, (value_buffer, mask_buffer) = held
+            value_buffer.copy_(values, non_blocking=True)
+            mask_buffer.copy_(masks, non_blocking=True)
+            graph.replay()
+            return
+        buffers = (values.to(self.device, non_blocking=True), masks.to(self.device, non_blocking=True))
+        for width_class in self.classes:  # the gather indices: made here, outside the capture
+            self._indices(width_class, step, inputs)
+        graph = _captured(self.device, lambda: self._gradient_ops(step, inputs, *buffers))
+        self.gradient_graphs[key] = (graph, buffers)
+
+    def _gradient_ops(self, step: int, inputs: StepInputs, values: torch.Tensor, masks: torch.Tensor) -> None:
         for width_class in self.classes:
             index = self._indices(width_class, step, inputs)
             for dtype, arena in width_class.arenas.items():
@@ -594,20 +624,9 @@ class _Wave:
         self.step_index.add_(1)
 
     def _capture(self) -> torch.cuda.CUDAGraph:
-        # Warm up on a side stream (as torch's capture rules ask), undo its effect on the step
-        # counter, capture, then replay once for this step: capturing does not run the kernels.
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            self.observe()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        self.step_index.sub_(1)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: the gradient threads (StepInputs) may be pinning host memory for later
-        # steps right now; in the default global mode any such call from another thread
-        # invalidates the capture (seen on the H200 once setup got fast enough to overlap it).
-        with torch.cuda.graph(graph, capture_error_mode=CAPTURE_ERROR_MODE):
-            self.observe()
+        # The warm-up observes this step and advances the step counter; undone here, then the
+        # graph's replay observes it once more, as every later step's replay will.
+        graph = _captured(self.device, self.observe, undo=lambda: self.step_index.sub_(1))
         graph.replay()
         return graph
 
@@ -623,7 +642,10 @@ class _Wave:
             wait = _synchronizer(self.device)
             for step in range(1, self.steps + 1):
                 t0 = wait()
-                self.gradients(step, inputs)
+                if use_graph and GRAPHED_GRADIENTS:
+                    self.graphed_gradients(step, inputs)
+                else:
+                    self.gradients(step, inputs)
                 t1 = wait()
                 self.kernels(step)
                 t2 = wait()
@@ -663,6 +685,38 @@ class _Wave:
         return Trajectory(ref64_max_abs=f64[0, :steps, index].tolist(), ref64_max_rel=f64[1, :steps, index].tolist(),
                           same_precision_max_abs=f64[2, :steps, index].tolist(),
                           nonfinite_count=i64[0, :steps, index].tolist(), digests=digests)
+
+
+def _captured(device: torch.device, ops: Callable[[], None], undo: Callable[[], None] | None = None,
+              ) -> torch.cuda.CUDAGraph:
+    """`ops` run once on a side stream (the warm-up torch's capture rules ask for), `undo` after
+    it, then `ops` captured into a graph that is returned without being replayed.
+
+    torch.cuda.graph's context would also wait for the device and empty the device's and the
+    pinned host memory's caches before each capture (43 ms for two captures on the H200, round
+    8's profile), and those caches hold the steps' pinned gradient inputs. So the capture is
+    begun and ended here directly, on the side stream, after it caught up with the current one."""
+    current = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        ops()
+    current.wait_stream(side)
+    if undo is not None:
+        undo()
+    graph = torch.cuda.CUDAGraph()
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        # thread_local: the gradient threads (StepInputs) may be pinning host memory for later
+        # steps right now; in the default global mode any such call from another thread
+        # invalidates the capture (seen on the H200 once setup got fast enough to overlap it).
+        graph.capture_begin(capture_error_mode=CAPTURE_ERROR_MODE)
+        try:
+            ops()
+        finally:
+            graph.capture_end()
+    current.wait_stream(side)
+    return graph
 
 
 def _synchronizer(device: torch.device) -> Callable[[], float]:

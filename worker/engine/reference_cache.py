@@ -223,11 +223,18 @@ def run_many(host, cases: list[CaseSpec], cache: ReferenceCache | None, *,  # no
         reused[index] = (result.case, key)
         return result.model_copy(update={"trajectory": stored})
 
+    completed: dict[int, tuple[CaseResult, CaseResult]] = {}  # index -> (the host's answer, filled)
+
+    def filled_once(index: int, result: CaseResult) -> CaseResult:
+        if index not in completed or completed[index][0] is not result:
+            completed[index] = (result, filled(index, result))
+        return completed[index][1]
+
     def on_raw(index: int, result: CaseResult) -> None:
         if on_result:
-            on_result(index, filled(index, result))
+            on_result(index, filled_once(index, result))
 
-    results = [filled(index, result)
+    results = [filled_once(index, result)
                for index, result in enumerate(host.run_many(cases, on_result=on_raw, known=known,
                                                             on_pause=on_pause, **options))]
     if host.environment is not None:

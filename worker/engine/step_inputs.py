@@ -148,10 +148,14 @@ class StepInputs:
                 self._futures[ahead] = (_take_prepared((self._contents[ahead], ahead))
                                         or _threads().submit(self._make, ahead))
 
+    def get_host(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step `step`'s values and masks in host memory (and the next steps queued)."""
+        self.prefetch(step)
+        return self._futures.pop(step).result()
+
     def get(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Step `step`'s values and masks on the device (and the next steps queued)."""
-        self.prefetch(step)
-        values, masks = self._futures.pop(step).result()
+        values, masks = self.get_host(step)
         return values.to(self.device, non_blocking=True), masks.to(self.device, non_blocking=True)
 
     def close(self) -> None:

@@ -117,6 +117,18 @@ class ReferenceCache:
     def __init__(self, folder: Path, *, writable: bool) -> None:
         self.path = Path(folder) / FILE_NAME
         self.writable = writable
+        # Each case's key, made once for a lookup and the store that follows it (~10 ms a standard
+        # battery each time, bench/parent_share.py). The cases are frozen models, held here so
+        # that their id stays theirs.
+        self._case_keys: dict[int, tuple[CaseSpec, str]] = {}
+
+    def _key(self, case: CaseSpec) -> str:
+        held = self._case_keys.get(id(case))
+        if held is None or held[0] is not case:
+            if len(self._case_keys) > 100_000:
+                self._case_keys.clear()
+            held = self._case_keys[id(case)] = (case, case_key(case))
+        return held[1]
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -140,7 +152,7 @@ class ReferenceCache:
         env = environment_key(environment)
         indices_of: dict[str, list[int]] = {}
         for index, case in enumerate(cases):
-            indices_of.setdefault(case_key(case), []).append(index)
+            indices_of.setdefault(self._key(case), []).append(index)
         found: dict[int, dict[str, Trajectory]] = {}
         keys = list(indices_of)
         with self._connect() as connection:
@@ -164,12 +176,12 @@ class ReferenceCache:
         if not self.writable:
             return 0
         env, now = environment_key(environment), time.time()
-        rows = [(env, case_key(r.case), series_key(r.trajectory.digests), *_encode(r.trajectory), now)
+        rows = [(env, self._key(r.case), series_key(r.trajectory.digests), *_encode(r.trajectory), now)
                 for r in results if _complete(r)]
         with self._connect() as connection:
             connection.executemany("INSERT OR REPLACE INTO series VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
             connection.executemany("UPDATE series SET used = ? WHERE env = ? AND case_key = ? AND series = ?",
-                                   [(now, env, case_key(case), series) for case, series in reused])
+                                   [(now, env, self._key(case), series) for case, series in reused])
             for key in {row[1] for row in rows}:
                 connection.execute("DELETE FROM series WHERE env = ? AND case_key = ? AND series NOT IN "
                                    "(SELECT series FROM series WHERE env = ? AND case_key = ? "
@@ -237,9 +249,9 @@ def run_many(host, cases: list[CaseSpec], cache: ReferenceCache | None, *,  # no
     results = [filled_once(index, result)
                for index, result in enumerate(host.run_many(cases, on_result=on_raw, known=known,
                                                             on_pause=on_pause, **options))]
-    if host.environment is not None:
-        fresh = [r for index, r in enumerate(results) if r.status == "ok" and r.trajectory is not None
-                 and series_key(r.trajectory.digests) not in held.get(index, {})]
+    if host.environment is not None:  # what the cache filled in is not new: not hashed again
+        fresh = [r for index, r in enumerate(results) if index not in reused and r.status == "ok"
+                 and r.trajectory is not None and series_key(r.trajectory.digests) not in held.get(index, {})]
         try:
             cache.store(host.environment, fresh, reused.values())
         except sqlite3.Error as error:

@@ -4,11 +4,13 @@ have made itself, bit for bit; a spare kernel host prepares the cases its parent
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from worker import pipeline
 from worker.battery import load_battery
 from worker.engine import fast, host_reserve, step_inputs
 from worker.engine.gradients import initial_parameters
@@ -112,6 +114,28 @@ def test_a_spare_prepares_the_cases_its_parent_expects(kernels_build, tmp_path: 
         # It read the expected cases from its slot, inside its sandbox, before its build came,
         # and its waves took every step it made.
         assert spare.startup_s["inputs queued"] <= spare.startup_s["build received"]
-        assert [repr(r.trajectory) for r in spare.run_many(cases)] == expected
+        assert [repr(r.trajectory) for r in spare.run_many(cases, profile=True)] == expected
+        phases = spare.last_phases  # the host's seconds per wave phase, asked for with profile=True
+        assert {"setup", "gradients", "kernels", "observe", "request"} <= set(phases)
+        assert phases["request"] >= phases["setup"] + phases["kernels"] > 0
         waves = fast.plan_waves(cases, fast.DEFAULT_MAX_WAVE_ELEMENTS["cpu"])
         assert spare.last_inputs_taken == sum(max(cases[i].steps for i in wave) for wave in waves) > 0
+
+
+def test_spares_prepare_a_built_in_battery_and_never_a_projects_own(kernels_build, tmp_path: Path) -> None:
+    # The next spare runs whichever project comes next, and its code can read what the spare was
+    # told to prepare: only a battery optdrift ships (public) is handed on that way.
+    tree = tmp_path / "csrc"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "csrc", tree)
+    job = pipeline.prepare(tree, requested_battery="quick")
+    job.cases = QUICK[:12]
+    warm = pipeline.Policy(warm_host=True, host_slot_root=tmp_path / "slots")
+    pipeline.run(job, kernels_build, warm)
+    assert host_reserve._expected["cpu"] == job.cases
+    newest = host_reserve._spares[-1][1]
+    assert (newest._slot / "expected-cases.json").is_file()
+    job.battery = job.battery.model_copy(update={"description": "the project's own battery, named quick"})
+    pipeline.run(job, kernels_build, warm)
+    assert host_reserve._expected["cpu"] == []
+    newest = host_reserve._spares[-1][1]
+    assert not (newest._slot / "expected-cases.json").exists()

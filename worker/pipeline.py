@@ -24,7 +24,7 @@ from typing import Any
 from service.domain.project_config import ProjectConfig, load_project_config
 from service.results import CaseResult, CaseSpec, EnvironmentFingerprint, RepeatCheck, RunComparison, RunResult
 from service.verdicts import compare_runs, first_divergent_step
-from worker.battery import BatterySpec, battery_from_file, battery_from_tree
+from worker.battery import BUILTIN_BATTERIES, BatterySpec, battery_from_file, battery_from_tree
 from worker.build import BuildResult
 from worker.engine import reference_cache
 
@@ -137,8 +137,8 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
     spare = host_reserve.take(built.library_path, device=policy.device, adapter=job.config.adapter,
                               adapter_paths=adapter_paths, case_timeout_s=policy.case_timeout_s,
                               deadline=policy.deadline) if policy.warm_host else None
-    if policy.warm_host:
-        host_reserve.expect(cases, device=policy.device)  # what the next spares prepare
+    if policy.warm_host:  # what the next spares prepare: only a built-in battery's cases (below)
+        host_reserve.expect(cases if _builtin_battery(job.battery) else [], device=policy.device)
     if policy.warm_host and host_reserve.start_beside_runs():  # the next ones start while this run runs
         host_reserve.replenish(device=policy.device, slot_root=policy.host_slot_root)
     try:
@@ -149,6 +149,15 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
     finally:
         if policy.warm_host:  # the next (unboxed: only now), or any that died meanwhile
             host_reserve.replenish(device=policy.device, slot_root=policy.host_slot_root)
+
+
+def _builtin_battery(battery: BatterySpec) -> bool:
+    """Whether `battery` is one optdrift ships, unchanged. The next spare kernel host is given the
+    cases it will prepare, and that host then runs whichever project's code comes next, which
+    can read them: a project's own battery (from its tree, perhaps private) must not reach
+    another project's code that way. A built-in battery is public."""
+    maker = BUILTIN_BATTERIES.get(battery.name)
+    return maker is not None and maker().digest == battery.digest
 
 
 def _run_on(host, cases: list[CaseSpec], policy: Policy, job: Job, on_result: OnResult | None,  # noqa: ANN001

@@ -2,9 +2,8 @@
 made with gradients.py's own functions, in threads, ahead of the step that needs it.
 
 Making them is CPU work that does not depend on the kernels under test: for the standard battery's
-100-step wave ~57 ms a step on one core of this repository's CI machine, 1.13M values and 157K mask
-elements a step (470 MB for the wave). In a run it competes with the step loop and the wave's setup
-for the host's cores (docs/PERFORMANCE.md, round 9). So a spare kernel host
+100-step wave 1.13M values and 157K mask elements a step (470 MB for the wave). In a run it competes
+with the step loop and the wave's setup for the host's cores (docs/PERFORMANCE.md, round 9). So a spare kernel host
 (worker.engine.host_reserve), which waits for its build with nothing to do, can make them before
 its run comes (`prepare`): the parent tells it which cases to expect (those of the worker's last
 run), it plans their waves as the engine will, and keeps each step's tensors until a wave with the
@@ -27,7 +26,7 @@ from service.results import CaseSpec
 from worker.engine import gradients
 from worker.engine.gradients import GradientStream, zero_mask
 
-PREFETCH_STEPS = 32  # steps of gradients made ahead in a run (~4.6 MB a step for the standard battery)
+PREFETCH_STEPS = 32  # steps of gradients made ahead in a run (4.7 MB a step for the standard battery)
 # At most this many bytes of prepared steps are kept per process (`prepare`): the standard battery
 # needs ~470 MB; a larger battery gets its first steps prepared and makes the rest as it runs.
 PREPARE_MAX_BYTES = 1 << 30

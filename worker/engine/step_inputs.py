@@ -136,7 +136,10 @@ class StepInputs:
         for (seed, size, fraction), offset in mask_offsets.items():
             masks[offset:offset + size] = zero_mask(seed, step, size, fraction)
         if self.device.type == "cuda":
-            values, masks = values.pin_memory(), masks.pin_memory()
+            try:  # page-locked, so the upload is asynchronous
+                values, masks = values.pin_memory(), masks.pin_memory()
+            except RuntimeError:  # refused (a limit on locked memory): pageable, the same values
+                pass
         return values, masks
 
     def prefetch(self, step: int) -> None:

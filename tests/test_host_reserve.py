@@ -22,6 +22,16 @@ def _answers(results) -> list[str]:  # noqa: ANN001
     return [repr((r.case.case_id, r.status, r.trajectory)) for r in results]
 
 
+def warm_job(tmp_path: Path, cases: list) -> tuple[pipeline.Job, pipeline.Policy]:  # noqa: ANN001
+    """A job on a copy of the bundled kernels' tree with the quick battery's `cases`, and a policy
+    that runs it on spare hosts whose slots live under `tmp_path`."""
+    tree = tmp_path / "csrc"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "csrc", tree)
+    job = pipeline.prepare(tree, requested_battery="quick")
+    job.cases = cases
+    return job, pipeline.Policy(warm_host=True, host_slot_root=tmp_path / "slots")
+
+
 @pytest.fixture(autouse=True)
 def _no_spare_left():
     yield
@@ -62,13 +72,9 @@ def test_a_spare_that_died_or_serves_another_device_is_not_used(kernels_build, t
 
 
 def test_the_pipeline_takes_the_spare_and_starts_the_next_one(kernels_build, tmp_path: Path) -> None:
-    tree = tmp_path / "csrc"
-    shutil.copytree(Path(__file__).resolve().parents[1] / "csrc", tree)
-    job = pipeline.prepare(tree, requested_battery="quick")
-    job.cases = CASES
+    job, warm = warm_job(tmp_path, CASES)
     built = kernels_build
     plain = pipeline.run(job, built, pipeline.Policy())
-    warm = pipeline.Policy(warm_host=True, host_slot_root=tmp_path / "slots")
     first = pipeline.run(job, built, warm)  # no spare yet: starts its host, leaves KEEP spares behind
     waiting = [host for _, host in host_reserve._spares]
     assert len(waiting) == host_reserve.KEEP == 2
@@ -109,11 +115,7 @@ def test_without_bubblewrap_no_spare_waits_beside_a_run(kernels_build, tmp_path:
     """Unboxed (the sandbox's fallback), a run's code could signal or trace a process of the same
     user waiting beside it, the host of a later run: one spare is kept, started after the run."""
     monkeypatch.setattr(host_reserve, "start_beside_runs", lambda: False)
-    tree = tmp_path / "csrc"
-    shutil.copytree(Path(__file__).resolve().parents[1] / "csrc", tree)
-    job = pipeline.prepare(tree, requested_battery="quick")
-    job.cases = CASES[:4]
-    warm = pipeline.Policy(warm_host=True, host_slot_root=tmp_path / "slots")
+    job, warm = warm_job(tmp_path, CASES[:4])
     pipeline.run(job, kernels_build, warm)
     assert len(host_reserve._spares) == host_reserve.spares_kept() == 1
     beside: list[int] = []

@@ -4,7 +4,6 @@ have made itself, bit for bit; a spare kernel host prepares the cases its parent
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from worker.battery import load_battery
 from worker.engine import fast, host_reserve, step_inputs
 from worker.engine.gradients import initial_parameters
 from worker.engine.host import KernelHost
+from tests.test_host_reserve import warm_job
 from worker.engine.trajectory import run_case
 
 CPU = torch.device("cpu")
@@ -125,11 +125,7 @@ def test_a_spare_prepares_the_cases_its_parent_expects(kernels_build, tmp_path: 
 def test_spares_prepare_a_built_in_battery_and_never_a_projects_own(kernels_build, tmp_path: Path) -> None:
     # The next spare runs whichever project comes next, and its code can read what the spare was
     # told to prepare: only a battery optdrift ships (public) is handed on that way.
-    tree = tmp_path / "csrc"
-    shutil.copytree(Path(__file__).resolve().parents[1] / "csrc", tree)
-    job = pipeline.prepare(tree, requested_battery="quick")
-    job.cases = QUICK[:12]
-    warm = pipeline.Policy(warm_host=True, host_slot_root=tmp_path / "slots")
+    job, warm = warm_job(tmp_path, QUICK[:12])
     pipeline.run(job, kernels_build, warm)
     assert host_reserve._expected["cpu"] == job.cases
     newest = host_reserve._spares[-1][1]

@@ -39,8 +39,9 @@ Why the bits stay run_case's:
 * **Gradients** are gradients.py's values: each open-loop stream (seed, size, scale, step) and
   each zero mask is made once, in a thread pool ahead of the step that needs it (torch releases
   the GIL) or before the run came (a spare host's, worker.engine.step_inputs), concatenated into
-  one upload per step, and gathered into the arenas by precomputed indices; closed-loop gradients h*(p - c) are the same two float32 (or reference-dtype) ops as
-  run_case, over the whole arena.
+  one upload per step, and gathered into the arenas by precomputed indices; closed-loop
+  gradients h*(p - c) are the same two float32 (or reference-dtype) ops as run_case, over the
+  whole arena.
 * **Metrics and digests** are per-row maxima and integer sums, exact in any order; padding adds 0
   to the maxima and is masked out of the od2 lanes (one pass per arena through the harness's
   optdrift_od2::observe_rows where it is loaded, worker.engine.od2_op). The whole observation of
@@ -349,7 +350,7 @@ class _Wave:
             self._make_bundles(width_class, batch_low_precision_refs)
         self._bind_kernels()
         self._allocate_observation()
-        self.gradient_graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.gradient_graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def _make_bundles(self, width_class: _WidthClass, batch_low_precision_refs: bool) -> None:
         order, start = width_class.order, 0
@@ -492,8 +493,9 @@ class _Wave:
         gradient arenas from the buffers, the parameters and constants, so the layout's first step
         runs them eagerly (as the capture's warm-up) and the graph serves the steps after it."""
         values, masks = inputs.get_host(step)
-        value_offsets, mask_offsets, _, _ = inputs.layout(step)
-        key = (id(value_offsets), id(mask_offsets), tuple(i for i, c in enumerate(self.cases) if c.steps < step))
+        # One layout object per stretch of steps between case ends (StepInputs), so its identity
+        # also says which cases have finished: no scan of the cases at every step.
+        key = id(inputs.layout(step))
         held = self.gradient_graphs.get(key)
         if held is not None:
             graph, (value_buffer, mask_buffer) = held
@@ -693,8 +695,9 @@ def _captured(device: torch.device, ops: Callable[[], None], undo: Callable[[], 
     it, then `ops` captured into a graph that is returned without being replayed.
 
     torch.cuda.graph's context would also wait for the device and empty the device's and the
-    pinned host memory's caches before each capture (43 ms for two captures on the H200, round
-    8's profile), and those caches hold the steps' pinned gradient inputs. So the capture is
+    pinned host memory's caches before each capture (emptying the pinned cache alone took 43 ms
+    for two captures on the H200: docs/gpu-runs/logs/warm_profile_2026-12-02_round8_call3.txt),
+    and those caches hold the steps' pinned gradient inputs. So the capture is
     begun and ended here directly, on the side stream, after it caught up with the current one."""
     current = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)

@@ -246,10 +246,10 @@ def host_main(argv: list[str] | None = None) -> int:
 
 
 def _prepare_inputs(expected: Path, device, mark: Callable[[str], None]) -> None:  # noqa: ANN001
-    """A spare's idle time: start making the gradient inputs of the cases its parent expects
-    (worker.engine.step_inputs.prepare), in threads, while it waits for its build. Marks "inputs
-    prepared" when they are all made (shown in the ready line if that was before it). What cannot
-    be prepared is said on stderr and left to the run, which makes its own inputs."""
+    """A spare's idle time: start making the initial parameters and gradient inputs of the cases
+    its parent expects (worker.engine.step_inputs.prepare), in threads, while it waits for its
+    build. Marks "inputs prepared" when they are all made (shown in the ready line if that was
+    before it). What cannot be prepared is said on stderr and left to the run, which makes its own."""
     from worker.engine import fast, step_inputs
 
     try:
@@ -294,8 +294,10 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
             emit(index, CaseResult(case=case, status="not_applicable", message=unsupported))
         else:
             runnable.append(index)
+    from worker.engine import step_inputs
+
     phases: dict[str, float] | None = {} if request.get("profile") else None
-    started = time.perf_counter()
+    started, taken_before = time.perf_counter(), step_inputs.taken()
     try:
         split = run_request(request, cases, runnable, device, families, emit, phases)
     except Exception as error:  # noqa: BLE001 - reported; the parent falls back to one case at a time
@@ -304,11 +306,9 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
         return not restart
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    from worker.engine import step_inputs
-
     if phases is not None:
         phases["request"] = time.perf_counter() - started
-    protocol.write(json.dumps({"done": True, "params_s": split, "inputs_taken": step_inputs.taken(),
+    protocol.write(json.dumps({"done": True, "params_s": split, "inputs_taken": step_inputs.taken() - taken_before,
                                "phases": phases}) + "\n")
     return True
 

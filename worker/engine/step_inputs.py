@@ -32,24 +32,10 @@ PREFETCH_STEPS = 32  # steps of gradients made ahead in a run (4.7 MB a step for
 PREPARE_MAX_BYTES = 1 << 30
 
 _pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-_idle_pool: ThreadPoolExecutor | None = None  # `prepare`'s threads, at the lowest CPU priority
+_pools: dict[str, ThreadPoolExecutor] = {}  # "run": a wave's own threads; "idle": `prepare`'s, at nice 19
 _prepared_lock = threading.Lock()
 _prepared: dict[tuple, Future] = {}  # (a step's content key, step) -> its (values, masks)
 _initial: dict[tuple[int, int], Future] = {}  # (seed, size) -> its float32 initial parameters (CPU)
-
-
-def _threads() -> ThreadPoolExecutor:
-    """The process's input threads. Making a step's values is CPU work whose torch ops release the
-    GIL: up to 15 threads, one core left to the step loop. With the kernel calls made from C++ the
-    loop runs 100 steps in under a second, and 8 threads left it waiting (docs/PERFORMANCE.md,
-    round 8)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            workers = max(1, min(15, (os.cpu_count() or 2) - 1))
-            _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="optdrift-inputs")
-        return _pool
 
 
 def _lowest_priority() -> None:
@@ -61,14 +47,17 @@ def _lowest_priority() -> None:
         pass
 
 
-def _idle_threads() -> ThreadPoolExecutor:
-    global _idle_pool
+def _threads(kind: str = "run") -> ThreadPoolExecutor:
+    """The process's input threads of `kind`. Making a step's values is CPU work whose torch ops
+    release the GIL: up to 15 threads, one core left to the step loop. With the kernel calls made
+    from C++ the loop runs 100 steps in under a second, and 8 threads left it waiting
+    (docs/PERFORMANCE.md, round 8)."""
     with _pool_lock:
-        if _idle_pool is None:
-            workers = max(1, min(15, (os.cpu_count() or 2) - 1))
-            _idle_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="optdrift-prepare",
-                                            initializer=_lowest_priority)
-        return _idle_pool
+        if kind not in _pools:
+            _pools[kind] = ThreadPoolExecutor(max_workers=max(1, min(15, (os.cpu_count() or 2) - 1)),
+                                              thread_name_prefix=f"optdrift-inputs-{kind}",
+                                              initializer=_lowest_priority if kind == "idle" else None)
+        return _pools[kind]
 
 
 def stream_key(case: CaseSpec) -> tuple | None:
@@ -205,7 +194,7 @@ def prepare(cases: list[CaseSpec], device: torch.device, max_wave_elements: int,
         spent += 4 * size
         with _prepared_lock:
             if spent <= max_bytes and (seed, size) not in _initial:
-                _initial[(seed, size)] = _idle_threads().submit(gradients.initial_parameters, seed, size)
+                _initial[(seed, size)] = _threads("idle").submit(gradients.initial_parameters, seed, size)
                 queued.append(_initial[(seed, size)])
     waves = [StepInputs([cases[i] for i in indices], device) for indices in plan_waves(cases, max_wave_elements)]
     for inputs, step in ((inputs, step) for inputs in waves for step in range(1, inputs.steps + 1)):
@@ -215,7 +204,7 @@ def prepare(cases: list[CaseSpec], device: torch.device, max_wave_elements: int,
         key = (inputs._contents[step], step)
         with _prepared_lock:
             if key not in _prepared:
-                _prepared[key] = _idle_threads().submit(inputs._make, step)
+                _prepared[key] = _threads("idle").submit(inputs._make, step)
                 queued.append(_prepared[key])
     if not queued:
         return 0, None

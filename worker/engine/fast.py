@@ -80,6 +80,15 @@ DEFAULT_MAX_WAVE_ELEMENTS = {"cuda": 1 << 26, "cpu": 1 << 23}
 # That pays on a GPU, where launches cost more than arithmetic on padding; on the CPU the padding's
 # arithmetic is the cost, so nothing is merged there.
 MERGE_PADDING_FRACTION = {"cuda": 0.75, "cpu": 0.0}
+# A wave without references (worker.engine.kernels_only: the warm run, the co-run) has no bundles,
+# so merging saves it nothing and its padding costs every step's gradient ops and observation:
+# the standard battery's 100-step wave is 57M elements merged, 29M not (docs/PERFORMANCE.md, round 10).
+KERNELS_ONLY_MERGE_PADDING_FRACTION = {"cuda": 0.0, "cpu": 0.0}
+# Threads (the calling one included) over which a step's kernel calls are shared out, each on its
+# own CUDA stream (worker.engine.call_loop), where every family of the wave declares
+# `concurrent_steps` and the calls are made from C++. On the H200 one thread's calls cost the host
+# more than their kernels cost the GPU (docs/PERFORMANCE.md, round 10).
+KERNEL_THREADS = {"cuda": 2, "cpu": 1}
 # thread_local, not CUDA's default global mode: see _Wave._capture.
 CAPTURE_ERROR_MODE = "thread_local"
 # Profiling only (bench/warm_battery_profile.py): wait for the device at each phase boundary, so a
@@ -312,6 +321,7 @@ def _staged_step(family: FamilyAdapter, handle: object, step_fn: Callable[[int],
 class _Wave:
     # False in worker.engine.kernels_only's waves: no reference gradients, steps or metrics.
     with_references = True
+    merge_padding_fraction = MERGE_PADDING_FRACTION
 
     def __init__(self, cases: list[CaseSpec], device: torch.device, families: Mapping[str, FamilyAdapter],
                  batch_low_precision_refs: bool, initial: dict, closed_cache: dict) -> None:
@@ -322,8 +332,8 @@ class _Wave:
         self.inputs = StepInputs(cases, device)
         self.inputs.prefetch(1)
         dtype_order = list(TORCH_DTYPES.values())
-        classes = width_classes([c.size for c in cases],
-                                MERGE_PADDING_FRACTION.get(device.type, MERGE_PADDING_FRACTION["cpu"]))
+        merge = self.merge_padding_fraction
+        classes = width_classes([c.size for c in cases], merge.get(device.type, merge["cpu"]))
         by_class: dict[int, list[int]] = defaultdict(list)
         for index, case in enumerate(cases):
             by_class[classes[_round_up(case.size)]].append(index)
@@ -392,7 +402,24 @@ class _Wave:
         except BaseException:
             self.close_handles(quiet=True)
             raise
-        self.prepared_calls = call_loop.prepare(self.bound, [c.steps for c in self.cases], self.broken)
+        self.prepared_calls = call_loop.prepare(self.bound, [c.steps for c in self.cases], self.broken,
+                                                self._side_streams())
+
+    def _side_streams(self) -> list:
+        """The streams beside the current one that the C++ call loop may share a step's calls
+        over (on the CPU: threads alone): KERNEL_THREADS - 1 of them where every family of the
+        wave's bound cases declares `concurrent_steps` (worker.adapters.base), else none (every
+        call in this thread)."""
+        threads = KERNEL_THREADS.get(self.device.type, 1)
+        if threads <= 1:
+            return []
+        families = [lifecycle.family_for(self.families, case) for case, bound in zip(self.cases, self.bound)
+                    if bound is not None]
+        if not families or not all(getattr(family, "concurrent_steps", False) for family in families):
+            return []
+        if self.device.type == "cuda":
+            return [torch.cuda.Stream(self.device) for _ in range(threads - 1)]
+        return [torch.Stream(device=self.device.type) for _ in range(threads - 1)]  # threads alone
 
     def _open_and_bind(self) -> None:
         params: dict[int, torch.Tensor] = {}

@@ -74,6 +74,7 @@ _staging = _Staging()
 
 class _KernelsOnlyWave(fast._Wave):
     with_references = False
+    merge_padding_fraction = fast.KERNELS_ONLY_MERGE_PADDING_FRACTION
 
     def __init__(self, cases: list[CaseSpec], device: torch.device, families: Mapping[str, FamilyAdapter],
                  initial: dict, closed_cache: dict, params_out: list[ParamsSink] | None,

@@ -48,6 +48,8 @@ class _Spy:
     def __init__(self, monkeypatch):
         self.reused: list[int] = []
         store = ReferenceCache.store
+        # Every reuse marked however recent its last mark, so what is marked is what was reused.
+        monkeypatch.setattr(reference_cache, "USED_REFRESH_S", -1.0)
 
         def spying_store(cache, environment, results, reused=()):  # noqa: ANN001
             reused = list(reused)
@@ -151,7 +153,7 @@ class _LyingHost:
     def __init__(self, answer):
         self.answer = answer
 
-    def run_many(self, cases, on_result=None, known=None, on_pause=None):  # noqa: ANN001
+    def run_many(self, cases, on_result=None, known=None, on_pause=None, on_request_sent=None):  # noqa: ANN001
         known(self.environment)
         return [self.answer]
 
@@ -193,3 +195,41 @@ def test_known_series_skip_the_references_in_the_host(kernels, device):
             assert result.trajectory.ref64_max_abs == [] and result.trajectory.nonfinite_count == []
         else:
             assert repr(result.trajectory.model_dump()) == repr(expected.trajectory.model_dump())
+
+
+class _DigestsOnlyHost:
+    """A kernel host that answers every case it was told of with the known series' digests only
+    (as a warm kernels-only pass does)."""
+
+    environment = _environment("cpu-a")
+
+    def __init__(self, digests):
+        self.digests, self.sent = digests, 0
+
+    def run_many(self, cases, on_result=None, known=None, on_pause=None, on_request_sent=None):  # noqa: ANN001
+        assert known(self.environment)
+        on_request_sent()
+        self.sent += 1
+        return [CaseResult(case=case, status="ok", trajectory=Trajectory(
+            ref64_max_abs=[], ref64_max_rel=[], nonfinite_count=[], digests=self.digests)) for case in cases]
+
+
+def test_a_series_reused_again_soon_keeps_its_mark_and_an_older_mark_is_renewed(tmp_path):
+    case = load_battery("quick").expand()[0]
+    cache = ReferenceCache(tmp_path, writable=True)
+    trajectory = _trajectory(case.steps)
+    cache.store(_environment("cpu-a"), [CaseResult(case=case, status="ok", trajectory=trajectory)])
+
+    def used() -> float:
+        with sqlite3.connect(cache.path) as connection:
+            return connection.execute("SELECT used FROM series").fetchone()[0]
+
+    host = _DigestsOnlyHost(trajectory.digests)
+    marked = used()
+    [result] = reference_cache.run_many(host, [case], cache)
+    assert repr(result.trajectory) == repr(trajectory)  # filled from the cache
+    assert used() == marked  # reused within USED_REFRESH_S of its mark: nothing written
+    with sqlite3.connect(cache.path) as connection:
+        connection.execute("UPDATE series SET used = ?", (marked - reference_cache.USED_REFRESH_S - 1,))
+    [result] = reference_cache.run_many(host, [case], cache)
+    assert repr(result.trajectory) == repr(trajectory) and used() > marked  # an old mark is renewed

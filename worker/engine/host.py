@@ -797,7 +797,8 @@ class KernelHost:
         return self._scratch.path
 
     def run_many(self, cases: list[CaseSpec], on_result=None, *, params_file: str | None = None,  # noqa: ANN001
-                 known=None, run_one=None, on_pause=None, profile: bool = False) -> list[CaseResult]:  # noqa: ANN001
+                 known=None, run_one=None, on_pause=None, on_request_sent=None,  # noqa: ANN001
+                 profile: bool = False) -> list[CaseResult]:
         """All `cases` through the host's fast runner (worker.engine.fast), the same results as
         `run` one by one. `on_result(index, result)` as results arrive (out of order). Cases the
         fast runner did not answer (crash, hang, CUDA error) are then run one by one with `run`
@@ -806,7 +807,9 @@ class KernelHost:
         worker.engine.params_file). `known(environment) -> {index: [series keys]}`: the reference
         cache's known digest series (worker.engine.reference_cache.run_many). `on_pause()` when
         the host has no further answer ready (its answers come in bursts, one per wave): where a
-        caller storing results in batches writes what it holds. `profile`: the host times its wave
+        caller storing results in batches writes what it holds. `on_request_sent()` once the
+        request is on its way, before the first answer is read: work the caller can do while
+        the host runs. `profile`: the host times its wave
         phases (`last_phases`, on the host's clock: shown, never trusted)."""
         results: list[CaseResult | None] = [None] * len(cases)
         self._ensure_running()  # a startup failure: the one-by-one pass below reports it per case
@@ -824,6 +827,8 @@ class KernelHost:
                 self._process.stdin.flush()
             except OSError:
                 pass
+            if on_request_sent is not None:
+                on_request_sent()
             while True:
                 if on_pause is not None and not self._answer_ready():
                     on_pause()

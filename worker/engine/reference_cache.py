@@ -53,6 +53,10 @@ SCHEMA_VERSION = 1
 FILE_NAME = "references.sqlite"
 MAX_SERIES_PER_CASE = 4  # a case's baseline, its commit and a couple more; the least recently used go
 MAX_ROWS = 50_000  # about 46 standard batteries' worth of series (~270 MB); oldest used go first
+# A series reused again within this many seconds of its last mark keeps that mark: eviction stays
+# least-recently-used to within ten minutes, and a warm commit soon after the last run writes
+# nothing (marking the standard battery's 1092 series took 0.05 s of its ~1.5 s on the H200).
+USED_REFRESH_S = 600.0
 _LOOKUP_CHUNK = 500  # case keys per query (SQLite's variable limit)
 # What a metric depends on besides the kernel's parameters (relative to the worker package).
 ENGINE_SOURCES = ("references/*.py", "engine/gradients.py", "engine/trajectory.py", "engine/fast.py",
@@ -111,6 +115,23 @@ def _complete(result: CaseResult) -> bool:
     return lengths == {result.case.steps}
 
 
+class StoredSeries:
+    """One stored series as read: its encoded columns, decoded once when first asked for."""
+
+    __slots__ = ("_columns", "_trajectory", "used", "steps")
+
+    def __init__(self, digests: str, metrics: bytes, nonfinite: bytes, has_same: int, used: float) -> None:
+        self._columns = (digests, metrics, nonfinite, has_same)
+        self._trajectory: Trajectory | None = None
+        self.used = used
+        self.steps = digests.count("\n") + 1
+
+    def trajectory(self) -> Trajectory:
+        if self._trajectory is None:
+            self._trajectory = _decode(*self._columns)
+        return self._trajectory
+
+
 class ReferenceCache:
     """The store in `folder`. `writable`: whether this run may add to it (trusted runs only)."""
 
@@ -149,23 +170,29 @@ class ReferenceCache:
 
     def lookup(self, environment: EnvironmentFingerprint, cases: list[CaseSpec]) -> dict[int, dict[str, Trajectory]]:
         """{case index: {series key: its trajectory (metrics and digests)}} for the cases held."""
+        return {index: {series: row.trajectory() for series, row in held.items()}
+                for index, held in self.lookup_rows(environment, cases).items()}
+
+    def lookup_rows(self, environment: EnvironmentFingerprint, cases: list[CaseSpec]) -> dict[int, dict[str, "StoredSeries"]]:
+        """`lookup` with each series still encoded (decoded on first use: StoredSeries.trajectory),
+        and when it was last marked used."""
         env = environment_key(environment)
         indices_of: dict[str, list[int]] = {}
         for index, case in enumerate(cases):
             indices_of.setdefault(self._key(case), []).append(index)
-        found: dict[int, dict[str, Trajectory]] = {}
+        found: dict[int, dict[str, StoredSeries]] = {}
         keys = list(indices_of)
         with self._connect() as connection:
             for start in range(0, len(keys), _LOOKUP_CHUNK):
                 chunk = keys[start:start + _LOOKUP_CHUNK]
                 rows = connection.execute(
-                    f"SELECT case_key, series, digests, metrics, nonfinite, has_same FROM series "
+                    f"SELECT case_key, series, digests, metrics, nonfinite, has_same, used FROM series "
                     f"WHERE env = ? AND case_key IN ({','.join('?' * len(chunk))})", [env, *chunk])
-                for key, series, *stored in rows:
-                    trajectory = _decode(*stored)
+                for key, series, digests, metrics, nonfinite, has_same, used in rows:
+                    row = StoredSeries(digests, metrics, nonfinite, has_same, used)
                     for index in indices_of[key]:
-                        if len(trajectory.digests) == cases[index].steps:
-                            found.setdefault(index, {})[series] = trajectory
+                        if row.steps == cases[index].steps:
+                            found.setdefault(index, {})[series] = row
         return found
 
     def store(self, environment: EnvironmentFingerprint, results: Iterable[CaseResult],
@@ -212,22 +239,30 @@ def run_many(host, cases: list[CaseSpec], cache: ReferenceCache | None, *,  # no
     options = {"profile": True} if profile else {}  # asked only when wanted: any host with run_many serves
     if cache is None:
         return host.run_many(cases, on_result=on_result, on_pause=on_pause, **options)
-    held: dict[int, dict[str, Trajectory]] = {}
+    held: dict[int, dict[str, StoredSeries]] = {}
     reused: dict[int, tuple[CaseSpec, str]] = {}  # case index -> (case, series key) taken from the cache
 
     def known(environment: EnvironmentFingerprint) -> dict[int, list[str]]:
         try:
-            held.update(cache.lookup(environment, cases))
+            held.update(cache.lookup_rows(environment, cases))
         except sqlite3.Error as error:
             log.warning("reference cache %s unreadable (%s); computing every reference", cache.path, error)
         return {index: sorted(series) for index, series in held.items()}
+
+    def decode_held() -> None:
+        # While the host runs (its request is on its way): the series it was told of, decoded now
+        # rather than after its answers, which come together at the end of each wave.
+        for series in held.values():
+            for row in series.values():
+                row.trajectory()
 
     def filled(index: int, result: CaseResult) -> CaseResult:
         trajectory = result.trajectory
         if result.status != "ok" or trajectory is None or trajectory.ref64_max_abs or not trajectory.digests:
             return result
         key = series_key(trajectory.digests)
-        stored = held.get(index, {}).get(key)
+        row = held.get(index, {}).get(key)
+        stored = row.trajectory() if row is not None else None
         if stored is None or stored.digests != trajectory.digests:
             return CaseResult(case=result.case, status="broken", duration_s=result.duration_s,
                               message="the kernel host answered digests without metrics for a digest series "
@@ -248,12 +283,15 @@ def run_many(host, cases: list[CaseSpec], cache: ReferenceCache | None, *,  # no
 
     results = [filled_once(index, result)
                for index, result in enumerate(host.run_many(cases, on_result=on_raw, known=known,
-                                                            on_pause=on_pause, **options))]
+                                                            on_request_sent=decode_held, on_pause=on_pause,
+                                                            **options))]
     if host.environment is not None:  # what the cache filled in is not new: not hashed again
         fresh = [r for index, r in enumerate(results) if index not in reused and r.status == "ok"
                  and r.trajectory is not None and series_key(r.trajectory.digests) not in held.get(index, {})]
+        stale_after = time.time() - USED_REFRESH_S
+        to_mark = [(case, key) for index, (case, key) in reused.items() if held[index][key].used < stale_after]
         try:
-            cache.store(host.environment, fresh, reused.values())
+            cache.store(host.environment, fresh, to_mark)
         except sqlite3.Error as error:
             log.warning("reference cache %s not updated (%s)", cache.path, error)
     return results

@@ -48,6 +48,7 @@ class ReplayHost:
         request["known"] = {str(index): keys for index, keys in held.items()}
         (json.dumps(request) + "\n").encode()
         sent = time.perf_counter()
+        self.timings["request (cases serialised)"] = encoded - started + (sent - looked_up)
         if on_request_sent is not None:  # what the parent does while a real host runs
             on_request_sent()
         self.timings["while the host runs (not on the critical path)"] = time.perf_counter() - sent
@@ -59,7 +60,6 @@ class ReplayHost:
             results[index] = checked_result(answer, cases[index])
             if on_result:
                 on_result(index, results[index])
-        self.timings["request (cases serialised)"] = encoded - started + (sent - looked_up)
         self.timings["cache lookup"] = looked_up - encoded
         self.timings["answers parsed, checked, filled"] = time.perf_counter() - sent
         return results

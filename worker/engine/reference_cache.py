@@ -291,7 +291,8 @@ def run_many(host, cases: list[CaseSpec], cache: ReferenceCache | None, *,  # no
         stale_after = time.time() - USED_REFRESH_S
         to_mark = [(case, key) for index, (case, key) in reused.items() if held[index][key].used < stale_after]
         try:
-            cache.store(host.environment, fresh, to_mark)
+            if fresh or to_mark:  # else nothing to write: not even a connection
+                cache.store(host.environment, fresh, to_mark)
         except sqlite3.Error as error:
             log.warning("reference cache %s not updated (%s)", cache.path, error)
     return results

@@ -12,7 +12,7 @@ import torch
 from worker import pipeline
 from worker.battery import load_battery
 from worker.engine import fast, host_reserve, step_inputs
-from worker.engine.gradients import initial_parameters
+from worker.engine.gradients import GradientStream, initial_parameters
 from worker.engine.host import KernelHost
 from tests.test_host_reserve import warm_job
 from worker.engine.trajectory import run_case
@@ -21,6 +21,7 @@ CPU = torch.device("cpu")
 QUICK = load_battery("quick").expand()  # open-loop, closed-loop and zeroed gradients; 1, 10 and 20 steps
 WAVES = fast.plan_waves(QUICK, fast.DEFAULT_MAX_WAVE_ELEMENTS["cpu"])
 INITIAL = list(dict.fromkeys((c.seed, c.size) for c in QUICK))
+CLOSED = list({step_inputs._closed_key(c): c for c in QUICK if c.gradient.kind == "closed"}.values())
 
 
 @pytest.fixture(autouse=True)
@@ -47,11 +48,17 @@ def _made_without_preparing() -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
 def test_prepared_steps_are_taken_and_are_the_values_a_wave_makes() -> None:
     made = _made_without_preparing()
     queued, done = step_inputs.prepare(QUICK, CPU, fast.DEFAULT_MAX_WAVE_ELEMENTS["cpu"])
-    assert queued == sum(max(QUICK[i].steps for i in wave) for wave in WAVES) + len(INITIAL)
+    assert CLOSED
+    assert queued == sum(max(QUICK[i].steps for i in wave) for wave in WAVES) + len(INITIAL) + len(CLOSED)
     assert done.result(timeout=120) == queued
     for seed, size in INITIAL:  # made once per (seed, size), for every dtype and wave
         assert step_inputs._initial[(seed, size)].done()
         assert torch.equal(step_inputs.initial_parameters(seed, size), initial_parameters(seed, size))
+    for case in CLOSED:  # each closed-loop stream's constants, GradientStream's bit for bit
+        assert step_inputs._closed[step_inputs._closed_key(case)].done()
+        stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device="cpu", grad_dtype=torch.float32)
+        curvature, centre = step_inputs.closed_constants(case)
+        assert torch.equal(curvature, stream.curvature32) and torch.equal(centre, stream.centre32)
     prepared = dict(step_inputs._prepared)
     taken = []
     for wave, expected in zip(WAVES, made):
@@ -62,7 +69,7 @@ def test_prepared_steps_are_taken_and_are_the_values_a_wave_makes() -> None:
         inputs.close()
         assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, expected))
     # every prepared step went to the wave that asks for it, and nothing is left behind
-    assert len(taken) == queued - len(INITIAL) and not step_inputs._prepared
+    assert len(taken) == queued - len(INITIAL) - len(CLOSED) and not step_inputs._prepared
 
 
 def test_a_wave_whose_inputs_differ_makes_its_own() -> None:
@@ -81,10 +88,11 @@ def test_preparing_stops_at_its_byte_budget() -> None:
     # Steps are prepared in plan order (wave by wave, step by step) while their bytes fit.
     planned = [(inputs, step) for inputs in (step_inputs.StepInputs([QUICK[i] for i in wave], CPU) for wave in WAVES)
                for step in range(1, inputs.steps + 1)]
-    initial_bytes = sum(4 * size for _, size in INITIAL)  # the initial parameters come first
-    budget = initial_bytes + sum(inputs.step_bytes(step) for inputs, step in planned[:3]) + 1  # 3 steps, not 4
+    # the initial parameters and the closed-loop constants come first
+    first_bytes = sum(4 * size for _, size in INITIAL) + sum(8 * case.size for case in CLOSED)
+    budget = first_bytes + sum(inputs.step_bytes(step) for inputs, step in planned[:3]) + 1  # 3 steps, not 4
     queued, done = step_inputs.prepare(QUICK, CPU, fast.DEFAULT_MAX_WAVE_ELEMENTS["cpu"], max_bytes=budget)
-    assert queued == len(INITIAL) + 3 and done.result(timeout=60) == queued
+    assert queued == len(INITIAL) + len(CLOSED) + 3 and done.result(timeout=60) == queued
     assert sorted(key for key in step_inputs._prepared) == sorted((inputs._contents[step], step)
                                                                    for inputs, step in planned[:3])
 

@@ -66,7 +66,6 @@ from worker.engine import digest as od2
 from worker.engine.cuda_errors import context_lost
 from worker.engine import call_loop, lifecycle, od2_op
 from worker.engine import step_inputs
-from worker.engine.gradients import GradientStream
 from worker.engine.step_inputs import StepInputs, mask_key, stream_key
 from worker.references.optimizers import make_reference
 from worker.engine.trajectory import RELATIVE_ERROR_FLOOR, TORCH_DTYPES, FamilyAdapter, bundled_families, run_case
@@ -224,10 +223,9 @@ def _closed_constants(cases: list[CaseSpec], width: int, cache: dict,
         if case.gradient.kind != "closed":
             continue
         key = (case.seed, case.size, case.gradient.scale)
-        if key not in cache:
-            stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device="cpu",
-                                    grad_dtype=torch.float32)
-            cache[key] = (stream.curvature32.to(device), stream.centre32.to(device))
+        if key not in cache:  # GradientStream's constants, prepared by a spare or made now
+            curvature, centre = step_inputs.closed_constants(case)
+            cache[key] = (curvature.to(device), centre.to(device))
         h[row, :case.size].copy_(cache[key][0])
         c[row, :case.size].copy_(cache[key][1])
     return h, c
@@ -318,6 +316,20 @@ def _staged_step(family: FamilyAdapter, handle: object, step_fn: Callable[[int],
 
 
 # ----------------------------------------------------------------------------- one wave
+# The profile (host seconds per phase) of the wave being set up, when one is asked for: run_waves
+# sets it around make_wave, so the wave's setup reports its parts without a new argument.
+_setup_profile: list[dict[str, float] | None] = [None]
+
+
+def _timed(part: str, started: float) -> float:
+    """Adds the seconds since `started` to the setup part `part` of the profile asked for; now."""
+    now = time.perf_counter()
+    profile = _setup_profile[0]
+    if profile is not None:
+        profile[part] = profile.get(part, 0.0) + now - started
+    return now
+
+
 class _Wave:
     # False in worker.engine.kernels_only's waves: no reference gradients, steps or metrics.
     with_references = True
@@ -328,9 +340,11 @@ class _Wave:
         self.cases, self.device, self.families = cases, device, families
         self.steps = max(c.steps for c in cases)
         self.broken: set[int] = set()
+        started = time.perf_counter()
         # Gradient making starts now, in its threads, while the arenas are built.
         self.inputs = StepInputs(cases, device)
         self.inputs.prefetch(1)
+        started = _timed("setup_inputs", started)
         dtype_order = list(TORCH_DTYPES.values())
         merge = self.merge_padding_fraction
         classes = width_classes([c.size for c in cases], merge.get(device.type, merge["cpu"]))
@@ -355,11 +369,16 @@ class _Wave:
                     arenas[dtype] = _ParamArena(dtype, width, [cases[i] for i in rows], rows, device, initial,
                                                 self.with_references)
                     self.param_arenas.append(arenas[dtype])
+            started = _timed("setup_arenas", started)
             width_class = _WidthClass(width, order, cases, arenas, device, closed_cache, self.with_references)
             self.classes.append(width_class)
+            started = _timed("setup_constants", started)
             self._make_bundles(width_class, batch_low_precision_refs)
+            started = _timed("setup_bundles", started)
         self._bind_kernels()
+        started = _timed("setup_bind", started)
         self._allocate_observation()
+        _timed("setup_observation", started)
         self.gradient_graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def _make_bundles(self, width_class: _WidthClass, batch_low_precision_refs: bool) -> None:
@@ -806,7 +825,11 @@ def run_waves(cases: list[CaseSpec], max_wave_elements: int, use_graphs: bool, o
     for indices in plan_waves(cases, max_wave_elements):
         wave_cases = [cases[i] for i in indices]
         setup_started = time.perf_counter()
-        wave = make_wave(indices, wave_cases, initial, closed_cache)
+        _setup_profile[0] = profile  # the wave adds its setup's parts (_Wave._timed)
+        try:
+            wave = make_wave(indices, wave_cases, initial, closed_cache)
+        finally:
+            _setup_profile[0] = None
         if profile is not None:
             profile["setup"] = profile.get("setup", 0.0) + time.perf_counter() - setup_started
         try:

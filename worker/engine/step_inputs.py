@@ -36,6 +36,7 @@ _pools: dict[str, ThreadPoolExecutor] = {}  # "run": a wave's own threads; "idle
 _prepared_lock = threading.Lock()
 _prepared: dict[tuple, Future] = {}  # (a step's content key, step) -> its (values, masks)
 _initial: dict[tuple[int, int], Future] = {}  # (seed, size) -> its float32 initial parameters (CPU)
+_closed: dict[tuple, Future] = {}  # (seed, size, spec) -> a closed-loop stream's float32 (curvature, centre) (CPU)
 
 
 def _lowest_priority() -> None:
@@ -178,24 +179,47 @@ def initial_parameters(seed: int, size: int) -> torch.Tensor:
     return future.result() if future is not None else gradients.initial_parameters(seed, size)
 
 
+def _closed_key(case: CaseSpec) -> tuple:
+    return (case.seed, case.size, repr(case.gradient))
+
+
+def _make_closed(case: CaseSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device="cpu", grad_dtype=torch.float32)
+    return stream.curvature32, stream.centre32
+
+
+def closed_constants(case: CaseSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """A closed-loop case's float32 curvature and centre on the CPU (GradientStream's), prepared or
+    made now. Shared: read them, never write them."""
+    with _prepared_lock:
+        future = _closed.get(_closed_key(case))
+    return future.result() if future is not None else _make_closed(case)
+
+
 def prepare(cases: list[CaseSpec], device: torch.device, max_wave_elements: int,
             max_bytes: int = PREPARE_MAX_BYTES) -> tuple[int, Future | None]:
-    """Start making the initial parameters and gradient inputs of `cases`' waves (planned as the fast engine plans them,
+    """Start making the initial parameters, closed-loop constants and gradient inputs of `cases`' waves (planned as the fast engine plans them,
     worker.engine.fast.plan_waves), step by step, while their total stays within `max_bytes`.
-    The (seed, size) initial parameters come first (kept until `discard_prepared`: each serves every
-    dtype and wave). Returns (the tensors queued, a future done when they all are made; None when
+    The (seed, size) initial parameters and each closed-loop stream's constants come first (kept
+    until `discard_prepared`: each serves every dtype and wave). Returns (the tensors queued, a future done when they all are made; None when
     none were)."""
     from worker.engine.fast import plan_waves
 
     queued: list[Future] = []
     spent = 0
-    # The initial parameters first: a wave's setup needs them before its first step.
+    # The initial parameters and closed-loop constants first: a wave's setup needs them before its first step.
     for seed, size in dict.fromkeys((c.seed, c.size) for c in cases):
         spent += 4 * size
         with _prepared_lock:
             if spent <= max_bytes and (seed, size) not in _initial:
                 _initial[(seed, size)] = _threads("idle").submit(gradients.initial_parameters, seed, size)
                 queued.append(_initial[(seed, size)])
+    for key, case in {_closed_key(c): c for c in cases if c.gradient.kind == "closed"}.items():
+        spent += 8 * case.size
+        with _prepared_lock:
+            if spent <= max_bytes and key not in _closed:
+                _closed[key] = _threads("idle").submit(_make_closed, case)
+                queued.append(_closed[key])
     waves = [StepInputs([cases[i] for i in indices], device) for indices in plan_waves(cases, max_wave_elements)]
     for inputs, step in ((inputs, step) for inputs in waves for step in range(1, inputs.steps + 1)):
         spent += inputs.step_bytes(step)
@@ -228,6 +252,7 @@ def discard_prepared() -> int:
         left = list(_prepared.values())
         _prepared.clear()
         _initial.clear()
+        _closed.clear()
     for future in left:
         future.cancel()
     return len(left)

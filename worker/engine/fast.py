@@ -5,7 +5,8 @@ Layout. A *wave* of cases (the whole standard battery is two) is laid out in pad
 
 * **Width classes.** Every case gets a row of width W: its size rounded up to ALIGN (512)
   elements, then merged upwards into a wider class while the padding that costs stays small
-  (`width_classes`). A row starts at a multiple of ALIGN elements, so the kernel sees the
+  (`width_classes`; on a GPU, where fewer bundles save reference launches; a kernels-only wave
+  has no bundles and merges nothing: KERNELS_ONLY_MERGE_PADDING_FRACTION). A row starts at a multiple of ALIGN elements, so the kernel sees the
   alignment a fresh allocation has and element j sits at the same position modulo ALIGN.
 * **Bundles** are the cases of one width class that share the reference optimizer and its
   hyperparameters, whatever their parameter dtype, kernel family, gradient kind, seed or size.

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Issue 18, round 10 on the H200: the kernels-only pass by layout and kernel-call threads
-# (bench/kernel_threads.py), the CUDA tests of the call loop and the engines, then the warm
-# battery as the worker runs it (bench/gpu/h200_warm_profile.sh without its split, op-cost and
-# test parts). Here first: bash bench/gpu/fetch_wheels.sh; bash bench/gpu/h200_builds.sh --fetch;
-# (cd .tools && apt-get download bubblewrap). Through the device tool:
+# Issue 18, round 10 on the H200, in one device call: the warm battery as the worker runs it
+# (bench/gpu/h200_warm_profile.sh without its split, op-cost and test parts), the kernels-only
+# pass by layout (bench/kernels_only_layout.py), the CUDA tests of what round 10 changed, and the
+# end-to-end latencies (bench/gpu/h200_e2e.sh). Here first: bash bench/gpu/fetch_wheels.sh;
+# bash bench/gpu/h200_builds.sh --fetch; (cd .tools && apt-get download bubblewrap). Then:
 #   run(command="bash bench/gpu/h200_round10.sh", carry=[".whl", ".tools"], timeout_s=600)
-# PARTS picks what runs (default "tests threads warm").
+# PARTS picks what runs (default "warm layout tests e2e"). Everything lands in one archive,
+# $OUT/round10.tgz (the device tool brings back at most 8 files).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+FINAL_OUT=${OUT:-gpu-out}; mkdir -p "$FINAL_OUT"
+export OUT=/tmp/round10-out; rm -rf "$OUT"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPTDRIFT_CUDA_ARCHS=9.0 MAX_JOBS=16
 source bench/gpu/carried_wheels.sh
 install_carried_wheels || exit 1
@@ -16,20 +18,33 @@ install_carried_wheels || exit 1
 if ls .tools/bubblewrap_*.deb >/dev/null 2>&1; then
   mkdir -p /tmp/bwrap-root && dpkg -x .tools/bubblewrap_*.deb /tmp/bwrap-root && export OPTDRIFT_BWRAP=/tmp/bwrap-root/usr/bin/bwrap
 fi
-PARTS=${PARTS:-tests threads warm}
+PARTS=${PARTS:-warm layout tests e2e}
 status=0
-if [[ " $PARTS " == *" tests "* ]]; then
-  # shellcheck disable=SC2086
-  timeout 300 python3 -m pytest -q -rs -p no:cacheprovider ${CUDA_TESTS:-tests/test_call_loop.py tests/test_fast_engine.py tests/test_corun_fast.py tests/test_step_inputs.py tests/test_od2_op.py} -k cuda 2>&1 \
-    | tee "$OUT/pytest_cuda.txt" || status=1
-fi
-if [[ " $PARTS " == *" threads "* ]]; then
-  # shellcheck disable=SC2086
-  timeout 300 python3 bench/kernel_threads.py --battery standard --device cuda --repeats ${REPEATS:-3} \
-    --threads ${THREADS:-1 2 3 4} --merge ${MERGE:-0.75 0.0} --json-out "$OUT/kernel_threads.json" 2>&1 \
-    | tee "$OUT/kernel_threads.txt" || status=1
-fi
+T0=$(date +%s)
+stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
 if [[ " $PARTS " == *" warm "* ]]; then
-  TESTS=0 OPCOST=0 SPLIT= TOP=${TOP:-15} SPARE_IDLE_S=${SPARE_IDLE_S:-15} bash bench/gpu/h200_warm_profile.sh || status=1
+  stamp warm
+  TESTS=0 OPCOST=0 SPLIT= TOP=${TOP:-15} SPARE_IDLE_S=${SPARE_IDLE_S:-15} timeout 240 bash bench/gpu/h200_warm_profile.sh \
+    > "$OUT/warm_profile_log.txt" 2>&1 || status=1
+  tail -60 "$OUT/warm_profile.txt"
 fi
+if [[ " $PARTS " == *" layout "* ]]; then
+  stamp layout
+  timeout 150 python3 bench/kernels_only_layout.py --battery standard --device cuda --repeats "${REPEATS:-5}" \
+    --json-out "$OUT/kernels_only_layout.json" 2>&1 | tee "$OUT/kernels_only_layout.txt" || status=1
+fi
+if [[ " $PARTS " == *" tests "* ]]; then
+  stamp tests
+  # shellcheck disable=SC2086
+  timeout 200 python3 -m pytest -q -rs -p no:cacheprovider ${CUDA_TESTS:-tests/test_corun_fast.py tests/test_step_inputs.py tests/test_reference_cache.py tests/test_fast_engine.py tests/test_call_loop.py} -k cuda 2>&1 \
+    | tee "$OUT/pytest_cuda.txt" | tail -3 || status=1
+fi
+if [[ " $PARTS " == *" e2e "* ]]; then
+  stamp e2e
+  OUT=$OUT/e2e_out E2E_DEADLINE_S=${E2E_DEADLINE_S:-200} E2E_TIMEOUT_S=${E2E_TIMEOUT_S:-240} \
+    bash bench/gpu/h200_e2e.sh > "$OUT/e2e_log.txt" 2>&1 || status=1
+  tail -25 "$OUT/e2e_log.txt"
+fi
+stamp done
+tar czf "$FINAL_OUT/round10.tgz" -C "$OUT" .
 exit $status

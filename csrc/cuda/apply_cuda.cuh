@@ -20,7 +20,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstdint>
 
 #include "../optimizer_math.h"
@@ -95,16 +94,12 @@ inline bool is_aligned(const void* pointer, size_t alignment) {
 }
 
 inline int multiprocessor_count(int device) {
-  // Queried once per device; the attribute never changes for a process. Atomic: a harness may
-  // launch from several threads at once (worker/engine/harness_csrc/call_loop.cpp).
-  static std::atomic<int> cached[64] = {};
-  if (device < 64) {
-    const int known = cached[device].load(std::memory_order_relaxed);
-    if (known > 0) return known;
-  }
+  // Queried once per device; the attribute never changes for a process.
+  static int cached[64] = {0};
+  if (device < 64 && cached[device] > 0) return cached[device];
   int count = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  if (device < 64) cached[device].store(count, std::memory_order_relaxed);
+  if (device < 64) cached[device] = count;
   return count;
 }
 
@@ -130,13 +125,12 @@ void launch_typed(const Rule& rule, const at::Tensor& param, const at::Tensor& g
   // Occupancy of this kernel instantiation, asked once per device: it depends only on the kernel
   // and the device, and asking the runtime on every launch cost host time on each of the ~10^5
   // launches of a battery (docs/PERFORMANCE.md, round 8).
-  // Atomic for the same reason as multiprocessor_count's cache.
-  static std::atomic<int> occupancy[64] = {};
-  int blocks_per_sm = device < 64 ? occupancy[device].load(std::memory_order_relaxed) : 0;
+  static int occupancy[64] = {0};
+  int blocks_per_sm = device < 64 ? occupancy[device] : 0;
   if (blocks_per_sm == 0) {
     C10_CUDA_CHECK(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreadsPerBlock, 0));
-    if (device < 64) occupancy[device].store(blocks_per_sm, std::memory_order_relaxed);
+    if (device < 64) occupancy[device] = blocks_per_sm;
   }
   const int64_t full_grid =
       static_cast<int64_t>(std::max(blocks_per_sm, 1)) * multiprocessor_count(device);

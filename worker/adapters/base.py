@@ -42,9 +42,6 @@ open at once with their steps interleaved):
 * `fast_engine = False` says the family cannot have several cases open and stepped interleaved
   (a global singleton in the library, state whose shape changes): the fast engine runs its cases
   one at a time with run_case.
-* `concurrent_steps = True` says two cases' steps may run at the same time from two threads, each
-  on its own CUDA stream (nothing global in the library changes during a step); the fast engine
-  then shares each step's calls out over threads. The default is False: every call from one thread.
 * `bind(handle, param, grad) -> step_fn` (optional) is `step` on fixed tensors with per-call checks
   done once; the fast engine calls it when the adapter overrides it.
 
@@ -88,10 +85,6 @@ class FamilyAdapter(ABC):
     states_movable: ClassVar[bool] = False
     # False: never several cases open at once; the fast engine hands this family to run_case.
     fast_engine: ClassVar[bool] = True
-    # True: the library's calls for different cases may be made at the same time from several
-    # threads, each on its own CUDA stream (no global state touched by a step). The fast engine
-    # then shares a step's calls out over threads (worker.engine.call_loop); False: one thread.
-    concurrent_steps: ClassVar[bool] = False
 
     @abstractmethod
     def open(self, case: "CaseSpec", param: "torch.Tensor", device: "torch.device") -> Any:

@@ -20,9 +20,6 @@ if TYPE_CHECKING:  # pragma: no cover
 class ThirtyTwoBitAdapter(HandedOverStates):
     """fp32 states, one op call per step (worker.engine.kernel_ops over torch.ops.optdrift.*)."""
 
-    # A step touches only its case's tensors; the ops' launch caches are atomics (csrc/cuda/apply_cuda.cuh).
-    concurrent_steps = True
-
     def init_states(self, case: "CaseSpec", param: "torch.Tensor") -> dict[str, "torch.Tensor"]:
         import torch
 

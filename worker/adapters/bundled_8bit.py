@@ -21,10 +21,6 @@ from worker.adapters.base import HandedOverStates
 
 
 class EightBitBlockwiseAdapter(HandedOverStates):
-    # A step touches only its case's tensors and reads the shared quantization maps; the ops'
-    # record of checked maps is behind a mutex (csrc/blockwise8_checks_impl.h).
-    concurrent_steps = True
-
     def __init__(self) -> None:
         self._maps: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 

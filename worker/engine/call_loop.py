@@ -9,12 +9,6 @@ case's arguments once and then makes the same calls, in the same order, through 
 dispatcher entry, one per case and step: nothing is batched and the kernel sees exactly the call
 its project's API makes. Calls of any other kind (a project's Python function, a library-owned
 state's copy-back) stay in Python. `OPTDRIFT_CALL_LOOP=0` keeps every call in Python.
-
-Side streams. With `side_streams` (CUDA streams of the wave's device) a step's calls are shared out
-over the calling thread and one C++ thread per side stream, each launching on its own stream and
-ordered against the calling thread's stream by events (call_loop.cpp says how). The same calls
-are made, one per case and step; only several at once. The engine asks for it where every family
-of the wave declares `concurrent_steps` (worker.adapters.base) and KERNEL_THREADS allows.
 """
 
 from __future__ import annotations
@@ -28,25 +22,22 @@ log = logging.getLogger(__name__)
 
 
 class WaveCalls:
-    """The prepared calls of one wave, with the wave case of each, and the side streams (if any)
-    its steps' calls are shared out over."""
+    """The prepared calls of one wave, with the wave case of each."""
 
-    def __init__(self, prepared: object, cases: list[int], side_streams: Sequence[object] = ()) -> None:
+    def __init__(self, prepared: object, cases: list[int]) -> None:
         self.prepared, self.cases = prepared, cases
-        self.side_streams = list(side_streams)  # kept alive as long as the calls may use them
-        self._packed = [(s.stream_id, s.device_index, s.device_type) for s in self.side_streams]
 
     def run(self, step: int) -> list[tuple[int, str]]:
         """Every case's call of `step`; the wave cases whose call raised, with the error's message
         (their calls are not made again)."""
-        return [(self.cases[position], message) for position, message in self.prepared.run(step, self._packed)]
+        return [(self.cases[position], message) for position, message in self.prepared.run(step)]
 
 
 def prepare(bound: Sequence[Callable[[int], None] | None], last_steps: Sequence[int],
-            skip: set[int], side_streams: Sequence[object] = ()) -> WaveCalls | None:
+            skip: set[int]) -> WaveCalls | None:
     """The calls of `bound` (a wave's step functions; None and `skip` left out) in C++, when the
     harness is loaded and switched on and every one is a kernel_ops.BoundOp; else None (the wave
-    calls them from Python, as before). `side_streams`: see the module docstring."""
+    calls them from Python, as before)."""
     from worker.engine.kernel_ops import BoundOp
 
     module = harness.module()
@@ -65,4 +56,4 @@ def prepare(bound: Sequence[Callable[[int], None] | None], last_steps: Sequence[
         except (ValueError, RuntimeError) as error:  # a call C++ cannot make as Python makes it
             log.warning("kernel calls stay in Python for this wave: %s", error)
             return None
-    return WaveCalls(prepared, cases, side_streams)
+    return WaveCalls(prepared, cases)

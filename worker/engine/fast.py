@@ -84,11 +84,6 @@ MERGE_PADDING_FRACTION = {"cuda": 0.75, "cpu": 0.0}
 # so merging saves it nothing and its padding costs every step's gradient ops and observation:
 # the standard battery's 100-step wave is 57M elements merged, 29M not (docs/PERFORMANCE.md, round 10).
 KERNELS_ONLY_MERGE_PADDING_FRACTION = {"cuda": 0.0, "cpu": 0.0}
-# Threads (the calling one included) over which a step's kernel calls are shared out, each on its
-# own CUDA stream (worker.engine.call_loop), where every family of the wave declares
-# `concurrent_steps` and the calls are made from C++. On the H200 one thread's calls cost the host
-# more than their kernels cost the GPU (docs/PERFORMANCE.md, round 10).
-KERNEL_THREADS = {"cuda": 2, "cpu": 1}
 # thread_local, not CUDA's default global mode: see _Wave._capture.
 CAPTURE_ERROR_MODE = "thread_local"
 # Profiling only (bench/warm_battery_profile.py): wait for the device at each phase boundary, so a
@@ -422,24 +417,7 @@ class _Wave:
         except BaseException:
             self.close_handles(quiet=True)
             raise
-        self.prepared_calls = call_loop.prepare(self.bound, [c.steps for c in self.cases], self.broken,
-                                                self._side_streams())
-
-    def _side_streams(self) -> list:
-        """The streams beside the current one that the C++ call loop may share a step's calls
-        over (on the CPU: threads alone): KERNEL_THREADS - 1 of them where every family of the
-        wave's bound cases declares `concurrent_steps` (worker.adapters.base), else none (every
-        call in this thread)."""
-        threads = KERNEL_THREADS.get(self.device.type, 1)
-        if threads <= 1:
-            return []
-        families = [lifecycle.family_for(self.families, case) for case, bound in zip(self.cases, self.bound)
-                    if bound is not None]
-        if not families or not all(getattr(family, "concurrent_steps", False) for family in families):
-            return []
-        if self.device.type == "cuda":
-            return [torch.cuda.Stream(self.device) for _ in range(threads - 1)]
-        return [torch.Stream(device=self.device.type) for _ in range(threads - 1)]  # threads alone
+        self.prepared_calls = call_loop.prepare(self.bound, [c.steps for c in self.cases], self.broken)
 
     def _open_and_bind(self) -> None:
         params: dict[int, torch.Tensor] = {}

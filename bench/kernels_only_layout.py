@@ -1,23 +1,24 @@
-"""The warm run's kernels-only pass by layout and kernel-call threads (issue 18, round 10).
+"""The warm run's kernels-only pass by layout, and where its gradient phase goes (issue 18, round 10).
 
-    python bench/kernel_threads.py [--battery standard] [--device auto] [--repeats 3]
-                                   [--threads 1 2 3 4] [--merge 0.75 0.0] [--json-out F]
+    python bench/kernels_only_layout.py [--battery standard] [--device auto] [--repeats 5]
+                                        [--merge 0.75 0.0] [--json-out F]
 
 In this process, on the loaded bundled build (as bench/warm_battery_profile.py's part 2): the
 kernels-only pass of the whole battery (worker.engine.kernels_only.run_kernels_only, what a warm
-commit's kernel host runs) for every pair of
+commit's kernel host runs) for each `--merge`, the width classes' merge fraction
+(worker.engine.fast.KERNELS_ONLY_MERGE_PADDING_FRACTION; 0.75 merged every row narrower than 64K
+into the 64K class until round 9, 0.0 is round 10's). Each runs `--repeats` times, interleaved
+(merge a, b, a, b, ...: a drift of the machine falls on both); the table gives the median wall
+time (to the device's last result), the host's seconds per phase of the median run, and whether
+every digest of every case equals the first run's (the bits must not depend on the layout). Then,
+for each merge, one pass with the gradient phase split into its parts on the host clock (the
+step's inputs taken, uploaded, the graph replayed, and the rest of the phase) and whether the
+inputs were page-locked: an upload from pageable memory waits for the device to finish what was
+queued before it.
 
-* `--merge`: the width classes' merge fraction (worker.engine.fast.KERNELS_ONLY_MERGE_PADDING_FRACTION;
-  0.75 merged every row narrower than 64K into the 64K class until round 9, 0.0 is round 10's);
-* `--threads`: the threads a step's kernel calls are shared out over, each on its own CUDA stream
-  (worker.engine.fast.KERNEL_THREADS; 1 is every call from the stepping thread).
-
-Each pair runs `--repeats` times; the table gives the median wall time (to the device's last
-result), the host's seconds per phase of that run, and whether every digest of every case equals
-the first pair's (the bits must not depend on the layout or the threads). Then one pass of the
-default pair with the gradient phase split into its parts (the step's inputs taken, uploaded, the
-graph replayed) and whether the inputs were page-locked: an upload from pageable memory waits for
-the device to finish what was queued before it.
+Round 10 also measured a step's kernel calls shared out over 2-4 threads, each on its own CUDA
+stream (commit d35c1e4, this bench's first form): slower at every count, so dropped
+(docs/PERFORMANCE.md, round 10).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def timed_pass(cases, device, families) -> tuple[float, dict, list]:  # noqa: AN
 
 
 def gradient_parts(cases, device, families) -> dict[str, float]:  # noqa: ANN001
-    """One pass with `_Wave.graphed_gradients`' parts timed on the host clock."""
+    """One pass with `_Wave.graphed_gradients`' parts timed on the host clock; "phase" is the
+    whole phase as run_waves times it (the rest: the layout's first steps, the capture)."""
     import torch
 
     from worker.engine import fast
@@ -83,11 +85,12 @@ def gradient_parts(cases, device, families) -> dict[str, float]:  # noqa: ANN001
 
     fast._Wave.graphed_gradients = timed
     try:
-        timed_pass(cases, device, families)
+        _, phases, _ = timed_pass(cases, device, families)
     finally:
         fast._Wave.graphed_gradients = real
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    parts["phase"] = phases.get("gradients", 0.0)
     return parts
 
 
@@ -103,8 +106,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--battery", default="standard")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2, 3, 4])
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--merge", type=float, nargs="+", default=[0.75, 0.0])
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
@@ -128,44 +130,46 @@ def main() -> int:
     print(f"{args.battery}: {len(cases)} cases on {device}", flush=True)
     timed_pass(cases, device, families)  # one-time work (allocator, first captures) paid here
 
-    rows, figures, first_bits = [], {"cases": len(cases)}, None
-    defaults = (dict(fast.KERNELS_ONLY_MERGE_PADDING_FRACTION), dict(fast.KERNEL_THREADS))
+    figures: dict = {"cases": len(cases)}
+    runs: dict[float, list] = {merge: [] for merge in args.merge}
+    default = dict(fast.KERNELS_ONLY_MERGE_PADDING_FRACTION)
+    first_bits = None
     try:
+        for _ in range(args.repeats):
+            for merge in args.merge:
+                fast.KERNELS_ONLY_MERGE_PADDING_FRACTION[device.type] = merge
+                run = timed_pass(cases, device, families)
+                first_bits = first_bits if first_bits is not None else run[2]
+                runs[merge].append(run)
+        parts = {}
         for merge in args.merge:
             fast.KERNELS_ONLY_MERGE_PADDING_FRACTION[device.type] = merge
-            for threads in args.threads:
-                fast.KERNEL_THREADS[device.type] = threads
-                runs = [timed_pass(cases, device, families) for _ in range(args.repeats)]
-                walls = [wall for wall, _, _ in runs]
-                median_run = sorted(runs, key=lambda run: run[0])[len(runs) // 2]
-                first_bits = first_bits if first_bits is not None else runs[0][2]
-                identical = all(bits == first_bits for _, _, bits in runs)
-                label = f"merge{merge:g}_threads{threads}"
-                figures[f"{label}_wall_s"] = statistics.median(walls)
-                figures[f"{label}_walls_s"] = walls
-                figures[f"{label}_identical"] = int(identical)
-                for name, seconds in median_run[1].items():
-                    figures[f"{label}_host_{name.split(' ')[0]}_s"] = seconds
-                rows.append((merge, threads, statistics.median(walls), min(walls), max(walls),
-                             median_run[1].get("setup", 0.0), median_run[1].get("gradients", 0.0),
-                             median_run[1].get("kernels", 0.0), identical))
-                print(f"merge {merge:g} threads {threads}: {statistics.median(walls):.3f} s "
-                      f"(min {min(walls):.3f}, max {max(walls):.3f}) identical={identical}", flush=True)
+            parts[merge] = gradient_parts(cases, device, families)
     finally:
-        fast.KERNELS_ONLY_MERGE_PADDING_FRACTION.update(defaults[0])
-        fast.KERNEL_THREADS.update(defaults[1])
-    parts = gradient_parts(cases, device, families)
-    figures.update({f"gradient_part_{name}": value for name, value in parts.items()})
+        fast.KERNELS_ONLY_MERGE_PADDING_FRACTION.update(default)
 
-    print(f"\n{'merge':>6} {'threads':>7} {'median s':>9} {'min s':>7} {'max s':>7} {'setup':>7} "
-          f"{'grads':>7} {'kernels':>8}  identical")
-    for merge, threads, median, low, high, setup, gradients, kernel_calls, identical in rows:
-        print(f"{merge:>6g} {threads:>7} {median:>9.3f} {low:>7.3f} {high:>7.3f} {setup:>7.3f} "
-              f"{gradients:>7.3f} {kernel_calls:>8.3f}  {'yes' if identical else 'NO'}")
-    print("\ngradient phase, default pair, host seconds:", json.dumps(parts), flush=True)
+    print(f"\n{'merge':>6} {'median s':>9} {'min s':>7} {'max s':>7} {'setup':>7} {'grads':>7} {'kernels':>8} "
+          f"{'results':>8}  identical")
+    ok = True
+    for merge, merge_runs in runs.items():
+        walls = [wall for wall, _, _ in merge_runs]
+        _, phases, _ = sorted(merge_runs, key=lambda run: run[0])[len(merge_runs) // 2]
+        identical = all(bits == first_bits for _, _, bits in merge_runs)
+        ok = ok and identical
+        label = f"merge{merge:g}"
+        figures[f"{label}_wall_s"] = statistics.median(walls)
+        figures[f"{label}_walls_s"] = walls
+        figures[f"{label}_identical"] = int(identical)
+        figures.update({f"{label}_host_{name.split(' ')[0]}_s": seconds for name, seconds in phases.items()})
+        figures.update({f"{label}_gradient_part_{name}": value for name, value in parts[merge].items()})
+        print(f"{merge:>6g} {statistics.median(walls):>9.3f} {min(walls):>7.3f} {max(walls):>7.3f} "
+              f"{phases.get('setup', 0.0):>7.3f} {phases.get('gradients', 0.0):>7.3f} {phases.get('kernels', 0.0):>8.3f} "
+              f"{phases.get('results (incl. waiting for the GPU)', 0.0):>8.3f}  {'yes' if identical else 'NO'}")
+    for merge in args.merge:
+        print(f"gradient phase, merge {merge:g}, host seconds:", json.dumps(parts[merge]), flush=True)
     if args.json_out:
         args.json_out.write_text(json.dumps(figures, indent=1))
-    return 0 if all(row[-1] for row in rows) else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -28,11 +28,6 @@ if [[ " $PARTS " == *" warm "* ]]; then
     > "$OUT/warm_profile_log.txt" 2>&1 || status=1
   tail -60 "$OUT/warm_profile.txt"
 fi
-if [[ " $PARTS " == *" layout "* ]]; then
-  stamp layout
-  timeout 150 python3 bench/kernels_only_layout.py --battery standard --device cuda --repeats "${REPEATS:-3}" \
-    --json-out "$OUT/kernels_only_layout.json" 2>&1 | tee "$OUT/kernels_only_layout.txt" || status=1
-fi
 if [[ " $PARTS " == *" tests "* ]]; then
   stamp tests
   # shellcheck disable=SC2086
@@ -44,6 +39,11 @@ if [[ " $PARTS " == *" e2e "* ]]; then
   OUT=$OUT/e2e_out E2E_DEADLINE_S=${E2E_DEADLINE_S:-200} E2E_TIMEOUT_S=${E2E_TIMEOUT_S:-240} \
     bash bench/gpu/h200_e2e.sh > "$OUT/e2e_log.txt" 2>&1 || status=1
   tail -25 "$OUT/e2e_log.txt"
+fi
+if [[ " $PARTS " == *" layout "* ]]; then
+  stamp layout
+  timeout 150 python3 bench/kernels_only_layout.py --battery standard --device cuda --repeats "${REPEATS:-3}" \
+    --json-out "$OUT/kernels_only_layout.json" 2>&1 | tee "$OUT/kernels_only_layout.txt" || status=1
 fi
 stamp done
 tar czf "$FINAL_OUT/round10.tgz" -C "$OUT" .

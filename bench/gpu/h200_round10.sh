@@ -22,29 +22,35 @@ PARTS=${PARTS:-warm tests e2e layout}
 status=0
 T0=$(date +%s)
 stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
+# The device call is killed at its limit with nothing brought back, so the parts share a deadline
+# (DEADLINE_S, default 540 s) and the archive is remade after each part.
+DEADLINE_S=${DEADLINE_S:-540}
+left() { local want=$1 rest=$(( DEADLINE_S - ($(date +%s) - T0) - 10 )); echo $(( rest < 1 ? 1 : (rest < want ? rest : want) )); }
+pack() { tar czf "$FINAL_OUT/round10.tgz" -C "$OUT" .; }
 if [[ " $PARTS " == *" warm "* ]]; then
   stamp warm
-  TESTS=0 OPCOST=0 SPLIT= TOP=${TOP:-15} SPARE_IDLE_S=${SPARE_IDLE_S:-10} timeout 240 bash bench/gpu/h200_warm_profile.sh \
+  TESTS=0 OPCOST=0 SPLIT= TOP=${TOP:-15} SPARE_IDLE_S=${SPARE_IDLE_S:-10} timeout "$(left 240)" bash bench/gpu/h200_warm_profile.sh \
     > "$OUT/warm_profile_log.txt" 2>&1 || status=1
-  tail -60 "$OUT/warm_profile.txt"
+  tail -60 "$OUT/warm_profile.txt"; pack
 fi
 if [[ " $PARTS " == *" tests "* ]]; then
   stamp tests
   # shellcheck disable=SC2086
-  timeout 200 python3 -m pytest -q -rs -p no:cacheprovider ${CUDA_TESTS:-tests/test_corun_fast.py tests/test_step_inputs.py tests/test_reference_cache.py} -k cuda 2>&1 \
+  timeout "$(left 200)" python3 -m pytest -q -rs -p no:cacheprovider ${CUDA_TESTS:-tests/test_corun_fast.py tests/test_step_inputs.py tests/test_reference_cache.py} -k cuda 2>&1 \
     | tee "$OUT/pytest_cuda.txt" | tail -3 || status=1
+  pack
 fi
 if [[ " $PARTS " == *" e2e "* ]]; then
   stamp e2e
-  OUT=$OUT/e2e_out E2E_DEADLINE_S=${E2E_DEADLINE_S:-200} E2E_TIMEOUT_S=${E2E_TIMEOUT_S:-240} \
+  OUT=$OUT/e2e_out E2E_DEADLINE_S=$(left ${E2E_DEADLINE_S:-200}) E2E_TIMEOUT_S=$(left ${E2E_TIMEOUT_S:-240}) \
     bash bench/gpu/h200_e2e.sh > "$OUT/e2e_log.txt" 2>&1 || status=1
-  tail -25 "$OUT/e2e_log.txt"
+  tail -25 "$OUT/e2e_log.txt"; pack
 fi
 if [[ " $PARTS " == *" layout "* ]]; then
   stamp layout
-  timeout 150 python3 bench/kernels_only_layout.py --battery standard --device cuda --repeats "${REPEATS:-3}" \
+  timeout "$(left 150)" python3 bench/kernels_only_layout.py --battery standard --device cuda --repeats "${REPEATS:-3}" \
     --json-out "$OUT/kernels_only_layout.json" 2>&1 | tee "$OUT/kernels_only_layout.txt" || status=1
 fi
 stamp done
-tar czf "$FINAL_OUT/round10.tgz" -C "$OUT" .
+pack
 exit $status

@@ -29,6 +29,7 @@ import cProfile
 import io
 import json
 import pstats
+import statistics
 import sys
 import tempfile
 import time
@@ -189,6 +190,9 @@ def main() -> int:
                         help="also run the warm battery split over this many hosts at once")
     parser.add_argument("--spare-idle-s", type=float, default=20.0,
                         help="how long the spare hosts of 1a wait before their build comes")
+    parser.add_argument("--prepared-repeats", type=int, default=1,
+                        help="how many prepared spares of 1a to time, one after another (the spread "
+                             "of issue 18's figure within one machine)")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
     import torch
@@ -242,8 +246,13 @@ def main() -> int:
 
         # 1a. as the worker runs a warm commit: on a spare host that waited for its build, without
         # and with the gradient inputs it prepared while waiting (worker.engine.step_inputs)
-        for label, prepare in (("spare", None), ("spare_prepared", cases)):
+        prepared = ["spare_prepared"] + [f"spare_prepared_r{k}" for k in range(2, args.prepared_repeats + 1)]
+        for label, prepare in [("spare", None)] + [(label, cases) for label in prepared]:
             spare_run(build.library_path, device, cases, cache, prepare, args.spare_idle_s, label, figures)
+        walls = [figures[f"{label}_warm_s"] for label in prepared]
+        print(f"prepared spare, hand-over to last result, {len(walls)} run(s): "
+              + ", ".join(f"{w:.3f}" for w in walls) + f" s (median {statistics.median(walls):.3f} s)",
+              flush=True)
 
         # 1b. the same warm run split over N hosts at once (cases dealt by cost, largest first)
         for count in args.split:

@@ -14,7 +14,7 @@
 #include <tuple>
 
 #include "checks_impl.h"
-#include "quant_map.h"
+#include "blockwise8_layout.h"
 
 namespace optdrift::checks::detail {
 

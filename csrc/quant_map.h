@@ -29,12 +29,10 @@
 
 #include <cstdint>
 
+#include "blockwise8_layout.h"
 #include "optimizer_math.h"
 
 namespace optdrift::blockwise8 {
-
-constexpr int kBlockSize = 256;
-constexpr int kMapSize = 256;
 
 // True for finite x, false for NaN and +-Inf (Inf - Inf and NaN - NaN are NaN, and NaN != 0).
 // Plain IEEE arithmetic, the same on host and device (the build does not use fast-math).

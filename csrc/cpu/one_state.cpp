@@ -1,9 +1,10 @@
-// CPU implementations of the 1-state optimizers: Lion, Momentum, RMSprop, Adagrad.
+// CPU ops of the 1-state optimizers, Lion, Momentum, RMSprop and Adagrad: the checks, then the
+// kernels of one_state_kernels.cpp.
 #include <torch/library.h>
 
 #include "../checks.h"
-#include "../optimizer_math.h"
-#include "apply_cpu.h"
+#include "kernels_cpu.h"
+#include "tensor_args_cpu.h"
 
 namespace optdrift::cpu {
 namespace {
@@ -12,8 +13,8 @@ void lion_step_cpu(const at::Tensor& param, const at::Tensor& grad, const at::Te
                    double lr, double beta1, double beta2, double weight_decay,
                    double gnorm_scale) {
   checks::check_lion_step(param, grad, exp_avg, lr, beta1, beta2, weight_decay, gnorm_scale);
-  apply_rule("lion_step_cpu", make_lion_rule(lr, beta1, beta2, weight_decay, gnorm_scale), param,
-             grad, {&exp_avg});
+  kernels::lion_step(elementwise_args("lion_step_cpu", param, grad, {&exp_avg}), lr, beta1, beta2,
+                     weight_decay, gnorm_scale);
 }
 
 void momentum_step_cpu(const at::Tensor& param, const at::Tensor& grad,
@@ -21,25 +22,24 @@ void momentum_step_cpu(const at::Tensor& param, const at::Tensor& grad,
                        double momentum, double weight_decay, double gnorm_scale) {
   checks::check_momentum_step(param, grad, momentum_buffer, step, lr, momentum, weight_decay,
                               gnorm_scale);
-  apply_rule("momentum_step_cpu",
-             make_momentum_rule(step, lr, momentum, weight_decay, gnorm_scale), param, grad,
-             {&momentum_buffer});
+  kernels::momentum_step(elementwise_args("momentum_step_cpu", param, grad, {&momentum_buffer}),
+                         step, lr, momentum, weight_decay, gnorm_scale);
 }
 
 void rmsprop_step_cpu(const at::Tensor& param, const at::Tensor& grad,
                       const at::Tensor& square_avg, double lr, double alpha, double eps,
                       double weight_decay, double gnorm_scale) {
   checks::check_rmsprop_step(param, grad, square_avg, lr, alpha, eps, weight_decay, gnorm_scale);
-  apply_rule("rmsprop_step_cpu", make_rmsprop_rule(lr, alpha, eps, weight_decay, gnorm_scale),
-             param, grad, {&square_avg});
+  kernels::rmsprop_step(elementwise_args("rmsprop_step_cpu", param, grad, {&square_avg}), lr,
+                        alpha, eps, weight_decay, gnorm_scale);
 }
 
 void adagrad_step_cpu(const at::Tensor& param, const at::Tensor& grad,
                       const at::Tensor& state_sum, double lr, double eps, double weight_decay,
                       double gnorm_scale) {
   checks::check_adagrad_step(param, grad, state_sum, lr, eps, weight_decay, gnorm_scale);
-  apply_rule("adagrad_step_cpu", make_adagrad_rule(lr, eps, weight_decay, gnorm_scale), param,
-             grad, {&state_sum});
+  kernels::adagrad_step(elementwise_args("adagrad_step_cpu", param, grad, {&state_sum}), lr, eps,
+                        weight_decay, gnorm_scale);
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
-// CPU implementations of the 2-state (and 3-state) optimizers: Adam and AdEMAMix.
+// CPU ops of the 2-state (and 3-state) optimizers, Adam and AdEMAMix: the checks, then the
+// kernels of two_state_kernels.cpp.
 #include <torch/library.h>
 
 #include "../checks.h"
-#include "../optimizer_math.h"
-#include "apply_cpu.h"
+#include "kernels_cpu.h"
+#include "tensor_args_cpu.h"
 
 namespace optdrift::cpu {
 namespace {
@@ -14,9 +15,8 @@ void adam_step_cpu(const at::Tensor& param, const at::Tensor& grad, const at::Te
                    bool skip_zeros) {
   checks::check_adam_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps,
                           weight_decay, gnorm_scale);
-  const AdamRule rule =
-      make_adam_rule(step, lr, beta1, beta2, eps, weight_decay, gnorm_scale, skip_zeros);
-  apply_rule("adam_step_cpu", rule, param, grad, {&exp_avg, &exp_avg_sq});
+  kernels::adam_step(elementwise_args("adam_step_cpu", param, grad, {&exp_avg, &exp_avg_sq}), step,
+                     lr, beta1, beta2, eps, weight_decay, gnorm_scale, skip_zeros);
 }
 
 void ademamix_step_cpu(const at::Tensor& param, const at::Tensor& grad,
@@ -26,9 +26,10 @@ void ademamix_step_cpu(const at::Tensor& param, const at::Tensor& grad,
                        double gnorm_scale) {
   checks::check_ademamix_step(param, grad, exp_avg_fast, exp_avg_slow, exp_avg_sq, step, lr,
                               beta1, beta2, beta3, alpha, eps, weight_decay, gnorm_scale);
-  const AdemamixRule rule = make_ademamix_rule(step, lr, beta1, beta2, beta3, alpha, eps,
-                                               weight_decay, gnorm_scale);
-  apply_rule("ademamix_step_cpu", rule, param, grad, {&exp_avg_fast, &exp_avg_slow, &exp_avg_sq});
+  kernels::ademamix_step(
+      elementwise_args("ademamix_step_cpu", param, grad,
+                       {&exp_avg_fast, &exp_avg_slow, &exp_avg_sq}),
+      step, lr, beta1, beta2, beta3, alpha, eps, weight_decay, gnorm_scale);
 }
 
 }  // namespace

@@ -20,9 +20,9 @@ from worker.sensitivity.catalogue import load_catalogue
 from worker.sensitivity.results import CaseCatch, MutantOutcome, SensitivityReport
 
 REPO = Path(__file__).resolve().parents[1]
-# The CLI run's own limit: 1604 s from an empty build cache on 2 cores at load 3.5-5
-# (docs/ENGINE.md, "In CI"), with room for a slower machine.
-RUN_TIMEOUT_S = 2700
+# The CLI run's own limit: 363 s from an empty build cache on an idle 2-core machine (docs/ENGINE.md,
+# "In CI"), with room for the suite's other worker beside it and a slower machine.
+RUN_TIMEOUT_S = 1800
 
 
 def gate_problems(report: SensitivityReport) -> list[str]:

@@ -4,14 +4,10 @@
 // No torch header: see kernels_cpu.h.
 #pragma once
 
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 
 #include "../optimizer_math.h"
+#include "dispatch_cpu.h"
 #include "kernels_cpu.h"
 
 namespace optdrift::cpu {
@@ -50,19 +46,11 @@ void apply_rule_typed(const Rule& rule, const ElementwiseArgs& args) {
   args.parallel_for(args.numel, kGrainSize, &task, &ElementwiseTask<Rule, param_t>::run);
 }
 
-// Dispatches on the parameter type (checked to be fp32/fp16/bf16 before this is called).
 template <typename Rule>
 void apply_rule(const char* op, const Rule& rule, const ElementwiseArgs& args) {
-  // A state list of the wrong length is a bug in the op unit, not a bad call.
-  if (args.state_count != Rule::kStates)
-    throw std::logic_error(std::string(op) + ": the op passed the wrong number of state tensors");
-  if (args.numel == 0) return;
-  switch (args.type) {
-    case ParamType::kFloat32: return apply_rule_typed<Rule, float>(rule, args);
-    case ParamType::kFloat16: return apply_rule_typed<Rule, c10::Half>(rule, args);
-    case ParamType::kBFloat16: return apply_rule_typed<Rule, c10::BFloat16>(rule, args);
-  }
-  throw std::logic_error(std::string(op) + ": unknown parameter type");
+  dispatch_param_type<Rule::kStates>(op, args, [&](auto zero) {
+    apply_rule_typed<Rule, decltype(zero)>(rule, args);
+  });
 }
 
 }  // namespace optdrift::cpu

@@ -3,16 +3,12 @@
 // quant_map.h; blocks are independent, so they are split into chunks freely (the op units of
 // blockwise8.cpp run them through at::parallel_for) and the result does not depend on the thread
 // count. No torch header: see kernels_cpu.h.
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-
 #include <algorithm>
 #include <cmath>
-#include <stdexcept>
-#include <string>
 
 #include "../optimizer_math.h"
 #include "../quant_map.h"
+#include "dispatch_cpu.h"
 #include "kernels_cpu.h"
 
 namespace optdrift::cpu {
@@ -86,19 +82,11 @@ void apply_blockwise_typed(const Rule& rule, const BlockwiseArgs& args) {
   args.parallel_for(blocks, kBlocksPerTask, &task, &BlockwiseTask<Rule, param_t>::run);
 }
 
-// Dispatches on the parameter type (checked to be fp32/fp16/bf16 before this is called).
 template <typename Rule>
 void apply_blockwise(const char* op, const Rule& rule, const BlockwiseArgs& args) {
-  // A state list of the wrong length is a bug in the op unit, not a bad call.
-  if (args.state_count != Rule::kStates)
-    throw std::logic_error(std::string(op) + ": the op passed the wrong number of state tensors");
-  if (args.numel == 0) return;
-  switch (args.type) {
-    case ParamType::kFloat32: return apply_blockwise_typed<Rule, float>(rule, args);
-    case ParamType::kFloat16: return apply_blockwise_typed<Rule, c10::Half>(rule, args);
-    case ParamType::kBFloat16: return apply_blockwise_typed<Rule, c10::BFloat16>(rule, args);
-  }
-  throw std::logic_error(std::string(op) + ": unknown parameter type");
+  dispatch_param_type<Rule::kStates>(op, args, [&](auto zero) {
+    apply_blockwise_typed<Rule, decltype(zero)>(rule, args);
+  });
 }
 
 }  // namespace

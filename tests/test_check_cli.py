@@ -59,3 +59,47 @@ def test_no_baseline_runs_the_battery_and_exits_0(tmp_path, csrc_under_test, bui
     cases = payload["commit"]["cases"]
     assert len(cases) == len(load_battery("quick").expand()) and all(c["status"] == "ok" for c in cases)
     assert "NO-BASELINE" in result.output
+
+
+@pytest.mark.slow
+def test_with_a_baseline_both_hosts_start_before_either_battery_and_none_is_left(tmp_path, csrc_under_test,
+                                                                              build_cache_dir, monkeypatch):
+    """A check with a baseline starts both kernel hosts at once (worker/check.py): each battery
+    gets a host that was already up when it began, and every host is closed when the check
+    returns, after both batteries as when the baseline does not build."""
+    from worker import pipeline, sandbox
+    from worker.engine import host_reserve
+
+    if not sandbox.available():
+        pytest.skip("hosts start ahead only where they are boxed (bubblewrap)")
+    monkeypatch.setenv("OPTDRIFT_BUILD_CACHE", str(build_cache_dir))
+    started, handed = [], []
+    real_spares, real_run = host_reserve.spares, pipeline.run
+
+    def spares(count, **options):  # noqa: ANN001, ANN003
+        hosts = real_spares(count, **options)
+        started.extend(hosts)
+        return hosts
+
+    def run(*args, host=None, **options):  # noqa: ANN001, ANN002, ANN003
+        handed.append((host, host is not None and host.running()))
+        return real_run(*args, host=host, **options)
+
+    monkeypatch.setattr(host_reserve, "spares", spares)
+    monkeypatch.setattr(pipeline, "run", run)
+    check = ["check", "--source", str(csrc_under_test), "--battery", "ci", "--device", "cpu", "--baseline"]
+    result = runner.invoke(app, [*check, str(csrc_under_test)])
+    assert result.exit_code == 0, result.output
+    assert len(started) == 2 and all(started)
+    assert [host for host, _ in handed] == started  # the baseline's battery took the first, the commit's the second
+    assert all(up for _, up in handed)
+    assert not any(host.running() for host in started)
+
+    started.clear()
+    handed.clear()
+    broken = tmp_path / "broken"
+    shutil.copytree(csrc_under_test, broken)
+    (broken / "cpu" / "syntax_error.cpp").write_text("int optdrift_broken( { return 0; }\n")
+    result = runner.invoke(app, [*check, str(broken)])
+    assert result.exit_code == 2 and "does not build" in result.output, result.output
+    assert len(started) == 2 and not handed and not any(host.running() for host in started)

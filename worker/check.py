@@ -107,7 +107,6 @@ def run_check(source: Path, baseline: Path | None, battery: str | None = None, *
     from service.domain.project_config import ProjectConfigError, load_project_config
     from worker import pipeline
     from worker.battery import BatteryError
-    from worker.engine.corun import corun_battery
 
     try:
         job = pipeline.prepare(Path(source), requested_battery=battery, local_battery_file=True)
@@ -126,7 +125,31 @@ def run_check(source: Path, baseline: Path | None, battery: str | None = None, *
                              case_timeout_s=case_timeout_s,
                              reference_cache=Path(cache_dir or default_cache_dir()) / "references")
 
+    from worker.engine import host_reserve
+
+    # Both kernel hosts start now (torch's import, the device's context), beside the builds and
+    # then the baseline's battery, instead of each when its battery starts: on 2 cores a host's
+    # start is over a second of a few-second check. Only where hosts are boxed (bubblewrap): a
+    # host waiting beside a run's code must be out of that code's reach (host_reserve).
     started = time.monotonic()
+    spares = host_reserve.spares(2 if base_job is not None else 1, device=device) \
+        if host_reserve.start_beside_runs() else []
+    try:
+        return _build_and_compare(job, base_job, source, baseline, policy, spares, console, error, started,
+                                  device=device, case_timeout_s=case_timeout_s, json_out=json_out,
+                                  show_unchanged=show_unchanged, attribute=attribute)
+    finally:
+        for spare in spares:  # those a run did not take (a baseline that does not build...)
+            if spare is not None:
+                spare.close()
+
+
+def _build_and_compare(job, base_job, source: Path, baseline: Path | None, policy, spares: list,  # noqa: ANN001
+                       console: Console, error, started: float, *, device: str, case_timeout_s: float,  # noqa: ANN001
+                       json_out: Path | None, show_unchanged: bool, attribute: bool) -> int:
+    from worker import pipeline
+    from worker.engine.corun import corun_battery
+
     commit_build = pipeline.build(job, policy)
     baseline_build = pipeline.build(base_job, policy) if base_job is not None else None
     if baseline_build is not None and not baseline_build.ok:
@@ -145,7 +168,8 @@ def run_check(source: Path, baseline: Path | None, battery: str | None = None, *
     # What each kernel host loaded (the adapter's describe(): library version, path), as a run records it.
     adapters: dict[str, dict[str, str] | None] = {"commit": None, "baseline": None}
     if base_job is not None:
-        base_ran = pipeline.run(base_job, baseline_build, policy)
+        # a spare handed to a run is the run's to close: taken off `spares` (run_check closes the rest)
+        base_ran = pipeline.run(base_job, baseline_build, policy, host=spares.pop(0) if spares else None)
         baseline_run = pipeline.run_result(base_job, baseline_build, base_ran)
         adapters["baseline"] = base_ran.adapter
     if not commit_build.ok:
@@ -153,7 +177,8 @@ def run_check(source: Path, baseline: Path | None, battery: str | None = None, *
     else:
         digests = {r.case.case_id: r.trajectory.digests for r in (baseline_run.cases if baseline_run else [])
                    if r.status == "ok" and r.trajectory is not None}
-        commit_ran = pipeline.run(job, commit_build, policy, on_result=progress, baseline_digests=digests)
+        commit_ran = pipeline.run(job, commit_build, policy, on_result=progress, baseline_digests=digests,
+                                  host=spares.pop(0) if spares else None)
         commit_run = pipeline.run_result(job, commit_build, commit_ran)
         adapters["commit"] = commit_ran.adapter
         if commit_ran.adapter:

@@ -119,9 +119,10 @@ class Ran:
 
 def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | None = None,
         baseline_digests: dict[str, list[str]] | None = None, cases: list[CaseSpec] | None = None,
-        on_pause: Callable[[], None] | None = None) -> Ran:
+        on_pause: Callable[[], None] | None = None, host: "KernelHost | None" = None) -> Ran:
     """Every case on the build in one kernel host (fast engine or one case at a time, per
-    `policy`). `on_result(index, result)` as results arrive; a case whose result changes later
+    `policy`). `host`: one started ahead without a build (worker.engine.host_reserve.spares), given
+    this build here; one that does not come up is replaced by a host started as usual. `on_result(index, result)` as results arrive; a case whose result changes later
     (its repeat check) is reported again. `on_pause()` whenever no further result is ready yet
     (after each burst of results, after each case run one at a time).
 
@@ -141,6 +142,9 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
         host_reserve.expect(cases if _builtin_battery(job.battery) else [], device=policy.device)
     if policy.warm_host and host_reserve.start_beside_runs():  # the next ones start while this run runs
         host_reserve.replenish(device=policy.device, slot_root=policy.host_slot_root)
+    if spare is None and host is not None:
+        spare = host_reserve.adopted(host, built.library_path, device=policy.device, adapter=job.config.adapter,
+                                     adapter_paths=adapter_paths, case_timeout_s=policy.case_timeout_s)
     try:
         return _run_on(spare or KernelHost(built.library_path, device=policy.device,
                                            case_timeout_s=policy.case_timeout_s, adapter=job.config.adapter,

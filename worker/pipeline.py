@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.domain.project_config import ProjectConfig, load_project_config
 from service.results import CaseResult, CaseSpec, EnvironmentFingerprint, RepeatCheck, RunComparison, RunResult
@@ -27,6 +27,9 @@ from service.verdicts import compare_runs, first_divergent_step
 from worker.battery import BUILTIN_BATTERIES, BatterySpec, battery_from_file, battery_from_tree
 from worker.build import BuildResult
 from worker.engine import reference_cache
+
+if TYPE_CHECKING:
+    from worker.engine.host import KernelHost
 
 OnResult = Callable[[int, CaseResult], None]
 
@@ -119,11 +122,12 @@ class Ran:
 
 def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | None = None,
         baseline_digests: dict[str, list[str]] | None = None, cases: list[CaseSpec] | None = None,
-        on_pause: Callable[[], None] | None = None, host: "KernelHost | None" = None) -> Ran:
+        on_pause: Callable[[], None] | None = None, host: KernelHost | None = None) -> Ran:
     """Every case on the build in one kernel host (fast engine or one case at a time, per
-    `policy`). `host`: one started ahead without a build (worker.engine.host_reserve.spares), given
-    this build here; one that does not come up is replaced by a host started as usual. `on_result(index, result)` as results arrive; a case whose result changes later
-    (its repeat check) is reported again. `on_pause()` whenever no further result is ready yet
+    `policy`). `host`: one started ahead without a build (worker.engine.host_reserve.spares),
+    given this build here in place of the reserve's; one that does not come up is replaced by a
+    host started as usual. `on_result(index, result)` as results arrive; a case whose result
+    changes later (its repeat check) is reported again. `on_pause()` whenever no further result is ready yet
     (after each burst of results, after each case run one at a time).
 
     Repeats: a case whose digests differ from `baseline_digests` is run again on the same build
@@ -135,16 +139,16 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
 
     cases = job.cases if cases is None else cases
     adapter_paths = job.adapter_folders
-    spare = host_reserve.take(built.library_path, device=policy.device, adapter=job.config.adapter,
-                              adapter_paths=adapter_paths, case_timeout_s=policy.case_timeout_s,
-                              deadline=policy.deadline) if policy.warm_host else None
+    load = {"device": policy.device, "adapter": job.config.adapter, "adapter_paths": adapter_paths,
+            "case_timeout_s": policy.case_timeout_s, "deadline": policy.deadline}
+    if host is not None:
+        spare = host_reserve.adopted(host, built.library_path, **load)
+    else:
+        spare = host_reserve.take(built.library_path, **load) if policy.warm_host else None
     if policy.warm_host:  # what the next spares prepare: only a built-in battery's cases (below)
         host_reserve.expect(cases if _builtin_battery(job.battery) else [], device=policy.device)
     if policy.warm_host and host_reserve.start_beside_runs():  # the next ones start while this run runs
         host_reserve.replenish(device=policy.device, slot_root=policy.host_slot_root)
-    if spare is None and host is not None:
-        spare = host_reserve.adopted(host, built.library_path, device=policy.device, adapter=job.config.adapter,
-                                     adapter_paths=adapter_paths, case_timeout_s=policy.case_timeout_s)
     try:
         return _run_on(spare or KernelHost(built.library_path, device=policy.device,
                                            case_timeout_s=policy.case_timeout_s, adapter=job.config.adapter,

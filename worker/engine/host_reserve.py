@@ -147,14 +147,14 @@ def put_back(hosts: list[KernelHost | None], *, device: str, keep: int | None = 
 
 
 def adopted(spare: KernelHost | None, library_path: str | Path, *, device: str, adapter: str,
-            adapter_paths: list[Path], case_timeout_s: float) -> KernelHost:
+            adapter_paths: list[Path], case_timeout_s: float, deadline: float | None = None) -> KernelHost:
     """`spare` with this build loaded; when there is none or it does not come up (logged), a host
     of that build that starts on its first request, as a host started without a spare would."""
     if spare is not None and _adopt(spare, library_path, adapter=adapter, adapter_paths=adapter_paths,
-                                    case_timeout_s=case_timeout_s):
+                                    case_timeout_s=case_timeout_s, deadline=deadline):
         return spare
     return KernelHost(library_path, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
-                      adapter_paths=adapter_paths)
+                      adapter_paths=adapter_paths, deadline=deadline)
 
 
 @atexit.register

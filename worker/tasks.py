@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -104,6 +106,30 @@ def _say_whether_sandboxed(**_kwargs) -> None:  # noqa: ANN003
     else:
         log.warning("sandbox UNAVAILABLE (%s): verify runs are refused (an operator may set "
                     "OPTDRIFT_ALLOW_UNSANDBOXED=true); commit runs get the weaker measures", what)
+
+
+@worker_ready.connect
+def _build_harness_before_runs(**_kwargs) -> None:  # noqa: ANN003
+    """Build optdrift's own harness library (worker.engine.harness) before the first run is taken.
+    Otherwise the first run that starts a kernel host on a fresh worker builds it, tens of seconds
+    charged to that run's budget (a verify run's is small) for code that is not the run's. It runs
+    in a process of its own: the Celery parent, which forks the pool's replacement processes, stays
+    without torch. A library that does not build is logged; runs then use the Python paths."""
+    device = get_settings().worker_device
+    started = time.monotonic()
+    try:
+        built = subprocess.run([sys.executable, "-m", "worker.engine.harness", device], capture_output=True,
+                               text=True, timeout=get_settings().max_build_s)
+    except subprocess.TimeoutExpired:
+        log.warning("the harness library for %s did not build within %g s (OPTDRIFT_MAX_BUILD_S); the "
+                    "first run to start a kernel host builds it", device, get_settings().max_build_s)
+        return
+    if built.returncode != 0:
+        log.warning("the harness library for %s did not build; runs use the engine's Python paths:\n%s",
+                    device, log_tail.clip_lines(built.stderr[-4000:], max_line_chars=400))
+    elif built.stdout.strip():
+        log.info("harness library for %s ready in %.1f s: %s", device, time.monotonic() - started,
+                 built.stdout.strip().splitlines()[-1])
 
 
 def worker_name() -> str:

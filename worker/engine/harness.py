@@ -108,3 +108,29 @@ def ensure_loaded(device: object) -> bool:
             return False
         load(path)
     return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m worker.engine.harness DEVICE`: build the library for DEVICE (a cache hit after
+    the first time) and print its path; exit 1 when it does not build. A worker runs it before it
+    takes its first run (worker/tasks.py), in a process of its own."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m worker.engine.harness", description=main.__doc__)
+    parser.add_argument("device", help="cpu, cuda, cuda:N or auto")
+    device = parser.parse_args(argv).device
+    if not switched_on("OPTDRIFT_HARNESS"):
+        print("OPTDRIFT_HARNESS is off: the engine uses its Python paths; nothing built", file=sys.stderr)
+        return 0
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    path = library_for(device)
+    if path is None:
+        print(f"the harness library for {device!r} did not build (see the warning above)", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

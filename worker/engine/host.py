@@ -93,9 +93,10 @@ def _lie(case: CaseSpec, protocol) -> bool:  # noqa: ANN001
 
 def result_line(result: CaseResult, **fields: object) -> str:
     """The protocol line {**fields, "result": result}. pydantic writes the result's JSON itself:
-    for a standard battery's 1092 results that is 0.02 s where json.dumps of model_dump took
-    0.15 s on the CI machine (docs/PERFORMANCE.md, round 12), and json parses both to the same
-    values, every float bit for bit (tests/test_host_protocol.py)."""
+    a standard battery's 1092 full results in 0.03 s where json.dumps of model_dump took 0.13 s,
+    its digests-only answers (a warm pass) 0.009 s against 0.020 s (bench/result_lines.py, CPU
+    machine); json parses both to the same values, every float bit for bit
+    (tests/test_host_protocol.py)."""
     head = json.dumps(fields)[:-1]  # '{"index": 3' of '{"index": 3}', or '{' for no fields
     return f'{head}{", " if fields else ""}"result": {result.model_dump_json()}}}\n'
 

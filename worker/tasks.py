@@ -29,7 +29,7 @@ from service.domain.queueing import CORUN_TASK_NAME, RUN_TASK_NAME, corun_queue_
 from service.domain.storage import archive_limits
 from service.notify import hooks as notify
 from service.settings import Settings, get_settings
-from worker import sandbox
+from worker import gc_policy, sandbox
 from worker.sandbox import log_tail
 from worker.celery_app import app
 from worker.source_fetch import fetch_source
@@ -465,16 +465,19 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
 
 
 @app.task(name=RUN_TASK_NAME, ignore_result=True)
+@gc_policy.collect_after  # a full collection after the task, none during it
 def execute_run_task(run_id: int) -> str:
     return execute_run(run_id)
 
 
 @app.task(name=CORUN_TASK_NAME, ignore_result=True)
+@gc_policy.collect_after  # a full collection after the task, none during it
 def record_baseline_diffs_task(run_id: int) -> str:
     return _record_baseline_diffs(run_id, get_settings())
 
 
 @app.task(name="optdrift.time_kernels", ignore_result=True)
+@gc_policy.collect_after  # a full collection after the task, none during it
 def time_kernels_task(run_id: int) -> str:
     """The kernels' own speed of a finished run (worker/speed/record.py). Like the co-run it
     never holds a run back: while runs wait for this environment it is queued again for later."""

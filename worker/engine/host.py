@@ -46,6 +46,7 @@ line, "foreign:TEXT" answers a result for another case. Nothing else reads it.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import logging
@@ -61,7 +62,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from worker import sandbox
+from worker import gc_policy, sandbox
 from worker.sandbox import log_tail
 from service.results import CaseResult, CaseSpec, EnvironmentFingerprint
 
@@ -205,13 +206,18 @@ def host_main(argv: list[str] | None = None) -> int:
         mark("device")
     protocol.write(json.dumps({"ready": True, "environment": environment, "adapter": description,
                                "startup_s": dict(startup)}) + "\n")
+    # What the imports made lives as long as the host: kept out of every later full collection,
+    # which then walks only what runs allocate (worker/gc_policy.py).
+    gc.freeze()
 
     for line in sys.stdin:
         request = json.loads(line)
         if request.get("op") == "exit":
             return 0
         if request.get("op") == "run_many":
-            finished = _run_many(request, device, protocol, adapter, families)
+            with gc_policy.full_collections_held():
+                finished = _run_many(request, device, protocol, adapter, families)
+            gc.collect()  # the parent has every answer: nobody waits for this host now
             if "inputs queued" in startup:  # a spare serves one run: what it prepared and no wave took goes
                 from worker.engine import step_inputs
 
@@ -307,7 +313,7 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
     from worker.engine import step_inputs
 
     phases: dict[str, float] | None = {} if request.get("profile") else None
-    started, taken_before = time.perf_counter(), step_inputs.taken()
+    started, taken_before, full_before = time.perf_counter(), step_inputs.taken(), gc_policy.full_collections()
     try:
         split = run_request(request, cases, runnable, device, families, emit, phases)
     except Exception as error:  # noqa: BLE001 - reported; the parent falls back to one case at a time
@@ -318,6 +324,7 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
         torch.cuda.synchronize(device)
     if phases is not None:
         phases["request"] = time.perf_counter() - started
+        phases["full collections"] = gc_policy.full_collections() - full_before  # 0 while held
     protocol.write(json.dumps({"done": True, "params_s": split, "inputs_taken": step_inputs.taken() - taken_before,
                                "phases": phases}) + "\n")
     return True
@@ -806,6 +813,7 @@ class KernelHost:
         """The host's scratch folder (the one place it may write; a co-run's parameter files)."""
         return self._scratch.path
 
+    @gc_policy.full_collections_held()  # no full collection while the answers come (worker/gc_policy.py)
     def run_many(self, cases: list[CaseSpec], on_result=None, *, params_file: str | None = None,  # noqa: ANN001
                  known=None, run_one=None, on_pause=None, on_request_sent=None,  # noqa: ANN001
                  profile: bool = False) -> list[CaseResult]:

@@ -1,0 +1,65 @@
+"""Full garbage collections between runs, not inside one.
+
+Now and then CPython's collector walks every container object the process tracks (a full, or
+generation-2, collection). A worker or a kernel host has torch and the engine imported, about
+175,000 tracked objects, and one full pass over them took 88 ms on the CPU machine. Replaying a
+warm standard battery's answers through the parent 12 times in a row (bench/gc_pauses.py) set one
+off in 4 of the 12 runs, three tries out of three: the slowest run took 0.21-0.22 s where the
+others took 0.08-0.10 s. When one falls due depends only on how many objects have been allocated
+since the last full pass, not on the run, which fits the parent's share of the warm battery
+varying from run to run on the H200 (0.06-0.25 s, docs/PERFORMANCE.md, round 12).
+
+So while a run's results are on their way, the full pass is held off (`full_collections_held`).
+The young generations are still collected, and a run's short-lived cycles die there. The full
+pass is made once the run is over (`collect_after`: the worker's tasks; the kernel host after it
+answered `done`), when nobody is waiting for this process.
+
+CPython 3.11 to 3.13 start a full collection only once the middle generation has been collected
+more times than the oldest generation's threshold. Raising that threshold out of reach holds the
+full pass off and leaves the young collections as they were.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+# The oldest generation's threshold while held: more middle-generation collections than any run makes.
+HELD_THRESHOLD = 1 << 30
+
+T = TypeVar("T")
+
+
+@contextmanager
+def full_collections_held() -> Iterator[None]:
+    """No full collection starts inside (the young generations are collected as usual); the
+    thresholds are restored on the way out. Nested use is fine: each level restores what it found."""
+    previous = gc.get_threshold()
+    gc.set_threshold(previous[0], previous[1], max(previous[2], HELD_THRESHOLD))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*previous)
+
+
+def collect_after(function: Callable[..., T]) -> Callable[..., T]:
+    """`function` with full collections held off while it runs and one full collection after it
+    returns or raises: for a worker's task, whose caller (Celery) then only waits for the next task."""
+
+    @functools.wraps(function)
+    def wrapped(*args, **kwargs) -> T:  # noqa: ANN002, ANN003
+        try:
+            with full_collections_held():
+                return function(*args, **kwargs)
+        finally:
+            gc.collect()
+
+    return wrapped
+
+
+def full_collections() -> int:
+    """Full collections this process has made so far (a figure for profiles and tests)."""
+    return gc.get_stats()[2]["collections"]

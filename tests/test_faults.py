@@ -173,11 +173,17 @@ def test_faults_lose_nothing(tmp_path: Path) -> None:
             started.append(worker_one)
             first = submit("c1")
 
-            # 1. kill -9 the worker (its whole process group) while its run is running
-            _wait(lambda: run(first["id"])["progress"]["cases_done"] >= 3, 600,
-                  "the first run did not start running cases")
+            # 1. kill -9 the worker (its whole process group) while its run is running. At the
+            # first stored case: the segfaulting case comes first, so its host's restart (~1 s)
+            # still lies ahead. A later trigger raced the run's end once the one-by-one cases got
+            # fast (81 of them in ~1.5 s): the run was done before the kill, nothing to re-queue.
+            _wait(lambda: run(first["id"])["progress"]["cases_done"] >= 1, 600,
+                  "the first run did not start running cases", step=0.05)
             os.killpg(worker_one.pid, signal.SIGKILL)
             worker_one.wait()
+            at_kill = run(first["id"])
+            assert at_kill["status"] == "running", \
+                f"the first run was {at_kill['status']!r} at the kill, not running: the test lost its race"
             faults.append("kill -9 worker mid-run")
             started.append(start_process(["worker", "--loglevel", "INFO"], env, tmp_path / "worker2.log"))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 
 import pytest
 
@@ -59,6 +60,33 @@ def test_held_no_full_collection_starts_and_the_thresholds_come_back(eager_colle
     del kept
 
 
+def test_holds_overlapping_across_threads_out_of_order_put_the_threshold_back(eager_collector):
+    # A co-run's two hosts hold from two threads: A enters, B enters, A leaves, B leaves.
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    during = []
+
+    def first() -> None:
+        with gc_policy.full_collections_held():
+            a_in.set()
+            b_in.wait(5)
+        a_out.set()
+
+    def second() -> None:
+        a_in.wait(5)
+        with gc_policy.full_collections_held():
+            b_in.set()
+            a_out.wait(5)
+            during.append(gc.get_threshold()[2])  # still held: the other hold ended, this one not
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert during == [gc_policy.HELD_THRESHOLD]
+    assert gc.get_threshold() == (100, 2, 2) and gc_policy.holders() == 0
+
+
 def test_a_task_holds_them_while_it_runs_and_collects_after(monkeypatch, eager_collector):
     seen = {}
 
@@ -89,4 +117,4 @@ def test_a_kernel_host_run_is_held_on_both_sides(kernels_build):
         assert [r.status for r in results] == ["ok"] * 3
         assert host.last_phases.get("full collections") == 0, host.last_phases  # the host's side
     assert thresholds == [gc_policy.HELD_THRESHOLD] * 3  # the parent's side, while the answers came
-    assert gc.get_threshold()[2] != gc_policy.HELD_THRESHOLD
+    assert gc_policy.holders() == 0 and gc.get_threshold()[2] != gc_policy.HELD_THRESHOLD

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
@@ -33,16 +34,39 @@ HELD_THRESHOLD = 1 << 30
 T = TypeVar("T")
 
 
+# The collector's thresholds are the process's, and runs hold them from several threads at once
+# (a co-run's two hosts, the check's two batteries): the first holder raises the oldest
+# generation's threshold, the last one out puts back what the first found. Each holder saving and
+# restoring on its own would leave it raised forever whenever two holds overlap out of order.
+_lock = threading.Lock()
+_holders = 0
+_saved_threshold = 0
+
+
 @contextmanager
 def full_collections_held() -> Iterator[None]:
-    """No full collection starts inside (the young generations are collected as usual); the
-    thresholds are restored on the way out. Nested use is fine: each level restores what it found."""
-    previous = gc.get_threshold()
-    gc.set_threshold(previous[0], previous[1], max(previous[2], HELD_THRESHOLD))
+    """No full collection starts inside (the young generations are collected as usual). Holds
+    may nest and overlap across threads; the oldest generation's threshold comes back when the
+    last one ends."""
+    global _holders, _saved_threshold
+    with _lock:
+        if _holders == 0:
+            young, middle, _saved_threshold = gc.get_threshold()
+            gc.set_threshold(young, middle, max(_saved_threshold, HELD_THRESHOLD))
+        _holders += 1
     try:
         yield
     finally:
-        gc.set_threshold(*previous)
+        with _lock:
+            _holders -= 1
+            if _holders == 0:
+                young, middle, _ = gc.get_threshold()
+                gc.set_threshold(young, middle, _saved_threshold)
+
+
+def holders() -> int:
+    """How many holds are open in this process now."""
+    return _holders
 
 
 def collect_after(function: Callable[..., T]) -> Callable[..., T]:

@@ -15,8 +15,9 @@ pass is made once the run is over (`collect_after`: the worker's tasks; the kern
 answered `done`), when nobody is waiting for this process.
 
 CPython 3.11 and 3.12 (what optdrift runs on, here and on the H200) start a full collection only
-once the middle generation has been collected more times than the oldest generation's threshold. Raising that threshold out of reach holds the
-full pass off and leaves the young collections as they were.
+once the middle generation has been collected more times than the oldest generation's threshold.
+Raising that threshold out of reach holds the full pass off and leaves the young collections as
+they were.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ T = TypeVar("T")
 
 
 # The collector's thresholds are the process's, and runs hold them from several threads at once
-# (a co-run's two hosts, the check's two batteries): the first holder raises the oldest
+# (a co-run's two hosts, each read from its own thread): the first holder raises the oldest
 # generation's threshold, the last one out puts back what the first found. Each holder saving and
 # restoring on its own would leave it raised forever whenever two holds overlap out of order.
 _lock = threading.Lock()

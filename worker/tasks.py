@@ -115,14 +115,15 @@ def _build_harness_before_runs(**_kwargs) -> None:  # noqa: ANN003
     charged to that run's budget (a verify run's is small) for code that is not the run's. It runs
     in a process of its own: the Celery parent, which forks the pool's replacement processes, stays
     without torch. A library that does not build is logged; runs then use the Python paths."""
-    device = get_settings().worker_device
+    settings = get_settings()
+    device = settings.worker_device
     started = time.monotonic()
     try:
         built = subprocess.run([sys.executable, "-m", "worker.engine.harness", device], capture_output=True,
-                               text=True, timeout=get_settings().max_build_s)
+                               text=True, timeout=settings.max_build_s)
     except subprocess.TimeoutExpired:
         log.warning("the harness library for %s did not build within %g s (OPTDRIFT_MAX_BUILD_S); the "
-                    "first run to start a kernel host builds it", device, get_settings().max_build_s)
+                    "first run to start a kernel host builds it", device, settings.max_build_s)
         return
     if built.returncode != 0:
         log.warning("the harness library for %s did not build; runs use the engine's Python paths:\n%s",

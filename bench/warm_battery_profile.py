@@ -176,6 +176,8 @@ def spare_run(library_path, device: str, cases, cache, prepare, idle_s: float, l
         figures[f"{label}_inputs_taken"] = spare.last_inputs_taken
         for name, seconds in spare.last_phases.items():  # the host's clock, its first run
             figures[f"{label}_host_{name.split(' ')[0]}_s"] = seconds
+        for name, seconds in spare.last_parent_marks.items():  # the parent's clock, from run_many's call
+            figures[f"{label}_parent_{name.replace(' ', '_')}_s"] = seconds
         print(f"{label} startup phases:", json.dumps(spare.startup_s), flush=True)
     finally:
         spare.close()

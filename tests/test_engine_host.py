@@ -88,6 +88,7 @@ def test_a_library_that_cannot_load_is_broken_not_a_crash(tmp_path):
     ("garbage", "not JSON"),
     ("flood", "a line over"),
     ("foreign", "answered for case"),
+    ("series", "no valid result"),  # a known series claimed when none was asked for
 ])
 def test_a_host_that_lies_costs_only_its_case(kernels_build, lie, says):
     """The host runs submitted code: its answers are checked like any untrusted input. A line that

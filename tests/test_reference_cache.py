@@ -169,6 +169,47 @@ def test_a_host_claiming_an_unknown_series_gets_a_broken_case(tmp_path):
     assert cache.size()[0] == 0
 
 
+def _fault_host(build, fault=None):  # noqa: ANN001
+    import os
+
+    from worker.engine.host import FAULT_ENV, KernelHost
+
+    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
+    if fault:
+        env[FAULT_ENV] = fault
+    return KernelHost(build.library_path, device="cpu", env=env)
+
+
+def test_a_sandboxed_host_answers_known_series_by_key_and_a_false_key_breaks_only_its_case(
+        kernels_build, tmp_path, monkeypatch):
+    """A warm run through a real kernel host: each known series comes back as its key alone
+    (the parent holds its digests and metrics) and the results equal the cold run's, bit for
+    bit. A host (it runs submitted code) naming a key it was not told of gets that case broken
+    as a protocol violation; every other case stands."""
+    from worker.engine import host as host_module
+
+    cases = load_battery("quick").expand()[:12]
+    cache = ReferenceCache(tmp_path, writable=True)
+    with _fault_host(kernels_build) as host:
+        cold = reference_cache.run_many(host, cases, cache)
+    by_key: list[int] = []
+    resolve = host_module.known_series_result
+    monkeypatch.setattr(host_module, "known_series_result",
+                        lambda answer, index, known_result: by_key.append(index) or resolve(answer, index, known_result))
+    with _fault_host(kernels_build) as host:
+        warm = reference_cache.run_many(host, cases, cache)
+    assert sorted(by_key) == list(range(len(cases)))  # every case answered by its key alone
+    assert [repr(r.model_dump(exclude={"duration_s"})) for r in warm] == \
+        [repr(r.model_dump(exclude={"duration_s"})) for r in cold]
+    by_key.clear()
+    with _fault_host(kernels_build, fault=f"series:{cases[3].case_id}") as host:
+        lied = reference_cache.run_many(host, cases, cache)
+    assert lied[3].status == "broken" and "protocol violation" in lied[3].message
+    assert [repr(r.model_dump(exclude={"duration_s"})) for i, r in enumerate(lied) if i != 3] == \
+        [repr(r.model_dump(exclude={"duration_s"})) for i, r in enumerate(cold) if i != 3]
+    assert ReferenceCache(tmp_path, writable=False).size()[0] == len(cases)  # the lie stored nothing
+
+
 def test_an_unreadable_cache_is_skipped_not_fatal(tmp_path):
     case = load_battery("quick").expand()[0]
     (tmp_path / reference_cache.FILE_NAME).write_bytes(b"not a database" * 100)

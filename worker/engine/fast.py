@@ -376,6 +376,8 @@ class _Wave:
         self._allocate_observation()
         _timed("setup_observation", started)
         self.gradient_graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        # Host seconds of graphed_gradients' parts (the run's profile: bench/warm_battery_profile.py)
+        self.gradient_seconds = {"inputs": 0.0, "uploads": 0.0, "replay": 0.0}
 
     def _make_bundles(self, width_class: _WidthClass, batch_low_precision_refs: bool) -> None:
         order, start = width_class.order, 0
@@ -517,7 +519,10 @@ class _Wave:
         into fixed device buffers and the same ops replay from there. The ops only overwrite the
         gradient arenas from the buffers, the parameters and constants, so the layout's first step
         runs them eagerly (as the capture's warm-up) and the graph serves the steps after it."""
+        began = time.perf_counter()
         values, masks = inputs.get_host(step)
+        taken = time.perf_counter()
+        self.gradient_seconds["inputs"] += taken - began
         # One layout object per stretch of steps between case ends (StepInputs), so its identity
         # also says which cases have finished: no scan of the cases at every step.
         key = id(inputs.layout(step))
@@ -526,7 +531,10 @@ class _Wave:
             graph, (value_buffer, mask_buffer) = held
             value_buffer.copy_(values, non_blocking=True)
             mask_buffer.copy_(masks, non_blocking=True)
+            uploaded = time.perf_counter()
             graph.replay()
+            self.gradient_seconds["uploads"] += uploaded - taken
+            self.gradient_seconds["replay"] += time.perf_counter() - uploaded
             return
         buffers = (values.to(self.device, non_blocking=True), masks.to(self.device, non_blocking=True))
         for width_class in self.classes:  # the gather indices: made here, outside the capture
@@ -697,6 +705,8 @@ class _Wave:
         if profile is not None:
             for name, value in phases.items():
                 profile[name] = profile.get(name, 0.0) + value
+            for name, value in self.gradient_seconds.items():  # the graphed gradients' parts
+                profile[f"gradients_{name}"] = profile.get(f"gradients_{name}", 0.0) + value
         return results
 
     def _results(self, started: float) -> dict[int, CaseResult]:
@@ -814,7 +824,10 @@ def run_waves(cases: list[CaseSpec], max_wave_elements: int, use_graphs: bool, o
         try:
             finished = wave.run(use_graphs, profile)
         finally:
+            closing = time.perf_counter()
             wave.close_handles()
+            if profile is not None:
+                profile["close"] = profile.get("close", 0.0) + time.perf_counter() - closing
         for position, index in enumerate(indices):
             result = finished.get(position)
             if result is None:

@@ -50,6 +50,7 @@ import gc
 import importlib
 import json
 import logging
+import math
 import os
 import select
 import shutil
@@ -73,12 +74,15 @@ FAULT_ENV = "OPTDRIFT_TEST_HOST_FAULT"
 
 
 # ----------------------------------------------------------------------------- host side
-def _lie(case: CaseSpec, protocol) -> bool:  # noqa: ANN001
-    """Test-only: answer falsely for `case` as hostile code in the host could; True if it did."""
+def _lie(case: CaseSpec, protocol, index: int = 0) -> bool:  # noqa: ANN001
+    """Test-only: answer falsely for `case` (asked for as `index`) as hostile code in the host
+    could; True if it did."""
     kind, _, text = os.environ.get(FAULT_ENV, "").partition(":")
-    if not text or text not in case.case_id or kind not in ("garbage", "flood", "foreign"):
+    if not text or text not in case.case_id or kind not in ("garbage", "flood", "foreign", "series"):
         return False
-    if kind == "garbage":
+    if kind == "series":  # a known series claimed by a key nobody gave it
+        protocol.write(json.dumps({"index": index, "series": "0" * 32, "duration_s": 0.0}) + "\n")
+    elif kind == "garbage":
         protocol.write("this is not a protocol line\n")
     elif kind == "flood":
         for _ in range(80):
@@ -295,15 +299,30 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
     from worker.engine.cuda_errors import context_lost
     from worker.engine.kernels_only import run_request
 
+    parse_started = time.perf_counter()
     cases = [CaseSpec.model_validate(c) for c in request["cases"]]
+    phases: dict[str, float] | None = {} if request.get("profile") else None
 
     def emit(index: int, result: CaseResult) -> None:
+        if phases is None:
+            protocol.write(result_line(result, index=index))
+            return
+        began = time.perf_counter()
         protocol.write(result_line(result, index=index))
+        phases["answers"] = phases.get("answers", 0.0) + time.perf_counter() - began
+
+    def emit_known(index: int, key: str, result: CaseResult) -> None:
+        # A known series: its key alone, not its digests (~3.5 KB a 100-step case), which the
+        # parent holds already and would parse, check and hash again (bench/parent_share.py).
+        began = time.perf_counter()
+        protocol.write(json.dumps({"index": index, "series": key, "duration_s": result.duration_s}) + "\n")
+        if phases is not None:
+            phases["answers"] = phases.get("answers", 0.0) + time.perf_counter() - began
 
     runnable = []
     for index, case in enumerate(cases):
         _inject_fault(case)  # test-only: a crash here must fall back to one case at a time
-        if _lie(case, protocol):
+        if _lie(case, protocol, index):
             continue
         unsupported = adapter.unsupported(case, device)
         if unsupported:  # as the one-case path answers it
@@ -312,10 +331,12 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
             runnable.append(index)
     from worker.engine import step_inputs
 
-    phases: dict[str, float] | None = {} if request.get("profile") else None
+    if phases is not None:
+        phases["parse"] = time.perf_counter() - parse_started  # the cases read, before `request` starts
     started, taken_before, full_before = time.perf_counter(), step_inputs.taken(), gc_policy.full_collections()
     try:
-        split = run_request(request, cases, runnable, device, families, emit, phases)
+        split = run_request(request, cases, runnable, device, families, emit, phases,
+                            emit_known if request.get("known_by_key") else None)
     except Exception as error:  # noqa: BLE001 - reported; the parent falls back to one case at a time
         restart = context_lost(error, device)
         protocol.write(json.dumps({"stopped": f"{type(error).__name__}: {error}", "restart": restart}) + "\n")
@@ -357,6 +378,21 @@ def parse_answer(line: bytes) -> dict:
     if not isinstance(answer, dict):
         raise HostProtocolError("the kernel host answered JSON that is not an object")
     return answer
+
+
+def known_series_result(answer: dict, index: int, known_result) -> CaseResult:  # noqa: ANN001
+    """The result of a known-series answer {"index", "series", "duration_s"}: what
+    `known_result(index, series key, duration)` makes of it (the reference cache's stored
+    trajectory). The answer names only a key; which keys may be named for the case is the
+    resolver's to check."""
+    series, duration = answer.get("series"), answer.get("duration_s", 0.0)
+    if known_result is None:
+        raise HostProtocolError("the kernel host answered a known series although none was asked for")
+    if not isinstance(series, str) or len(series) > 64:
+        raise HostProtocolError("the kernel host's known-series answer has no valid series key")
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not math.isfinite(duration):
+        raise HostProtocolError("the kernel host's known-series answer has no valid duration")
+    return known_result(index, series, float(duration))
 
 
 def checked_result(answer: dict, case: CaseSpec) -> CaseResult:
@@ -408,6 +444,9 @@ def _link_tree(source: Path, target: Path) -> None:
 class KernelHost:
     """The parent's handle on one host process; restarts it after a crash, hang or CUDA error."""
 
+    # run_many takes `known_result`: a known series is answered by its key alone (reference_cache)
+    answers_known_by_key = True
+
     def __init__(self, library_path: str | Path, *, device: str = "auto", case_timeout_s: float = 300.0,
                  startup_timeout_s: float = 120.0, env: dict[str, str] | None = None, threads: int = 1,
                  adapter: str = "bundled", deadline: float | None = None,
@@ -440,6 +479,10 @@ class KernelHost:
         self.last_params_s: dict[str, float] = {}  # the last run_many's parameter writing (host clock)
         self.last_inputs_taken = 0  # steps of gradient inputs it had prepared and the last run_many took
         self.last_phases: dict[str, float] = {}  # run_many(profile=True): the host's seconds per wave phase
+        # run_many(profile=True): the parent's clock, seconds from the call to each mark (request
+        # made, reference lookup done, request sent, on_request_sent done, first and last answer,
+        # the host's done line): where the parent's share of a run goes (bench/warm_battery_profile.py).
+        self.last_parent_marks: dict[str, float] = {}
         self._spare_spawned = 0.0
 
     def __enter__(self) -> "KernelHost":
@@ -816,20 +859,29 @@ class KernelHost:
     @gc_policy.full_collections_held()  # no full collection while the answers come (worker/gc_policy.py)
     def run_many(self, cases: list[CaseSpec], on_result=None, *, params_file: str | None = None,  # noqa: ANN001
                  known=None, run_one=None, on_pause=None, on_request_sent=None,  # noqa: ANN001
-                 profile: bool = False) -> list[CaseResult]:
+                 known_result=None, profile: bool = False) -> list[CaseResult]:  # noqa: ANN001
         """All `cases` through the host's fast runner (worker.engine.fast), the same results as
         `run` one by one. `on_result(index, result)` as results arrive (out of order). Cases the
         fast runner did not answer (crash, hang, CUDA error) are then run one by one with `run`
         (or `run_one(index, case)`), so a faulty case is reported broken on its own.
         `params_file`: a file name in `scratch_path` for the co-run's kernels-only run (its layout:
         worker.engine.params_file). `known(environment) -> {index: [series keys]}`: the reference
-        cache's known digest series (worker.engine.reference_cache.run_many). `on_pause()` when
+        cache's known digest series (worker.engine.reference_cache.run_many); with
+        `known_result(index, series key, duration_s) -> CaseResult` the host answers a case whose
+        digests form one of them with the key alone, and this makes its result. `on_pause()` when
         the host has no further answer ready (its answers come in bursts, one per wave): where a
         caller storing results in batches writes what it holds. `on_request_sent()` once the
         request is on its way, before the first answer is read: work the caller can do while
         the host runs. `profile`: the host times its wave
         phases (`last_phases`, on the host's clock: shown, never trusted)."""
         results: list[CaseResult | None] = [None] * len(cases)
+        called = time.perf_counter()
+        marks: dict[str, float] = {}
+
+        def mark(name: str) -> None:
+            if profile:
+                marks.setdefault(name, time.perf_counter() - called)
+        self.last_parent_marks = marks
         self._ensure_running()  # a startup failure: the one-by-one pass below reports it per case
         if self._alive():
             request = {"op": "run_many", "cases": [c.model_dump(mode="json") for c in cases]}
@@ -837,16 +889,22 @@ class KernelHost:
                 request["params_out"] = str(self._scratch.path / params_file)
             if profile:
                 request["profile"] = True
+            mark("request made")
             held = known(self.environment) if known is not None and self.environment is not None else None
             if held:
                 request["known"] = {str(index): keys for index, keys in held.items()}
+                if known_result is not None:
+                    request["known_by_key"] = True
+            mark("known")
             try:
                 self._process.stdin.write((json.dumps(request) + "\n").encode())
                 self._process.stdin.flush()
             except OSError:
                 pass
+            mark("request sent")
             if on_request_sent is not None:
                 on_request_sent()
+            mark("on_request_sent done")
             while True:
                 if on_pause is not None and not self._answer_ready():
                     on_pause()
@@ -856,10 +914,14 @@ class KernelHost:
                     answer = parse_answer(line) if line is not None else None
                     index = answer.get("index") if answer is not None else None
                     if index is not None:
-                        if not isinstance(index, int) or not 0 <= index < len(cases) or results[index] is not None:
+                        if (isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(cases)
+                                or results[index] is not None):
                             raise HostProtocolError(f"the kernel host answered for case index {index!r}, "
                                                     "which was not asked for or was answered already")
-                        result = checked_result(answer, cases[index])
+                        if "series" in answer and "result" not in answer:
+                            result = known_series_result(answer, index, known_result if held else None)
+                        else:
+                            result = checked_result(answer, cases[index])
                 except HostProtocolError as error:
                     # What it answered so far stands; the rest runs one case at a time below,
                     # where a host that misbehaves again costs only that case.
@@ -870,10 +932,14 @@ class KernelHost:
                     self._kill()
                     break
                 if index is not None:
+                    mark("first answer")
                     results[index] = result
                     if on_result:
                         on_result(answer["index"], result)
+                    if profile:
+                        marks["last answer"] = time.perf_counter() - called
                     continue
+                mark("done line")
                 if answer.get("restart"):
                     self._kill()
                 # A co-run request's parameter writing, on the host's clock: shown, never trusted.
@@ -881,7 +947,7 @@ class KernelHost:
                 taken = answer.get("inputs_taken")  # likewise shown only (bench/warm_battery_profile.py)
                 self.last_inputs_taken = taken if isinstance(taken, int) else 0
                 phases = answer.get("phases")
-                self.last_phases = ({str(k)[:40]: float(v) for k, v in list(phases.items())[:16]
+                self.last_phases = ({str(k)[:40]: float(v) for k, v in list(phases.items())[:32]
                                      if isinstance(v, (int, float))} if isinstance(phases, dict) else {})
                 self.last_params_s = ({str(k)[:40]: float(v) for k, v in list(split.items())[:8]
                                        if isinstance(v, (int, float))} if isinstance(split, dict) else {})

@@ -191,17 +191,23 @@ def run_kernels_only(cases: list[CaseSpec], device: torch.device | str, *,
                           run_alone=alone)
 
 
+# A known series' answer: (case index, its series key, the kernels-only result with its digests).
+OnKnown = Callable[[int, str, CaseResult], None]
+
+
 def run_cases_known(cases: list[CaseSpec], device: torch.device | str, known: dict[int, set[str]], *,
                     families: Mapping[str, FamilyAdapter] | None = None,
-                    on_result: OnResult | None = None,
+                    on_result: OnResult | None = None, on_known: OnKnown | None = None,
                     profile: dict[str, float] | None = None) -> list[CaseResult]:
     """Every case's result, with the reference work skipped where it is known already.
 
     `known[i]`: series keys (reference_cache.series_key) of digest series whose metrics the parent
     holds for case i in this environment. Those cases run kernels-only first; a case whose digests
     form a known series is answered with digests only (the parent fills in the metrics); every
-    other case runs through the full fast engine, as without a cache. `profile` gains both
-    passes' host seconds per wave phase."""
+    other case runs through the full fast engine, as without a cache. `on_known`, when given,
+    takes the known-series answers instead of `on_result` (the kernel host answers those with the
+    series key alone: the parent holds the digests already). `profile` gains both passes' host
+    seconds per wave phase."""
     results: list[CaseResult | None] = [None] * len(cases)
     first = sorted(known)
 
@@ -212,8 +218,16 @@ def run_cases_known(cases: list[CaseSpec], device: torch.device | str, known: di
 
     def first_pass(position: int, result: CaseResult) -> None:
         index = first[position]
-        if result.status == "ok" and series_key(result.trajectory.digests) in known[index]:
+        if result.status != "ok":
+            return
+        key = series_key(result.trajectory.digests)
+        if key not in known[index]:
+            return
+        if on_known is None:
             answer(index, result)
+            return
+        results[index] = result
+        on_known(index, key, result)
 
     if first:
         run_kernels_only([cases[i] for i in first], device, families=families, on_result=first_pass,
@@ -226,12 +240,13 @@ def run_cases_known(cases: list[CaseSpec], device: torch.device | str, known: di
 
 def run_request(request: dict, cases: list[CaseSpec], runnable: list[int], device: torch.device,
                 families: Mapping[str, FamilyAdapter], emit: OnResult,
-                profile: dict[str, float] | None = None) -> dict[str, float]:
+                profile: dict[str, float] | None = None, emit_known: OnKnown | None = None) -> dict[str, float]:
     """The kernel host's `run_many` (worker/engine/host.py) on the `runnable` indices of `cases`:
     with "params_out" (a file in the host's scratch) the co-run's kernels-only run writing it; with
     "known" ({case index: [series keys]}) the reference cache's two passes; else the fast engine.
     Returns, for a co-run's request, where its parameter writing went (run_kernels_only's
-    `params_seconds`), else {}. `profile` gains the host seconds per wave phase."""
+    `params_seconds`), else {}. `profile` gains the host seconds per wave phase. `emit_known`,
+    when given, answers the cases whose digests form a known series (run_cases_known's `on_known`)."""
     subset = [cases[i] for i in runnable]
 
     def on_result(position: int, result: CaseResult) -> None:
@@ -250,8 +265,10 @@ def run_request(request: dict, cases: list[CaseSpec], runnable: list[int], devic
     known = {int(index): set(keys) for index, keys in (request.get("known") or {}).items()}
     if known:
         position_of = {index: position for position, index in enumerate(runnable)}
+        on_known = None if emit_known is None else (
+            lambda position, key, result: emit_known(runnable[position], key, result))
         run_cases_known(subset, device, {position_of[i]: keys for i, keys in known.items() if i in position_of},
-                        families=families, on_result=on_result, profile=profile)
+                        families=families, on_result=on_result, on_known=on_known, profile=profile)
         return {}
     fast.run_cases_fast(subset, device, families=families, on_result=on_result, profile=profile)
     return {}

@@ -12,7 +12,8 @@ every kernel here runs for a few microseconds, so the device never holds the hos
 * the bound 32-bit adam_step and 8-bit adam step on 4097 elements (what the battery calls),
   with and without torch.inference_mode (which skips the autograd and view-tracking layers);
 * the 32-bit op called through torch.ops' overload packet with every argument spelled out;
-* both bound ops made by the harness's C++ loop (worker.engine.call_loop), 1000 calls per run.
+* both bound ops made by the harness's C++ loop (worker.engine.call_loop), 1000 calls per run,
+  through the dispatcher's autograd layer and below it (as the loop makes them by default).
 """
 
 from __future__ import annotations
@@ -98,8 +99,10 @@ def main() -> int:
     if harness.ensure_loaded(device):  # the same calls from C++, 1000 prepared per run
         per_run = 1000
         for label, step_fn in (("adam_step", bound), ("adam 8-bit blockwise", bound8)):
-            calls = call_loop.prepare([step_fn] * per_run, [1 << 30] * per_run, set())
-            rows.append((f"{label} through the C++ loop (worker.engine.call_loop)", _per_run(calls, per_run)))
+            for below in (False, True):
+                calls = call_loop.prepare([step_fn] * per_run, [1 << 30] * per_run, set(), below_autograd=below)
+                where = "below autograd" if below else "through autograd"
+                rows.append((f"{label}, C++ loop (call_loop), {where}", _per_run(calls, per_run)))
     else:
         print("the harness library is not available: no C++ loop rows")
     print(f"host microseconds per call, {args.calls} calls back to back on {device} "

@@ -34,10 +34,12 @@ class WaveCalls:
 
 
 def prepare(bound: Sequence[Callable[[int], None] | None], last_steps: Sequence[int],
-            skip: set[int]) -> WaveCalls | None:
+            skip: set[int], *, below_autograd: bool | None = None) -> WaveCalls | None:
     """The calls of `bound` (a wave's step functions; None and `skip` left out) in C++, when the
     harness is loaded and switched on and every one is a kernel_ops.BoundOp; else None (the wave
-    calls them from Python, as before)."""
+    calls them from Python, as before). `below_autograd` (default: on unless
+    OPTDRIFT_CALL_LOOP_BELOW_AUTOGRAD=0): the calls enter the dispatcher below its autograd layer,
+    which a bundled op has no kernel in (call_loop.cpp)."""
     from worker.engine.kernel_ops import BoundOp
 
     module = harness.module()
@@ -46,7 +48,9 @@ def prepare(bound: Sequence[Callable[[int], None] | None], last_steps: Sequence[
     cases = [index for index, step_fn in enumerate(bound) if step_fn is not None and index not in skip]
     if not cases or not all(isinstance(bound[index], BoundOp) for index in cases):
         return None
-    prepared = module.PreparedCalls()
+    if below_autograd is None:
+        below_autograd = harness.switched_on("OPTDRIFT_CALL_LOOP_BELOW_AUTOGRAD")
+    prepared = module.PreparedCalls(below_autograd)
     for index in cases:
         step_fn = bound[index]
         arguments, step_at = step_fn.arguments()

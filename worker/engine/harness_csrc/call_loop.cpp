@@ -10,9 +10,19 @@
 // Nothing is batched: one call per case and step, on the case's own tensors, in the order Python
 // made them. A call that throws is reported with its index and never made again (the engine
 // re-runs that case alone, as for a Python call that raised).
+//
+// Below the autograd layer: a call from Python enters the dispatcher at its autograd key, where
+// an op with no autograd kernel (every bundled op) meets torch's boxed autograd fallback, which
+// walks the arguments for tensors that require grad and bumps the version counters of the
+// mutated ones before it redispatches to the backend kernel. Nothing here needs gradients or
+// version counters, so by default the loop enters below that layer
+// (at::AutoDispatchBelowADInplaceOrView, as torch's own fallbacks do before they redispatch):
+// the same backend kernel with the same arguments, without the walk.
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/extension.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +46,9 @@ c10::IValue to_ivalue(const py::handle& value, const c10::Argument& expected, co
 
 class PreparedCalls {
  public:
+  // `below_autograd`: make the calls below the autograd layer (see the top of this file).
+  explicit PreparedCalls(bool below_autograd = true) : below_autograd_(below_autograd) {}
+
   // One case's call: op `name` ("namespace::op") and `overload` ("" for the default), every
   // argument in schema order; `step_at` is the index of the step number (-1: none); the call is
   // made for steps 1..last_step. Returns its index.
@@ -61,6 +74,8 @@ class PreparedCalls {
   std::vector<std::pair<int64_t, std::string>> run(int64_t step) {
     std::vector<std::pair<int64_t, std::string>> failed;
     py::gil_scoped_release no_gil;  // the kernels never need Python
+    std::optional<at::AutoDispatchBelowADInplaceOrView> below;
+    if (below_autograd_) below.emplace();
     for (size_t i = 0; i < calls_.size(); ++i) {
       Call& call = calls_[i];
       if (!call.live || step > call.last_step) continue;
@@ -93,6 +108,7 @@ class PreparedCalls {
     bool live;
   };
   std::vector<Call> calls_;
+  bool below_autograd_;
 };
 
 }  // namespace
@@ -101,7 +117,7 @@ class PreparedCalls {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "optdrift's harness: the kernel-call loop (the od2 observation registers as a torch op)";
   py::class_<optdrift_harness::PreparedCalls>(m, "PreparedCalls")
-      .def(py::init<>())
+      .def(py::init<bool>(), py::arg("below_autograd") = true)
       .def("add", &optdrift_harness::PreparedCalls::add, py::arg("name"), py::arg("overload"),
            py::arg("arguments"), py::arg("step_at"), py::arg("last_step"))
       .def("run", &optdrift_harness::PreparedCalls::run, py::arg("step"))

@@ -160,18 +160,26 @@ def setup_profile(cases, device, families, top_count: int, figures: dict) -> Non
     print(top(profile, top_count), flush=True)
 
 
+def _answers(results) -> list[str]:  # noqa: ANN001
+    """Every result but its duration, as text: equal texts are equal bits (repr of each float)."""
+    return [repr(r.model_dump(exclude={"duration_s"})) for r in results]
+
+
 def spare_run(library_path, device: str, cases, cache, prepare, idle_s: float, label: str,  # noqa: ANN001
-              figures: dict) -> None:
+              figures: dict, ready_waves: bool = True, expected: list[str] | None = None) -> None:
     """A spare host started, left waiting `idle_s` (a worker's time between runs), given the build
-    and run on the warm cache: the wall clock from the build's hand-over to the last answer."""
-    spare = KernelHost.spare(device=device, prepare=prepare)
+    and run on the warm cache: the wall clock from the build's hand-over to the last answer.
+    `ready_waves`: whether a prepared spare also sets its kernels-only waves up while it waits."""
+    spare = KernelHost.spare(device=device, prepare=prepare, ready_waves=ready_waves)
     try:
         time.sleep(idle_s)
         started = time.perf_counter()
         spare.adopt_build(library_path, case_timeout_s=600)
         figures[f"{label}_adopt_s"] = time.perf_counter() - started
-        reference_cache.run_many(spare, cases, cache, profile=True)
+        results = reference_cache.run_many(spare, cases, cache, profile=True)
         figures[f"{label}_warm_s"] = time.perf_counter() - started
+        if expected is not None:  # the cold run's results, bit for bit
+            figures[f"{label}_mismatches"] = sum(a != b for a, b in zip(_answers(results), expected))
         figures[f"{label}_run_many_s"] = figures[f"{label}_warm_s"] - figures[f"{label}_adopt_s"]
         figures[f"{label}_inputs_taken"] = spare.last_inputs_taken
         for name, seconds in spare.last_phases.items():  # the host's clock, its first run
@@ -195,6 +203,9 @@ def main() -> int:
     parser.add_argument("--prepared-repeats", type=int, default=1,
                         help="how many prepared spares of 1a to time, one after another (the spread "
                              "of issue 18's figure within one machine)")
+    parser.add_argument("--unready-repeats", type=int, default=0,
+                        help="how many prepared spares that set no waves up ahead to time, interleaved "
+                             "with the prepared ones (the A/B of round 13)")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
     import torch
@@ -216,7 +227,7 @@ def main() -> int:
             print("host startup phases (s since its module started; spawn to ready on the parent's clock):",
                   json.dumps(host.startup_s), flush=True)
             started = time.perf_counter()
-            reference_cache.run_many(host, cases, cache)
+            cold = _answers(reference_cache.run_many(host, cases, cache))
             figures["cold_fill_s"] = time.perf_counter() - started
             # 1. the pipeline's way, timed by phase
             environment = host.environment
@@ -248,13 +259,26 @@ def main() -> int:
 
         # 1a. as the worker runs a warm commit: on a spare host that waited for its build, without
         # and with the gradient inputs it prepared while waiting (worker.engine.step_inputs)
+        # (a spare that prepared its inputs but set no wave up ahead, round 12's way, interleaved
+        # with the prepared ones for an A/B on the same machine: --unready-repeats)
         prepared = ["spare_prepared"] + [f"spare_prepared_r{k}" for k in range(2, args.prepared_repeats + 1)]
-        for label, prepare in [("spare", None)] + [(label, cases) for label in prepared]:
-            spare_run(build.library_path, device, cases, cache, prepare, args.spare_idle_s, label, figures)
-        walls = [figures[f"{label}_warm_s"] for label in prepared]
-        print(f"prepared spare, hand-over to last result, {len(walls)} run(s): "
-              + ", ".join(f"{w:.3f}" for w in walls) + f" s (median {statistics.median(walls):.3f} s)",
-              flush=True)
+        unready = [f"spare_unready_r{k}" for k in range(1, args.unready_repeats + 1)]
+        order = [("spare", None, True)]
+        for k, label in enumerate(prepared):
+            order.append((label, cases, True))
+            if k < len(unready):
+                order.append((unready[k], cases, False))
+        for label, prepare, ready_waves in order:
+            spare_run(build.library_path, device, cases, cache, prepare, args.spare_idle_s, label, figures,
+                      ready_waves=ready_waves, expected=cold)
+        print("spares' results differing from the cold run's:",
+              sum(figures[f"{label}_mismatches"] for label, _, _ in order), flush=True)
+        for name, labels in (("prepared spare", prepared), ("prepared spare, no waves set up ahead", unready)):
+            walls = [figures[f"{label}_warm_s"] for label in labels]
+            if walls:
+                print(f"{name}, hand-over to last result, {len(walls)} run(s): "
+                      + ", ".join(f"{w:.3f}" for w in walls) + f" s (median {statistics.median(walls):.3f} s)",
+                      flush=True)
 
         # 1b. the same warm run split over N hosts at once (cases dealt by cost, largest first)
         for count in args.split:

@@ -4,6 +4,7 @@ have made itself, bit for bit; a spare kernel host prepares the cases its parent
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from worker import pipeline
 from worker.battery import load_battery
-from worker.engine import fast, host_reserve, step_inputs
+from worker.engine import fast, host_reserve, reference_cache, step_inputs
 from worker.engine.gradients import GradientStream, initial_parameters
 from worker.engine.host import KernelHost
 from tests.test_host_reserve import warm_job
@@ -143,3 +144,37 @@ def test_spares_prepare_a_built_in_battery_and_never_a_projects_own(kernels_buil
     assert host_reserve._expected["cpu"] == []
     newest = host_reserve._spares[-1][1]
     assert not (newest._slot / "expected-cases.json").exists()
+
+
+def test_a_spare_sets_its_waves_up_ahead_and_a_warm_run_takes_them_bit_for_bit(kernels_build, tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    """A spare told the cases to expect sets their kernels-only waves up before its build comes
+    (worker.engine.kernels_only.ReadyWaves); a warm run over exactly those cases binds and runs
+    them: every case's digests form its known series (so each is answered by its key alone) and
+    every result equals a cold run's. A request with other cases leaves them (they were made for
+    those cases only) and sets its own up."""
+    from worker.engine import host as host_module
+
+    cases = QUICK  # three waves (1, 10 and 20 steps)
+    cache = reference_cache.ReferenceCache(tmp_path / "references", writable=True)
+    with KernelHost(kernels_build.library_path, device="cpu") as started:
+        cold = [repr(r.model_dump(exclude={"duration_s"})) for r in reference_cache.run_many(started, cases, cache)]
+    by_key: list[int] = []
+    resolve = host_module.known_series_result
+    monkeypatch.setattr(host_module, "known_series_result",
+                        lambda answer, index, known_result: by_key.append(index) or resolve(answer, index, known_result))
+    waves = fast.plan_waves(cases, fast.DEFAULT_MAX_WAVE_ELEMENTS["cpu"])
+    assert len(waves) == 3
+    for asked, taken in ((cases, len(waves)), (cases[:-1], 0)):
+        host_reserve.expect(cases, device="cpu")
+        host_reserve.replenish(device="cpu", slot_root=tmp_path, keep=1)
+        spare = host_reserve.take(kernels_build.library_path, device="cpu", adapter="bundled", adapter_paths=[],
+                                  case_timeout_s=60, deadline=None)
+        assert spare is not None
+        by_key.clear()
+        with spare:
+            time.sleep(0.5)  # its build usually comes after the waves are set up; a join waits otherwise
+            warm = reference_cache.run_many(spare, asked, cache, profile=True)
+            assert [repr(r.model_dump(exclude={"duration_s"})) for r in warm] == cold[:len(asked)]
+            assert sorted(by_key) == list(range(len(asked)))  # no case left the kernels-only pass
+            assert spare.last_phases.get("ready waves taken", 0) == taken, spare.last_phases

@@ -29,7 +29,7 @@ left() { local want=$1 rest=$(( DEADLINE_S - ($(date +%s) - T0) - 10 )); echo $(
 pack() { tar czf "$FINAL_OUT/round10.tgz" -C "$OUT" .; }
 if [[ " $PARTS " == *" warm "* ]]; then
   stamp warm
-  TESTS=0 OPCOST=0 SPLIT= TOP=${TOP:-15} SPARE_IDLE_S=${SPARE_IDLE_S:-10} timeout "$(left $(( 240 + 15 * ${PREPARED_REPEATS:-1} )))" bash bench/gpu/h200_warm_profile.sh \
+  TESTS=0 OPCOST=0 SPLIT= TOP=${TOP:-15} SPARE_IDLE_S=${SPARE_IDLE_S:-10} timeout "$(left $(( 240 + 15 * (${PREPARED_REPEATS:-1} + ${UNREADY_REPEATS:-0}) )))" bash bench/gpu/h200_warm_profile.sh \
     > "$OUT/warm_profile_log.txt" 2>&1 || status=1
   tail -60 "$OUT/warm_profile.txt"; pack
 fi

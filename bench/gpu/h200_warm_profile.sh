@@ -28,4 +28,4 @@ fi
 # SPLIT: the host counts of the split runs (default "2 3 4"; SPLIT= skips them).
 # shellcheck disable=SC2086
 python3 bench/warm_battery_profile.py --battery "${BATTERY:-standard}" --device cuda --top "${TOP:-30}" --split ${SPLIT-2 3 4} \
-  --spare-idle-s "${SPARE_IDLE_S:-20}" --prepared-repeats "${PREPARED_REPEATS:-1}" --json-out "$OUT/warm_profile.json" 2>&1 | tee "$OUT/warm_profile.txt"
+  --spare-idle-s "${SPARE_IDLE_S:-20}" --prepared-repeats "${PREPARED_REPEATS:-1}" --unready-repeats "${UNREADY_REPEATS:-0}" --json-out "$OUT/warm_profile.json" 2>&1 | tee "$OUT/warm_profile.txt"

@@ -332,14 +332,21 @@ class _Wave:
     merge_padding_fraction = MERGE_PADDING_FRACTION
 
     def __init__(self, cases: list[CaseSpec], device: torch.device, families: Mapping[str, FamilyAdapter],
-                 batch_low_precision_refs: bool, initial: dict, closed_cache: dict) -> None:
+                 batch_low_precision_refs: bool, initial: dict, closed_cache: dict, *, bind: bool = True) -> None:
+        """The wave set up: its arenas, every case opened with its states laid out, and (`bind`)
+        each case's step bound to the loaded build. `bind=False` stops before the build is needed
+        (a spare host's waves set up ahead, worker.engine.kernels_only.ReadyWaves): `bind_steps()`
+        finishes it once the build is loaded."""
         self.cases, self.device, self.families = cases, device, families
         self.steps = max(c.steps for c in cases)
         self.broken: set[int] = set()
         started = time.perf_counter()
-        # Gradient making starts now, in its threads, while the arenas are built.
+        # Gradient making starts now, in its threads, while the arenas are built; a wave set up
+        # ahead (bind=False) leaves any prepared steps where they are until a run takes it, so a
+        # run that does not keeps them for its own waves.
         self.inputs = StepInputs(cases, device)
-        self.inputs.prefetch(1)
+        if bind:
+            self.inputs.prefetch(1)
         started = _timed("setup_inputs", started)
         dtype_order = list(TORCH_DTYPES.values())
         merge = self.merge_padding_fraction
@@ -371,10 +378,13 @@ class _Wave:
             started = _timed("setup_constants", started)
             self._make_bundles(width_class, batch_low_precision_refs)
             started = _timed("setup_bundles", started)
-        self._bind_kernels()
-        started = _timed("setup_bind", started)
+        self._open_kernels()
+        started = _timed("setup_open", started)
         self._allocate_observation()
-        _timed("setup_observation", started)
+        started = _timed("setup_observation", started)
+        if bind:
+            self.bind_steps()
+            _timed("setup_bind", started)
         self.gradient_graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         # Host seconds of graphed_gradients' parts (the run's profile: bench/warm_battery_profile.py)
         self.gradient_seconds = {"inputs": 0.0, "uploads": 0.0, "replay": 0.0}
@@ -404,24 +414,44 @@ class _Wave:
             self.bundles.append(bundle)
             start = stop
 
-    def _bind_kernels(self) -> None:
-        """Open every case through its family adapter (worker.engine.lifecycle), lay out what
-        each digests (state_for_digest) in state arenas by (slot, dtype, width), and bind its
-        step. Handed-over states (`states_movable`) move into the arenas and the adapter steps
-        the arena views from then on; library-owned states stay in the library and are copied
-        into their arena rows after each step (_staged_step). A family declaring
-        `fast_engine = False`, like a case whose open or binding raises, is left to run_case.
-        Every opened handle is closed by close_handles, also when this raises."""
+    def _open_kernels(self) -> None:
+        """Open every case through its family adapter (worker.engine.lifecycle) and lay out what
+        each digests (state_for_digest) in state arenas by (slot, dtype, width). Handed-over
+        states (`states_movable`) move into the arenas and the adapter steps the arena views from
+        then on; library-owned states stay in the library and are copied into their arena rows
+        after each step (_staged_step, made by bind_steps). A family declaring
+        `fast_engine = False`, like a case whose open raises, is left to run_case. Every opened
+        handle is closed by close_handles, also when this raises. Nothing here calls the build:
+        the adapters' open, state_for_digest and adopt_states only make and hand over tensors."""
         self.bound: list[Callable[[int], None] | None] = [None] * len(self.cases)
         self.opened: list[tuple[FamilyAdapter, object]] = []
+        self.prepared_calls = None
         try:
-            self._open_and_bind()
+            self._open_states()
         except BaseException:
             self.close_handles(quiet=True)
             raise
+
+    def bind_steps(self) -> None:
+        """Bind each opened case's step (family.bind, on the build now loaded), and prepare the
+        calls for C++ where they allow it (worker.engine.call_loop). A binding that raises leaves
+        its case to run_case."""
+        try:
+            for index, (family, handle, rows) in self._to_bind.items():
+                try:
+                    step_fn = family.bind(handle, self._params[index], self._grads[index])
+                    self.bound[index] = step_fn if family.states_movable else _staged_step(family, handle, step_fn, rows)
+                except AdapterContractError:
+                    raise
+                except Exception:  # noqa: BLE001 - the run_case re-run reports it
+                    self.broken.add(index)
+        except BaseException:
+            self.close_handles(quiet=True)
+            raise
+        self._to_bind = {}
         self.prepared_calls = call_loop.prepare(self.bound, [c.steps for c in self.cases], self.broken)
 
-    def _open_and_bind(self) -> None:
+    def _open_states(self) -> None:
         params: dict[int, torch.Tensor] = {}
         grads: dict[int, torch.Tensor] = {}
         family_of: dict[int, FamilyAdapter] = {}
@@ -464,19 +494,21 @@ class _Wave:
             for row, (index, name, tensor) in zip(rows, entries):
                 views[index][name] = row.view(tensor.shape)
             self.state_arenas.append(_StateArena(slot, buffer, [e[2].numel() for e in entries], [e[0] for e in entries]))
+        # What bind_steps needs: each case's family, handle and state rows (the adapter's order)
+        self._params, self._grads = params, grads
+        self._to_bind: dict[int, tuple[FamilyAdapter, object, list[tuple[str, torch.Tensor]]]] = {}
         for index, named in states_of.items():
             family, handle = family_of[index], handle_of[index]
-            rows = [(name, views[index][name]) for name, _ in named]  # the adapter's order
+            rows = [(name, views[index][name]) for name, _ in named]
             try:
                 if family.states_movable:
                     family.adopt_states(handle, dict(rows))
-                    self.bound[index] = family.bind(handle, params[index], grads[index])
-                else:
-                    self.bound[index] = _staged_step(family, handle, family.bind(handle, params[index], grads[index]), rows)
             except AdapterContractError:
                 raise
             except Exception:  # noqa: BLE001 - the run_case re-run reports it
                 self.broken.add(index)
+                continue
+            self._to_bind[index] = (family, handle, rows)
 
     def close_handles(self, quiet: bool = False) -> None:
         """Close every handle this wave opened, once (lifecycle.close_all); `quiet` while an

@@ -59,6 +59,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -129,6 +130,8 @@ def host_main(argv: list[str] | None = None) -> int:
                         help="a spare host (worker.engine.host_reserve): import torch and make the "
                              "device's context now, then read the build from the first line on stdin, "
                              '{"op": "load", "library": ..., "adapter": ..., "adapter_path": [...]}')
+    parser.add_argument("--no-ready-waves", dest="ready_waves", action="store_false",
+                        help="with --prepare-inputs: do not set the expected cases' waves up ahead")
     parser.add_argument("--prepare-inputs", metavar="CASES_JSON",
                         help="with --wait-for-build: the cases the run is expected to bring (a JSON list); "
                              "their gradient inputs are made while the host waits (worker.engine.step_inputs)")
@@ -185,7 +188,7 @@ def host_main(argv: list[str] | None = None) -> int:
         device, environment = _open_device(args.device, torch, resolve_device, fingerprint)
         mark("device")
         if args.prepare_inputs:  # the cases the parent expects: their inputs made while it waits
-            _prepare_inputs(Path(args.prepare_inputs), device, mark)
+            _prepare_inputs(Path(args.prepare_inputs), device, mark, ready_waves=args.ready_waves)
         importlib.import_module("worker.engine.kernels_only")  # the engine's modules, before the run needs them
         request = json.loads(sys.stdin.readline() or '{"op": "exit"}')
         if request.get("op") != "load":
@@ -265,15 +268,26 @@ def host_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _prepare_inputs(expected: Path, device, mark: Callable[[str], None]) -> None:  # noqa: ANN001
+# A spare's kernels-only waves set up ahead for the cases its parent expects (_prepare_inputs):
+# "cases" (those cases as the parent wrote them, JSON), "thread" (setting them up), "waves" (a
+# worker.engine.kernels_only.ReadyWaves, once made). Its first run_many takes or drops them.
+_READY: dict = {}
+# Set up ahead only up to this many parameter elements: the waves hold their arenas, gradients and
+# states on the device while the spare waits (the standard battery: 29M elements, ~0.5 GB).
+READY_MAX_ELEMENTS = 1 << 26
+
+
+def _prepare_inputs(expected: Path, device, mark: Callable[[str], None], *, ready_waves: bool = True) -> None:  # noqa: ANN001
     """A spare's idle time: start making the initial parameters and gradient inputs of the cases
     its parent expects (worker.engine.step_inputs.prepare), in threads, while it waits for its
-    build. Marks "inputs prepared" when they are all made (shown in the ready line if that was
-    before it). What cannot be prepared is said on stderr and left to the run, which makes its own."""
+    build, and (`ready_waves`) set up their kernels-only waves (_set_up_ready_waves). Marks "inputs
+    prepared" when they are all made (shown in the ready line if that was before it). What
+    cannot be prepared is said on stderr and left to the run, which makes its own."""
     from worker.engine import fast, step_inputs
 
     try:
-        cases = [CaseSpec.model_validate(c) for c in json.loads(expected.read_text())]
+        raw = json.loads(expected.read_text())
+        cases = [CaseSpec.model_validate(c) for c in raw]
         limit = fast.DEFAULT_MAX_WAVE_ELEMENTS.get(device.type, fast.DEFAULT_MAX_WAVE_ELEMENTS["cpu"])
         queued, done = step_inputs.prepare(cases, device, limit)
     except Exception as error:  # noqa: BLE001 - preparing is an optimisation, never a failure
@@ -282,6 +296,48 @@ def _prepare_inputs(expected: Path, device, mark: Callable[[str], None]) -> None
     mark("inputs queued")
     if done is not None:
         done.add_done_callback(lambda _: mark("inputs prepared"))
+    if ready_waves and cases and sum(c.size for c in cases) <= READY_MAX_ELEMENTS:
+        thread = threading.Thread(target=_set_up_ready_waves, args=(raw, cases, device, mark),
+                                  name="optdrift-ready-waves", daemon=True)
+        _READY.update(cases=raw, thread=thread)
+        thread.start()
+
+
+def _set_up_ready_waves(raw: list, cases: list[CaseSpec], device, mark: Callable[[str], None]) -> None:  # noqa: ANN001
+    """The expected cases' kernels-only waves, set up with the bundled families before any build
+    is loaded (worker.engine.kernels_only.ReadyWaves), at the lowest priority: a spare waits beside
+    a running battery. Marks "waves ready"; a failure is said on stderr and the run sets its
+    waves up itself."""
+    import torch
+
+    from worker.engine import step_inputs
+    from worker.engine.kernels_only import ReadyWaves
+    from worker.engine.trajectory import bundled_families
+
+    step_inputs.lowest_priority()
+    try:
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)
+        _READY["waves"] = ReadyWaves(cases, device, bundled_families())
+    except Exception as error:  # noqa: BLE001 - an optimisation, never a failure
+        print(f"waves not set up ahead: {type(error).__name__}: {error}", file=sys.stderr)
+        return
+    mark("waves ready")
+
+
+def _take_ready_waves(request: dict, families):  # noqa: ANN001, ANN202
+    """The waves set up ahead, when this request brings exactly the cases they were made for and
+    the loaded adapter's families are those they were opened with; None otherwise. Either way
+    nothing is left for a later request: a spare's waves serve its first run_many only."""
+    if not _READY:
+        return None
+    thread, expected = _READY.pop("thread"), _READY.pop("cases")
+    thread.join()  # mostly done long before the build comes; else finishing beats starting over
+    ready = _READY.pop("waves", None)
+    if ready is not None and (request["cases"] != expected or ready.families is not families):
+        ready.close()
+        return None
+    return ready
 
 
 def _open_device(name: str, torch, resolve_device, fingerprint) -> tuple:  # noqa: ANN001
@@ -334,13 +390,19 @@ def _run_many(request: dict, device, protocol, adapter, families) -> bool:  # no
     if phases is not None:
         phases["parse"] = time.perf_counter() - parse_started  # the cases read, before `request` starts
     started, taken_before, full_before = time.perf_counter(), step_inputs.taken(), gc_policy.full_collections()
+    ready = _take_ready_waves(request, families)
+    if phases is not None:
+        phases["ready waves join"] = time.perf_counter() - started
     try:
         split = run_request(request, cases, runnable, device, families, emit, phases,
-                            emit_known if request.get("known_by_key") else None)
+                            emit_known if request.get("known_by_key") else None, ready)
     except Exception as error:  # noqa: BLE001 - reported; the parent falls back to one case at a time
         restart = context_lost(error, device)
         protocol.write(json.dumps({"stopped": f"{type(error).__name__}: {error}", "restart": restart}) + "\n")
         return not restart
+    finally:
+        if ready is not None:
+            ready.close()  # what the run did not take
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if phases is not None:
@@ -571,11 +633,12 @@ class KernelHost:
     # -- a spare host: started before its build is known (worker.engine.host_reserve)
     @classmethod
     def spare(cls, *, device: str, threads: int = 1, slot_root: Path | None = None,
-              prepare: list[CaseSpec] | None = None) -> "KernelHost":
+              prepare: list[CaseSpec] | None = None, ready_waves: bool = True) -> "KernelHost":
         """A host that imports torch and makes the device's context now, and waits for `adopt_build`.
         Its sandbox shows, besides what every host sees, one empty folder of its own (the slot),
         read-only; the build is linked into it when it is known. `prepare`: the cases its run is
-        expected to bring; it makes their gradient inputs while it waits (worker.engine.step_inputs)."""
+        expected to bring; it makes their gradient inputs while it waits (worker.engine.step_inputs)
+        and (`ready_waves`) sets their kernels-only waves up (worker.engine.kernels_only.ReadyWaves)."""
         host = cls("", device=device, threads=threads)
         if slot_root is not None:
             Path(slot_root).mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -586,7 +649,7 @@ class KernelHost:
             expected = host._slot / "expected-cases.json"
             expected.write_text(json.dumps([c.model_dump(mode="json") for c in prepare]))
             os.chmod(expected, 0o644)
-            arguments += ["--prepare-inputs", str(expected)]
+            arguments += ["--prepare-inputs", str(expected)] + ([] if ready_waves else ["--no-ready-waves"])
         host._spare_spawned = host._spawn(arguments, readable=[host._slot])
         return host
 

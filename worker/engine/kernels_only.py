@@ -78,10 +78,10 @@ class _KernelsOnlyWave(fast._Wave):
 
     def __init__(self, cases: list[CaseSpec], device: torch.device, families: Mapping[str, FamilyAdapter],
                  initial: dict, closed_cache: dict, params_out: list[ParamsSink] | None,
-                 params_seconds: dict[str, float] | None = None) -> None:
+                 params_seconds: dict[str, float] | None = None, *, bind: bool = True) -> None:
         self.params_out = params_out  # per wave case: where its [steps, size] float32 rows go
         self.params_seconds = params_seconds  # where writing them went (seconds added per wave)
-        super().__init__(cases, device, families, False, initial, closed_cache)
+        super().__init__(cases, device, families, False, initial, closed_cache, bind=bind)
 
     def _make_bundles(self, width_class, batch_low_precision_refs) -> None:  # noqa: ANN001
         """No references, so no bundles."""
@@ -137,6 +137,49 @@ class _KernelsOnlyWave(fast._Wave):
         return Trajectory(ref64_max_abs=[], ref64_max_rel=[], nonfinite_count=[], digests=digests)
 
 
+class ReadyWaves:
+    """The kernels-only waves of `cases`, set up before any build is loaded: a spare kernel host's
+    for the cases its parent expects (worker/engine/host.py `_prepare_inputs`). Each wave has its
+    arenas, initial parameters, every case opened by `families` with its states laid out, and its
+    observation; only the binding of each step to the build (`_Wave.bind_steps`) is left. A warm
+    run's first pass over exactly these cases (run_cases_known) takes them instead of setting its
+    waves up, which on the H200 was most of a warm battery's setup (docs/PERFORMANCE.md, round 13).
+
+    Only adapters whose open does not call the build may be set up ahead: the spare uses the
+    bundled families (worker.adapters.bundled), and a wave is handed only to a run whose adapter
+    gives those same family objects. The values are the ones the run would make itself (the same
+    code on the same cases; tests/test_host_reserve.py compares every digest)."""
+
+    def __init__(self, cases: list[CaseSpec], device: torch.device | str,
+                 families: Mapping[str, FamilyAdapter]) -> None:
+        self.device, self.families = torch.device(device), families
+        self.waves: dict[tuple[int, ...], _KernelsOnlyWave] = {}
+        initial: dict = {}
+        closed_cache: dict = {}
+        limit = fast.DEFAULT_MAX_WAVE_ELEMENTS.get(self.device.type, fast.DEFAULT_MAX_WAVE_ELEMENTS["cpu"])
+        try:
+            for indices in fast.plan_waves(cases, limit):
+                self.waves[tuple(indices)] = _KernelsOnlyWave([cases[i] for i in indices], self.device, families,
+                                                              initial, closed_cache, None, bind=False)
+        except BaseException:
+            self.close()
+            raise
+
+    def take(self, indices: list[int], families: Mapping[str, FamilyAdapter]) -> "_KernelsOnlyWave | None":
+        """The wave set up for exactly these case indices (of the cases it was made for), once;
+        None when there is none or the run's adapter families are not the ones it opened with."""
+        if families is not self.families:
+            return None
+        return self.waves.pop(tuple(indices), None)
+
+    def close(self) -> None:
+        """Close what no run took: input work stopped, every handle closed, the memory let go."""
+        waves, self.waves = list(self.waves.values()), {}
+        for wave in waves:
+            wave.inputs.close()
+            wave.close_handles(quiet=True)
+
+
 class _Rows:
     """A run_params sink (a binary file's write) that hands each step's row to a ParamsSink."""
 
@@ -157,13 +200,15 @@ def run_kernels_only(cases: list[CaseSpec], device: torch.device | str, *,
                      on_result: OnResult | None = None,
                      rerun_broken: bool = True, use_graphs: bool | None = None,
                      max_wave_elements: int | None = None,
-                     profile: dict[str, float] | None = None) -> list[CaseResult | None]:
+                     profile: dict[str, float] | None = None,
+                     ready: ReadyWaves | None = None) -> list[CaseResult | None]:
     """Each case's digests (run_params's result) in `cases` order; `params_out[i]`, when given,
     receives case i's parameters after each step: a [steps, size] float32 array, or a ParamsSink; `params_seconds`
     ({"device_to_host": 0.0, "into_file": 0.0}) gains where writing them went, wave by wave.
     `rerun_broken=False` leaves a case the wave could not run unanswered (None) instead of running
     it alone (the reference cache's first pass: the full engine runs it next anyway). `profile`
-    gains the host seconds per phase of the waves (fast.run_waves; bench/warm_battery_profile.py)."""
+    gains the host seconds per phase of the waves (fast.run_waves; bench/warm_battery_profile.py).
+    `ready`: waves set up ahead for exactly `cases` (ReadyWaves), taken where they match."""
     device = torch.device(device)
     use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
     if max_wave_elements is None:
@@ -184,6 +229,15 @@ def run_kernels_only(cases: list[CaseSpec], device: torch.device | str, *,
             return CaseResult(case=case, status="broken", message=f"{type(error).__name__}: {error}")
 
     def make_wave(indices: list[int], wave_cases: list[CaseSpec], initial: dict, closed_cache: dict) -> _KernelsOnlyWave:
+        taken = ready.take(indices, families) if ready is not None and sinks is None else None
+        if taken is not None:
+            started = time.perf_counter()
+            taken.inputs.prefetch(1)  # its steps' gradient inputs: the prepared ones, or made from now
+            taken.bind_steps()
+            fast._timed("setup_bind", started)
+            if profile is not None:
+                profile["ready waves taken"] = profile.get("ready waves taken", 0) + 1
+            return taken
         wave_sinks = None if sinks is None else [sinks[i] for i in indices]
         return _KernelsOnlyWave(wave_cases, device, families, initial, closed_cache, wave_sinks, params_seconds)
 
@@ -198,7 +252,7 @@ OnKnown = Callable[[int, str, CaseResult], None]
 def run_cases_known(cases: list[CaseSpec], device: torch.device | str, known: dict[int, set[str]], *,
                     families: Mapping[str, FamilyAdapter] | None = None,
                     on_result: OnResult | None = None, on_known: OnKnown | None = None,
-                    profile: dict[str, float] | None = None) -> list[CaseResult]:
+                    profile: dict[str, float] | None = None, ready: ReadyWaves | None = None) -> list[CaseResult]:
     """Every case's result, with the reference work skipped where it is known already.
 
     `known[i]`: series keys (reference_cache.series_key) of digest series whose metrics the parent
@@ -207,7 +261,8 @@ def run_cases_known(cases: list[CaseSpec], device: torch.device | str, known: di
     other case runs through the full fast engine, as without a cache. `on_known`, when given,
     takes the known-series answers instead of `on_result` (the kernel host answers those with the
     series key alone: the parent holds the digests already). `profile` gains both passes' host
-    seconds per wave phase."""
+    seconds per wave phase. `ready`: kernels-only waves set up ahead for exactly `cases`
+    (ReadyWaves), used when every case is known (the first pass then runs `cases` as they are)."""
     results: list[CaseResult | None] = [None] * len(cases)
     first = sorted(known)
 
@@ -230,8 +285,9 @@ def run_cases_known(cases: list[CaseSpec], device: torch.device | str, known: di
         on_known(index, key, result)
 
     if first:
+        whole = len(first) == len(cases)  # first == 0..n-1: the waves planned are those of `cases`
         run_kernels_only([cases[i] for i in first], device, families=families, on_result=first_pass,
-                         rerun_broken=False, profile=profile)
+                         rerun_broken=False, profile=profile, ready=ready if whole else None)
     rest = [index for index, result in enumerate(results) if result is None]
     fast.run_cases_fast([cases[i] for i in rest], torch.device(device), families=families,
                         on_result=lambda position, result: answer(rest[position], result), profile=profile)
@@ -240,13 +296,15 @@ def run_cases_known(cases: list[CaseSpec], device: torch.device | str, known: di
 
 def run_request(request: dict, cases: list[CaseSpec], runnable: list[int], device: torch.device,
                 families: Mapping[str, FamilyAdapter], emit: OnResult,
-                profile: dict[str, float] | None = None, emit_known: OnKnown | None = None) -> dict[str, float]:
+                profile: dict[str, float] | None = None, emit_known: OnKnown | None = None,
+                ready: ReadyWaves | None = None) -> dict[str, float]:
     """The kernel host's `run_many` (worker/engine/host.py) on the `runnable` indices of `cases`:
     with "params_out" (a file in the host's scratch) the co-run's kernels-only run writing it; with
     "known" ({case index: [series keys]}) the reference cache's two passes; else the fast engine.
     Returns, for a co-run's request, where its parameter writing went (run_kernels_only's
     `params_seconds`), else {}. `profile` gains the host seconds per wave phase. `emit_known`,
-    when given, answers the cases whose digests form a known series (run_cases_known's `on_known`)."""
+    when given, answers the cases whose digests form a known series (run_cases_known's `on_known`).
+    `ready`: kernels-only waves set up ahead for exactly `cases` (ReadyWaves)."""
     subset = [cases[i] for i in runnable]
 
     def on_result(position: int, result: CaseResult) -> None:
@@ -267,8 +325,10 @@ def run_request(request: dict, cases: list[CaseSpec], runnable: list[int], devic
         position_of = {index: position for position, index in enumerate(runnable)}
         on_known = None if emit_known is None else (
             lambda position, key, result: emit_known(runnable[position], key, result))
+        whole = len(runnable) == len(cases)  # subset == cases: the ready waves' indices hold
         run_cases_known(subset, device, {position_of[i]: keys for i, keys in known.items() if i in position_of},
-                        families=families, on_result=on_result, on_known=on_known, profile=profile)
+                        families=families, on_result=on_result, on_known=on_known, profile=profile,
+                        ready=ready if whole else None)
         return {}
     fast.run_cases_fast(subset, device, families=families, on_result=on_result, profile=profile)
     return {}

@@ -39,7 +39,7 @@ _initial: dict[tuple[int, int], Future] = {}  # (seed, size) -> its float32 init
 _closed: dict[tuple, Future] = {}  # (seed, size, spec) -> a closed-loop stream's float32 (curvature, centre) (CPU)
 
 
-def _lowest_priority() -> None:
+def lowest_priority() -> None:
     """This thread at nice 19 (Linux sets niceness per thread): a spare prepares beside a running
     battery (the worker starts the next spares as a run starts), which must not wait on it."""
     try:
@@ -57,7 +57,7 @@ def _threads(kind: str = "run") -> ThreadPoolExecutor:
         if kind not in _pools:
             _pools[kind] = ThreadPoolExecutor(max_workers=max(1, min(15, (os.cpu_count() or 2) - 1)),
                                               thread_name_prefix=f"optdrift-inputs-{kind}",
-                                              initializer=_lowest_priority if kind == "idle" else None)
+                                              initializer=lowest_priority if kind == "idle" else None)
         return _pools[kind]
 
 

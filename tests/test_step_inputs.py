@@ -146,8 +146,10 @@ def test_spares_prepare_a_built_in_battery_and_never_a_projects_own(kernels_buil
     assert not (newest._slot / "expected-cases.json").exists()
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
 def test_a_spare_sets_its_waves_up_ahead_and_a_warm_run_takes_them_bit_for_bit(kernels_build, tmp_path: Path,
-                                                                              monkeypatch) -> None:
+                                                                              monkeypatch, device: str) -> None:
     """A spare told the cases to expect sets their kernels-only waves up before its build comes
     (worker.engine.kernels_only.ReadyWaves); a warm run over exactly those cases binds and runs
     them: every case's digests form its known series (so each is answered by its key alone) and
@@ -157,18 +159,18 @@ def test_a_spare_sets_its_waves_up_ahead_and_a_warm_run_takes_them_bit_for_bit(k
 
     cases = QUICK  # three waves (1, 10 and 20 steps)
     cache = reference_cache.ReferenceCache(tmp_path / "references", writable=True)
-    with KernelHost(kernels_build.library_path, device="cpu") as started:
+    with KernelHost(kernels_build.library_path, device=device) as started:
         cold = [repr(r.model_dump(exclude={"duration_s"})) for r in reference_cache.run_many(started, cases, cache)]
     by_key: list[int] = []
     resolve = host_module.known_series_result
     monkeypatch.setattr(host_module, "known_series_result",
                         lambda answer, index, known_result: by_key.append(index) or resolve(answer, index, known_result))
-    waves = fast.plan_waves(cases, fast.DEFAULT_MAX_WAVE_ELEMENTS["cpu"])
+    waves = fast.plan_waves(cases, fast.DEFAULT_MAX_WAVE_ELEMENTS[device])
     assert len(waves) == 3
     for asked, taken in ((cases, len(waves)), (cases[:-1], 0)):
-        host_reserve.expect(cases, device="cpu")
-        host_reserve.replenish(device="cpu", slot_root=tmp_path, keep=1)
-        spare = host_reserve.take(kernels_build.library_path, device="cpu", adapter="bundled", adapter_paths=[],
+        host_reserve.expect(cases, device=device)
+        host_reserve.replenish(device=device, slot_root=tmp_path, keep=1)
+        spare = host_reserve.take(kernels_build.library_path, device=device, adapter="bundled", adapter_paths=[],
                                   case_timeout_s=60, deadline=None)
         assert spare is not None
         by_key.clear()

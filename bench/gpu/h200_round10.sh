@@ -5,7 +5,8 @@
 # end-to-end latencies (bench/gpu/h200_e2e.sh). Here first: bash bench/gpu/fetch_wheels.sh;
 # bash bench/gpu/h200_builds.sh --fetch; (cd .tools && apt-get download bubblewrap). Then:
 #   run(command="bash bench/gpu/h200_round10.sh", carry=[".whl", ".tools"], timeout_s=600)
-# PARTS picks what runs (default "warm tests e2e layout", most needed first). Everything lands in one archive,
+# PARTS picks what runs (default "warm tests e2e layout", most needed first; "opcost" adds
+# bench/op_call_cost.py). Everything lands in one archive,
 # $OUT/round10.tgz (the device tool brings back at most 8 files).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -38,6 +39,11 @@ if [[ " $PARTS " == *" tests "* ]]; then
   # shellcheck disable=SC2086
   timeout "$(left 200)" python3 -m pytest -q -rs -p no:cacheprovider ${CUDA_TESTS:-tests/test_corun_fast.py tests/test_step_inputs.py tests/test_reference_cache.py} -k cuda 2>&1 \
     | tee "$OUT/pytest_cuda.txt" | tail -3 || status=1
+  pack
+fi
+if [[ " $PARTS " == *" opcost "* ]]; then
+  stamp opcost
+  timeout "$(left 120)" python3 bench/op_call_cost.py --device cuda 2>&1 | tee "$OUT/op_call_cost.txt" || status=1
   pack
 fi
 if [[ " $PARTS " == *" e2e "* ]]; then

@@ -378,6 +378,9 @@ class _Wave:
             started = _timed("setup_constants", started)
             self._make_bundles(width_class, batch_low_precision_refs)
             started = _timed("setup_bundles", started)
+        self.gradient_graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        # Host seconds of graphed_gradients' parts (the run's profile: bench/warm_battery_profile.py)
+        self.gradient_seconds = {"inputs": 0.0, "uploads": 0.0, "replay": 0.0, "capture": 0.0}
         self._open_kernels()
         started = _timed("setup_open", started)
         self._allocate_observation()
@@ -385,9 +388,6 @@ class _Wave:
         if bind:
             self.bind_steps()
             _timed("setup_bind", started)
-        self.gradient_graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
-        # Host seconds of graphed_gradients' parts (the run's profile: bench/warm_battery_profile.py)
-        self.gradient_seconds = {"inputs": 0.0, "uploads": 0.0, "replay": 0.0}
 
     def _make_bundles(self, width_class: _WidthClass, batch_low_precision_refs: bool) -> None:
         order, start = width_class.order, 0
@@ -569,10 +569,34 @@ class _Wave:
             self.gradient_seconds["replay"] += time.perf_counter() - uploaded
             return
         buffers = (values.to(self.device, non_blocking=True), masks.to(self.device, non_blocking=True))
+        self._capture_gradients(step, inputs, buffers)
+        self.gradient_seconds["capture"] += time.perf_counter() - taken
+
+    def _capture_gradients(self, step: int, inputs: StepInputs, buffers: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """`step`'s layout's gradient graph, reading the step's values and masks from `buffers`;
+        the ops run once eagerly first (the capture's warm-up), which makes `step`'s gradients."""
         for width_class in self.classes:  # the gather indices: made here, outside the capture
             self._indices(width_class, step, inputs)
         graph = _captured(self.device, lambda: self._gradient_ops(step, inputs, *buffers))
-        self.gradient_graphs[key] = (graph, buffers)
+        self.gradient_graphs[id(inputs.layout(step))] = (graph, buffers)
+
+    def capture_gradients_ahead(self) -> None:
+        """A wave set up ahead (bind=False) on CUDA: each step layout's gradient graph captured now,
+        over zeroed buffers, so that the run's first step of a layout only copies its values in and
+        replays, as every later step does. Nothing here depends on the build (the graph reads the
+        gradient inputs, the parameters and the closed-loop constants, and writes the gradient
+        arenas); the warm-up's gradients are overwritten by the first replay. On the H200 the first
+        step's eager warm-up and capture were most of a warm run's gradient phase (round 13)."""
+        if self.device.type != "cuda" or not GRAPHED_GRADIENTS:
+            return
+        for step in range(1, self.steps + 1):
+            layout = self.inputs.layout(step)
+            if id(layout) in self.gradient_graphs:
+                continue
+            _, _, n_values, n_masks = layout
+            self._capture_gradients(step, self.inputs, (
+                torch.zeros(n_values + 1, dtype=torch.float32, device=self.device),
+                torch.zeros(n_masks + 1, dtype=torch.bool, device=self.device)))
 
     def _gradient_ops(self, step: int, inputs: StepInputs, values: torch.Tensor, masks: torch.Tensor) -> None:
         for width_class in self.classes:

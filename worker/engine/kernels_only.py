@@ -140,8 +140,9 @@ class _KernelsOnlyWave(fast._Wave):
 class ReadyWaves:
     """The kernels-only waves of `cases`, set up before any build is loaded: a spare kernel host's
     for the cases its parent expects (worker/engine/host.py `_prepare_inputs`). Each wave has its
-    arenas, initial parameters, every case opened by `families` with its states laid out, and its
-    observation; only the binding of each step to the build (`_Wave.bind_steps`) is left. A warm
+    arenas, initial parameters, every case opened by `families` with its states laid out, its
+    observation and (CUDA) its gradient graphs; only the binding of each step to the build
+    (`_Wave.bind_steps`) is left. A warm
     run's first pass over exactly these cases (run_cases_known) takes them instead of setting its
     waves up, which on the H200 was most of a warm battery's setup (docs/PERFORMANCE.md, round 13).
 
@@ -159,8 +160,9 @@ class ReadyWaves:
         limit = fast.DEFAULT_MAX_WAVE_ELEMENTS.get(self.device.type, fast.DEFAULT_MAX_WAVE_ELEMENTS["cpu"])
         try:
             for indices in fast.plan_waves(cases, limit):
-                self.waves[tuple(indices)] = _KernelsOnlyWave([cases[i] for i in indices], self.device, families,
-                                                              initial, closed_cache, None, bind=False)
+                wave = self.waves[tuple(indices)] = _KernelsOnlyWave(
+                    [cases[i] for i in indices], self.device, families, initial, closed_cache, None, bind=False)
+                wave.capture_gradients_ahead()
         except BaseException:
             self.close()
             raise

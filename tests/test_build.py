@@ -143,3 +143,23 @@ def test_compiler_message_keeps_errors_and_drops_tracebacks():
     message = compiler_message(log)
     assert "foo.cpp:3:5: error" in message and "int y x" in message
     assert "Traceback" not in message and "cpp_extension.py" not in message
+
+
+def test_a_digest_is_the_same_whether_or_not_torch_is_imported(tiny_source: Path):
+    """worker.build.extension.torch_versions reads torch's version.py in a process that has not
+    imported torch (a check's or a Celery worker's parent: 2-5 s saved): the digest must be the one
+    made from the imported torch, or a cached build would be missed, or worse, shared across
+    torch versions. Made in a fresh process that imports no torch, then here, where torch is."""
+    import torch
+
+    from worker.build.extension import build_digest, torch_versions
+
+    script = ("import sys; from pathlib import Path; from worker.build.extension import build_digest, torch_versions; "
+              f"print(torch_versions()); print(build_digest(Path({str(tiny_source)!r}), cuda_archs=[])); "
+              f"print(build_digest(Path({str(tiny_source)!r}), cuda_archs=['9.0'])); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout.splitlines()
+    assert out[3] == "False"  # the fresh process never imported torch
+    assert out[0] == repr((str(torch.__version__), torch.version.cuda)) == repr(torch_versions())
+    assert out[1] == build_digest(tiny_source, cuda_archs=[])
+    assert out[2] == build_digest(tiny_source, cuda_archs=["9.0"])

@@ -1,7 +1,9 @@
 """`optdrift check` bad input and exit codes, through the real CLI app."""
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -59,6 +61,24 @@ def test_no_baseline_runs_the_battery_and_exits_0(tmp_path, csrc_under_test, bui
     cases = payload["commit"]["cases"]
     assert len(cases) == len(load_battery("quick").expand()) and all(c["status"] == "ok" for c in cases)
     assert "NO-BASELINE" in result.output
+
+
+@pytest.mark.slow
+def test_a_warm_check_never_imports_torch_in_its_own_process(tmp_path, csrc_under_test, build_cache_dir):
+    """Only the kernel hosts run kernels: a check whose builds are cached imports no torch itself,
+    so its hosts start at once instead of after a torch import of its own (2 s of a 4-s check on
+    a 2-core machine: docs/PERFORMANCE.md, round 13). Run as the CLI runs, in a fresh process."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OPTDRIFT_BUILD_CACHE": str(build_cache_dir)}
+    script = ("import sys; from pathlib import Path; from worker.check import run_check; "
+              f"code = run_check(Path({str(csrc_under_test)!r}), Path({str(csrc_under_test)!r}), 'quick', device='cpu'); "
+              "print('exit', code, 'torch imported', 'torch' in sys.modules)")
+    for _ in range(2):  # the first may build (torch imported to compile); the second is warm
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                             cwd=Path(__file__).resolve().parents[1], timeout=600)
+    assert out.stdout.strip().splitlines()[-1] == "exit 0 torch imported False", out.stdout + out.stderr
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ to the staging folder, the same for every commit tree and every build. The build
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -62,6 +63,29 @@ class BuildSpec(BaseModel):
     ccache: str | None = None  # the ccache executable every compile goes through; None: none
 
 
+def torch_versions() -> tuple[str, str | None]:
+    """(torch.__version__, torch.version.cuda) of the installed torch, read from its version.py
+    when torch is not imported in this process yet. A build's digest needs only these, and
+    importing torch for them cost a parent that never runs a kernel (`optdrift check`, a Celery
+    worker's first spare kernel host) 2-5 s before it could start its hosts, which then import
+    torch themselves (docs/PERFORMANCE.md, round 13). torch's own version.py holds plain
+    assignments; the values are those torch imports as torch.__version__ and torch.version.cuda
+    (tests/test_build_cache.py compares the digests made both ways)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "version"):
+        spec = importlib.util.find_spec("torch")  # locates the package without running it
+        folders = list(spec.submodule_search_locations or []) if spec is not None else []
+        version_file = Path(folders[0]) / "version.py" if folders else None
+        if version_file is not None and version_file.is_file():
+            namespace: dict = {}
+            exec(compile(version_file.read_text(), str(version_file), "exec"), namespace)  # noqa: S102 - torch's own file
+            if isinstance(namespace.get("__version__"), str):
+                cuda = namespace.get("cuda")
+                return namespace["__version__"], cuda if isinstance(cuda, str) else None
+        import torch
+    return str(torch.__version__), torch.version.cuda
+
+
 def detect_cuda_archs() -> list[str]:
     """Compute capabilities to build for, e.g. ["9.0"]; [] means a CPU-only build.
 
@@ -72,9 +96,7 @@ def detect_cuda_archs() -> list[str]:
     configured = os.environ.get("OPTDRIFT_CUDA_ARCHS")
     if configured is not None:
         return [a for a in re.split(r"[;,\s]+", configured) if a]
-    import torch  # local: only the build path needs torch
-
-    if torch.version.cuda is None or shutil.which("nvidia-smi") is None:
+    if torch_versions()[1] is None or shutil.which("nvidia-smi") is None:
         return []
     try:
         out = subprocess.run(
@@ -105,13 +127,12 @@ def build_digest(
     """`cpu_features`: the host's ISA features (worker.build.host_cpu; None: this machine's), in the
     digest only when the flags make code for the compiling CPU (-march=native ...): such a library
     is not reused on a CPU that would have built it differently. Tests pass other feature sets."""
-    import torch
-
+    torch_version, torch_cuda = torch_versions()
     h = LabelledHash()
     feed = h.feed
     feed("recipe", BUILD_RECIPE_VERSION)
-    feed("torch", torch.__version__)
-    feed("cuda", str(torch.version.cuda) if cuda_archs else "none")
+    feed("torch", torch_version)
+    feed("cuda", str(torch_cuda) if cuda_archs else "none")
     feed("python", f"{sys.implementation.cache_tag}")
     feed("archs", ";".join(cuda_archs))
     feed("cflags", "\0".join(extra_cflags))

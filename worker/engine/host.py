@@ -297,13 +297,13 @@ def _prepare_inputs(expected: Path, device, mark: Callable[[str], None], *, read
     if done is not None:
         done.add_done_callback(lambda _: mark("inputs prepared"))
     if ready_waves and cases and sum(c.size for c in cases) <= READY_MAX_ELEMENTS:
-        thread = threading.Thread(target=_set_up_ready_waves, args=(raw, cases, device, mark),
+        thread = threading.Thread(target=_set_up_ready_waves, args=(cases, device, mark),
                                   name="optdrift-ready-waves", daemon=True)
         _READY.update(cases=raw, thread=thread)
         thread.start()
 
 
-def _set_up_ready_waves(raw: list, cases: list[CaseSpec], device, mark: Callable[[str], None]) -> None:  # noqa: ANN001
+def _set_up_ready_waves(cases: list[CaseSpec], device, mark: Callable[[str], None]) -> None:  # noqa: ANN001
     """The expected cases' kernels-only waves, set up with the bundled families before any build
     is loaded (worker.engine.kernels_only.ReadyWaves), at the lowest priority: a spare waits beside
     a running battery. Marks "waves ready"; a failure is said on stderr and the run sets its

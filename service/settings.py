@@ -190,6 +190,10 @@ class Settings(BaseSettings):
             written = ""
         return written or self.public_url
 
+    # Verify runs a verify-scope token may have queued or running at once (service/domain/
+    # verify_quota.py); more are refused with 429. Verify runs also wait behind commit runs.
+    verify_max_active_per_token: int = Field(default=1, ge=1)
+
 
 @lru_cache
 def get_settings() -> Settings:

@@ -217,7 +217,8 @@ def test_verify_quota_per_utc_day(world, api_settings, db_session) -> None:
     from service.domain import auth
 
     make_client, context = world
-    client = make_client(api_settings)
+    # The daily quota under test, not the cap on runs waiting at once (test_verify_fairness.py).
+    client = make_client(api_settings.model_copy(update={"verify_max_active_per_token": 3}))
     _, token = auth.create_token(session=db_session, name="contrib", scope="verify", project="alpha",
                                  daily_quota=2)
     headers = {"Authorization": f"Bearer {token}"}

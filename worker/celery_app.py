@@ -3,7 +3,7 @@ module, shared with the API's sender), applied lazily when Celery first reads it
 is read from the environment at import.
 
 Start a worker with `optdrift worker` (one per GPU, CUDA_VISIBLE_DEVICES set), which consumes the
-queue of OPTDRIFT_WORKER_ENVIRONMENT (`cpu`, `gpu.sm90`, ...).
+queues of OPTDRIFT_WORKER_ENVIRONMENT (`cpu`, then `cpu.verify`, then `cpu.corun`; `gpu.sm90`, ...).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 
 from celery import Celery
 
-from service.domain.queueing import celery_config, corun_queue_for
+from service.domain.queueing import celery_config, consumed_queues
 from service.settings import get_settings
 
 # worker.gpu_workers: the presence beat every worker process writes (signals connected on import).
@@ -26,14 +26,15 @@ def _configure(sender: Celery, **_kwargs) -> None:  # noqa: ANN003
 
 def worker_argv(*, environment: str, concurrency: int = 1, pool: str = "prefork",
                 loglevel: str = "INFO", name: str | None = None) -> list[str]:
-    """argv for `celery worker` consuming one environment's queue and its co-run queue.
+    """argv for `celery worker` consuming one environment's queues, in their order of precedence:
+    commit runs, then verify runs, then co-runs (service.domain.queueing.consumed_queues).
     `name`: this worker's part of the node name, for several workers of one class on one host."""
     # One worker per GPU on a host: the GPU index keeps their node names apart; several CPU
     # workers on a host are told apart by their names (presence rows are keyed by node).
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
     node = f"optdrift-{environment}" + (f"-gpu{gpu.replace(',', '_')}" if gpu else "") + (f"-{name}" if name else "")
     return [
-        "worker", "--queues", f"{environment},{corun_queue_for(environment)}", "--concurrency", str(concurrency),
+        "worker", "--queues", ",".join(consumed_queues(environment)), "--concurrency", str(concurrency),
         "--pool", pool,
         "--loglevel", loglevel, "--hostname", f"{node}@%h",
         # No gossip/mingle/broker heartbeats: workers coordinate through the database, and the

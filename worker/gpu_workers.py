@@ -5,7 +5,8 @@ CUDA: this supervising process and every Celery parent stay free of CUDA, so for
 still use it), then starts one `optdrift worker` process per GPU with
 
     CUDA_VISIBLE_DEVICES=<index>            the worker's kernel hosts see only that GPU
-    OPTDRIFT_WORKER_ENVIRONMENT=gpu.sm<cc>  its queue: one per environment class (gpu.sm90, ...)
+    OPTDRIFT_WORKER_ENVIRONMENT=gpu.sm<cc>  its queues: one set per environment class (gpu.sm90,
+                                            then gpu.sm90.verify, then gpu.sm90.corun)
     OPTDRIFT_WORKER_DEVICE=cuda
 
 and supervises them: a worker that exits is restarted (with a pause, so a worker failing at start

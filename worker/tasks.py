@@ -272,7 +272,7 @@ def _send_again(session, settings: Settings, run_id: int, delay: float) -> None:
 
     run = session.get(Run, run_id)
     try:
-        send_run(settings=settings, run_id=run_id, environment=run.environment, countdown=delay)
+        send_run(settings=settings, run_id=run_id, environment=run.environment, kind=run.kind, countdown=delay)
     except Exception as exc:  # noqa: BLE001
         log.warning("run %s: the broker did not take the retry (%s); the maintenance loop will", run_id, exc)
         return

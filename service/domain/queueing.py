@@ -28,9 +28,18 @@ RUN_TASK_NAME = "optdrift.execute_run"
 CORUN_TASK_NAME = "optdrift.record_baseline_diffs"
 
 
+VERIFY_KIND = "verify"
+
+
 def queue_for(environment: str) -> str:
-    """One queue per environment class: `cpu`, `gpu.sm90`, ..."""
+    """The environment class's queue of commit runs (CI's): `cpu`, `gpu.sm90`, ..."""
     return environment
+
+
+def verify_queue_for(environment: str) -> str:
+    """The environment's queue of verify runs (a contributor's on-demand runs): off the commit
+    runs' queue, so a commit run submitted while verify runs wait starts before them."""
+    return f"{environment}.verify"
 
 
 def corun_queue_for(environment: str) -> str:
@@ -39,11 +48,27 @@ def corun_queue_for(environment: str) -> str:
     return f"{environment}.corun"
 
 
+def run_queue_for(*, environment: str, kind: str) -> str:
+    """The queue a run of `kind` ("commit" or "verify") waits on."""
+    return verify_queue_for(environment) if kind == VERIFY_KIND else queue_for(environment)
+
+
+def consumed_queues(environment: str) -> list[str]:
+    """The queues a worker of `environment` takes tasks from, most urgent first: it takes from a
+    queue only while every queue before it is empty (both brokers honour the order, see
+    celery_config), so verify runs yield to commit runs and co-runs to both."""
+    return [queue_for(environment), verify_queue_for(environment), corun_queue_for(environment)]
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     transport_options: dict[str, Any] = {
         # Redis re-delivers an unacked task after this long: longer than the longest run, or a
         # healthy run would be started twice (the reaper, not Redis, handles dead workers).
         "visibility_timeout": settings.visibility_timeout_s,
+        # kombu's Redis transport rotates a worker's queues by default (the queue it last took
+        # from goes to the end of its BRPOP), which alternates commit and verify runs. "priority"
+        # keeps the worker's order (consumed_queues): BRPOP pops from the first non-empty queue.
+        "queue_order_strategy": "priority",
     }
     if settings.uses_filesystem_broker:
         folder = settings.broker_folder
@@ -101,13 +126,14 @@ def producer_app(settings: Settings) -> Celery:
     return _producer(settings.resolved_broker_url, settings.model_dump_json())
 
 
-def send_run(*, settings: Settings, run_id: int, environment: str, countdown: float | None = None) -> None:
-    """Hand one run id to the broker (to start after `countdown` seconds: a retry's backoff).
-    Raises if the broker does not take it."""
+def send_run(*, settings: Settings, run_id: int, environment: str, kind: str,
+             countdown: float | None = None) -> None:
+    """Hand one run id to the broker, on its kind's queue (to start after `countdown` seconds: a
+    retry's backoff). Raises if the broker does not take it."""
     producer_app(settings).send_task(
         RUN_TASK_NAME,
         args=[run_id],
-        queue=queue_for(environment),
+        queue=run_queue_for(environment=environment, kind=kind),
         countdown=countdown,
         retry=True,
         # Fail fast when the broker is down: the run is safe in the database and the
@@ -118,14 +144,15 @@ def send_run(*, settings: Settings, run_id: int, environment: str, countdown: fl
 
 
 def dispatch_runs(*, session: Session, settings: Settings, run_ids: list[int]) -> list[int]:
-    """Send the given queued runs; mark each sent one. Returns the ids the broker accepted."""
+    """Send the given queued runs, each on its kind's queue (a re-queued verify run goes back to
+    the verify queue); mark each sent one. Returns the ids the broker accepted."""
     sent: list[int] = []
     for run_id in run_ids:
         run = session.get(Run, run_id)
         if run is None or run.status != QUEUED:
             continue
         try:
-            send_run(settings=settings, run_id=run_id, environment=run.environment)
+            send_run(settings=settings, run_id=run_id, environment=run.environment, kind=run.kind)
         except Exception as exc:  # noqa: BLE001  (any broker failure: keep queued, retry later)
             log.warning("broker did not take run %s (%s); it stays queued and will be re-sent",
                         run_id, exc)

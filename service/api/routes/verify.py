@@ -42,7 +42,9 @@ def verify(
 ) -> RunPublic:
     """A contributor's on-demand run: their tree (or a patch on a known commit) against `base`.
     The answer's `report_url` shows status, progress and the verdict. Each attempt of a verify
-    token, refused ones included, spends one of its daily runs; a repeated Idempotency-Key none."""
+    token, refused ones included, spends one of its daily runs; a repeated Idempotency-Key none.
+    A verify token may have OPTDRIFT_VERIFY_MAX_ACTIVE_PER_TOKEN runs queued or running at once
+    (429 beyond it, spending nothing); verify runs start only when no commit run waits."""
     project_row = projects.get_by_name(session=session, name=project)
     earlier = submissions.existing_run_for_key(session=session, project=project_row,
                                                key=idempotency_key)
@@ -50,7 +52,9 @@ def verify(
         response.status_code = status.HTTP_200_OK
         return run_public(earlier)
     slot = verify_quota.take_slot(session=session, principal=principal,
-                                  default_quota=settings.verify_daily_quota)
+                                  default_quota=settings.verify_daily_quota,
+                                  max_active=settings.verify_max_active_per_token,
+                                  run_budget_s=settings.verify_max_run_s)
     slot_id = slot.id if slot is not None else None
     session.commit()  # the slot counts for concurrent requests from here on
     try:

@@ -66,7 +66,7 @@ def _run(code: str, scratch: Path, *, limits: sandbox.SandboxLimits = sandbox.HO
          writable: list[Path] = ()) -> subprocess.CompletedProcess:
     env = sandbox.sandbox_env(scratch=scratch, source={"PATH": os.environ["PATH"], **SECRET_ENV})
     process = sandbox.popen([sys.executable, "-c", code], limits=limits, env=env, writable=list(writable),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            scratch=scratch, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = process.communicate(timeout=120)
     return subprocess.CompletedProcess(process.args, process.returncode, out.decode(), err.decode())
 
@@ -194,7 +194,7 @@ def test_nothing_it_starts_outlives_it(mode: str, tmp_path: Path) -> None:
     marker = f"{4242 + (mode == 'fallback')}.{os.getpid() % 1000}"
     env = sandbox.sandbox_env(scratch=_work(tmp_path))
     child = sandbox.popen(["sh", "-c", SURVIVORS.format(m=marker)], limits=sandbox.BUILD_LIMITS, env=env,
-                          stdout=subprocess.DEVNULL)  # a survivor would hold a pipe open
+                          scratch=_work(tmp_path), stdout=subprocess.DEVNULL)  # a survivor would hold a pipe open
     try:
         assert child.wait(timeout=60) == 0
         left = processes.wait_gone(f"sleep {marker}", timeout_s=5)
@@ -215,7 +215,7 @@ PARENT = textwrap.dedent("""
     # A build-like tree: the command starts grandchildren (as ninja starts compilers).
     child = sandbox.popen(["sh", "-c", "sleep " + sys.argv[1] + " & sleep " + sys.argv[1] + "; wait"],
                           limits=sandbox.BUILD_LIMITS, env=sandbox.sandbox_env(scratch=scratch),
-                          guard_group=sys.argv[3] == "guard")
+                          scratch=scratch, guard_group=sys.argv[3] == "guard")
     print(child.pid, flush=True)
     time.sleep(600)
 """)

@@ -58,6 +58,66 @@ def _compiler_argument(value: str, field: str) -> str:
     return value
 
 
+# build.env: the build knobs a tree may set for its own commands (docs/PROJECTS.md). A name passes
+# when it is in BUILD_ENV_NAMES or starts with one of BUILD_ENV_PREFIXES, and is not refused by
+# _REFUSED_ENV first. Everything else a process reads from its environment (the loader's LD_*,
+# search paths, interpreters' start-up hooks, the compiler cache's settings, proxies, HOME) is the
+# worker's: a tree that needs a tool gets it from the registered environment's image.
+BUILD_ENV_NAMES = frozenset({
+    "MAX_JOBS", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CUDAFLAGS", "CUDAARCHS",
+    "TORCH_CUDA_ARCH_LIST", "MAKEFLAGS", "SOURCE_DATE_EPOCH", "VERBOSE", "FORCE_CUDA", "USE_NINJA",
+})
+BUILD_ENV_PREFIXES = ("CMAKE_", "NVCC_", "BUILD_")
+_ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_REFUSED_ENV = re.compile(
+    r"^(LD_.*|.*_PRELOAD|.*PATH|PYTHON.*|BASH_ENV|ENV|GCONV_PATH|CCACHE_.*|.*_PROXY|HOME|TMPDIR|"
+    r"CMAKE_.*_COMPILER_LAUNCHER|NVCC_CCBIN|CMAKE_TOOLCHAIN_FILE|CMAKE_PROJECT_.*_INCLUDE.*)$",
+    re.IGNORECASE)
+# Options whose argument may be glued to them (`-isystem/usr/include`); the one-letter ones (-I,
+# -L, -B...) are any `-X` prefix.
+_GLUED_PATH_OPTIONS = ("-isystem", "-iquote", "-idirafter", "-imacros", "-include", "-isysroot", "--sysroot",
+                       "-iprefix", "-specs", "--specs", "-ccbin", "--compiler-bindir", "-odir", "--output-directory")
+_VALUE_SEPARATORS = re.compile(r"[\s:;,\"']+")
+
+
+def _path_candidates(word: str) -> list[str]:
+    """The parts of one word of a value that could be a path: the word, what follows `=`, and what
+    follows an option glued to its argument."""
+    candidates = [word, *word.split("=")[1:]]
+    if word.startswith("-"):
+        candidates.append(word[2:])
+        candidates += [word[len(option):] for option in _GLUED_PATH_OPTIONS if word.startswith(option)]
+    return candidates
+
+
+def _names_outside_path(value: str) -> bool:
+    """Whether a value names an absolute or home path, or steps up with `..`, in any of its words."""
+    for word in filter(None, _VALUE_SEPARATORS.split(value)):
+        for candidate in _path_candidates(word):
+            if candidate.startswith(("/", "~", "\\")) or ".." in re.split(r"[/\\]", candidate):
+                return True
+    return False
+
+
+def build_env_problem(name: str, value: str) -> str | None:
+    """Why `name = value` may not be in build.env (None: it may), in words that say what to do."""
+    knobs = f"build knobs only: {', '.join(sorted(BUILD_ENV_NAMES))} or names starting {', '.join(BUILD_ENV_PREFIXES)}"
+    if not _ENV_NAME.match(name):
+        return f"build.env: {name[:80]!r} is not an upper-case variable name ({knobs})"
+    if _REFUSED_ENV.match(name):
+        return (f"build.env: {name} is the worker's to set, never a tree's (loader, search paths, "
+                "interpreters, compiler cache, proxies); tools come from the registered environment's image, "
+                f"not from the tree's environment. Allowed: {knobs}")
+    if name not in BUILD_ENV_NAMES and not name.startswith(BUILD_ENV_PREFIXES):
+        return f"build.env: {name} is not an allowed build knob ({knobs})"
+    if "\x00" in value or "\n" in value or "\r" in value:
+        return f"build.env.{name}: the value holds a NUL or a line break"
+    if _names_outside_path(value):
+        return (f"build.env.{name} = {value[:120]!r} names a path outside the tree (absolute, '~' or '..'); "
+                "paths in build.env are relative to the tree, which is the build's working folder")
+    return None
+
+
 def _relative_inside(value: str, field: str) -> str:
     path = PurePosixPath(value)
     if path.is_absolute() or ".." in path.parts:
@@ -83,6 +143,14 @@ class BuildConfig(BaseModel):
     @classmethod
     def _flags_are_arguments(cls, flags: list[str], info) -> list[str]:  # noqa: ANN001
         return [_compiler_argument(flag, f"build.{info.field_name}[{i}]") for i, flag in enumerate(flags)]
+
+    @field_validator("env")
+    @classmethod
+    def _env_is_build_knobs(cls, env: dict[str, str]) -> dict[str, str]:
+        problems = [problem for name, value in env.items() if (problem := build_env_problem(name, value))]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return env
 
     @field_validator("defines")
     @classmethod

@@ -598,6 +598,7 @@ class KernelHost:
              str(self.threads), *arguments],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
             limits=sandbox.HOST_LIMITS, readable=readable, gpu=self.device != "cpu", cwd=self._scratch.path,
+            scratch=self._scratch.path,
         )
         return spawned
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from worker.sandbox import mounts
+from worker.sandbox import launcher, mounts
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ class SandboxUnavailable(RuntimeError):
 
 
 def bwrap_executable() -> str | None:
-    return os.environ.get("OPTDRIFT_BWRAP") or shutil.which("bwrap")
+    return launcher.launcher().bwrap
 
 
 def secret_paths() -> list[Path]:
@@ -187,11 +187,21 @@ def secret_paths() -> list[Path]:
     return [Path(os.path.abspath(p)) for p in paths]
 
 
-def _plan(*, env: dict[str, str], readable: list[Path], writable: list[Path], gpu: bool) -> mounts.MountPlan:
+@lru_cache(maxsize=1)
+def worker_environment() -> tuple[tuple[str, str], ...]:
+    """The allowlisted part of the worker's own environment as it was when first asked (at start):
+    the only environment whose search paths become binds (mounts.toolchain_paths)."""
+    return tuple((key, os.environ[key]) for key in ALLOWED_ENV if key in os.environ)
+
+
+def _plan(*, readable: list[Path], writable: list[Path], gpu: bool) -> mounts.MountPlan:
+    """What the box shows. Binds come from the worker's configuration alone (its Python, its own
+    environment's toolchain folders, OPTDRIFT_SANDBOX_RO_PATHS) and the folders the worker's code
+    made for this child: never from the child's environment, which a tree's build.env feeds."""
     from service.settings import get_settings
 
-    read_only = mounts.python_paths() + mounts.toolchain_paths(env, get_settings().sandbox_ro_paths)
-    return mounts.MountPlan(read_only=read_only + [Path(p).resolve() for p in readable],
+    toolchain = mounts.toolchain_paths(dict(worker_environment()), get_settings().sandbox_ro_paths)
+    return mounts.MountPlan(read_only=mounts.python_paths() + toolchain + [Path(p).resolve() for p in readable],
                             writable=[Path(p).resolve() for p in writable],
                             devices=mounts.gpu_devices() if gpu else [], secrets=secret_paths())
 
@@ -210,16 +220,23 @@ def _give_to_sandbox_user(paths: list[Path]) -> None:
 
 def bwrap_command(args: list[str], *, env: dict[str, str], readable: list[Path] = (),
                   writable: list[Path] = (), gpu: bool = False, cwd: Path | None = None) -> list[str]:
-    """The full command line that runs `args` in the sandbox (bwrap must exist)."""
+    """The full command line that runs `args` in the sandbox with `env` as its whole environment
+    (bwrap must exist). Start it with launcher.LAUNCHER_ENV: bwrap and the identity drop never see
+    `env`; `env -i` applies it as the last step, inside every namespace, as the sandbox user."""
+    found = launcher.launcher()
     privileged = os.geteuid() == 0
-    user_args, prefix = mounts.identity_args(privileged=privileged)
-    plan = _plan(env=env, readable=list(readable), writable=list(writable), gpu=gpu)
+    problem = found.problem(privileged=privileged)
+    if problem is not None:
+        raise SandboxUnavailable(problem)
+    user_args, drop = mounts.identity_args(privileged=privileged, setpriv=found.setpriv)
+    plan = _plan(readable=list(readable), writable=list(writable), gpu=gpu)
     mount_args = plan.args()
     for reason in plan.skipped:
         log.warning("sandbox: not showing %s", reason)
     chdir = str(Path(cwd).resolve()) if cwd else (str(Path(writable[0]).resolve()) if writable else "/tmp")
-    return [bwrap_executable(), *mounts.namespace_args(), *user_args, *mount_args, "--chdir", chdir,
-            "--", *prefix, *args]
+    return [found.bwrap, *mounts.namespace_args(), *user_args, *mount_args, "--chdir", chdir,
+            "--clearenv", *(arg for key, value in launcher.LAUNCHER_ENV.items() for arg in ("--setenv", key, value)),
+            "--", *drop, *launcher.child_command(args, env)]
 
 
 @lru_cache(maxsize=1)
@@ -228,16 +245,17 @@ def status() -> tuple[bool, str]:
     starting a Python in a box as a real child would be started."""
     if not sys.platform.startswith("linux"):
         return False, f"bubblewrap is Linux-only (platform {sys.platform})"
-    executable = bwrap_executable()
-    if executable is None or not os.access(executable, os.X_OK):
-        return False, "bubblewrap is not installed (Debian: apt-get install bubblewrap; or set OPTDRIFT_BWRAP)"
-    if os.geteuid() == 0 and shutil.which("setpriv") is None:
-        return False, "running as root, and setpriv (util-linux) is missing to drop to the sandbox user"
+    found = launcher.launcher()
+    problem = found.problem(privileged=os.geteuid() == 0)
+    if problem is not None:
+        return False, problem
+    executable = found.bwrap
     env = sandbox_env(scratch=Path("/tmp"))
     env["PYTHONPATH"] = str(mounts.code_root())
     try:
         out = subprocess.run(bwrap_command([sys.executable, "-P", "-c", "import worker, os; print(os.getuid())"],
-                                           env=env), env=env, capture_output=True, text=True, timeout=60)
+                                           env=env), env=dict(launcher.LAUNCHER_ENV), capture_output=True,
+                             text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as exc:
         return False, f"bubblewrap did not start: {exc}"
     if out.returncode != 0 or out.stdout.strip() != str(mounts.SANDBOX_UID):
@@ -264,10 +282,12 @@ def signal_of(returncode: int | None) -> signal.Signals | None:
 
 def popen(args: list[str], *, limits: SandboxLimits, env: dict[str, str], readable: list[Path] = (),
           writable: list[Path] = (), gpu: bool = False, cwd: Path | None = None, guard_group: bool = False,
-          **kwargs) -> subprocess.Popen:  # noqa: ANN003
+          scratch: Path | None = None, **kwargs) -> subprocess.Popen:  # noqa: ANN003
     """subprocess.Popen in the sandbox: `args` sees the toolchain, Python and `readable` read-only,
-    `writable` read-write (handed to the sandbox user), the GPU's device nodes if `gpu`, nothing
-    else of the file system; its first folder (or `cwd`) is the working folder.
+    `writable` and `scratch` (the child's HOME/TMPDIR, a `Scratch`) read-write (handed to the
+    sandbox user), the GPU's device nodes if `gpu`, nothing else of the file system; its first
+    folder (or `cwd`) is the working folder. `env` is only ever the child's environment: no value
+    in it becomes a bind or reaches the programs that build the box.
 
     Without bubblewrap (`status()`), the weaker measures of the module docstring; then
     `guard_group` runs `args` under worker.sandbox.group_guard, so that when this process dies the whole
@@ -276,23 +296,27 @@ def popen(args: list[str], *, limits: SandboxLimits, env: dict[str, str], readab
     if available():
         env = dict(env)
         env.update({"USER": mounts.SANDBOX_USER, "LOGNAME": mounts.SANDBOX_USER})
-        scratch = env.get("TMPDIR")  # sandbox_env's scratch: the child's HOME and TMPDIR
-        if scratch and scratch != "/tmp" and Path(scratch).is_dir():
+        if scratch is not None:
             writable = [*writable, Path(scratch)]
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(mounts.code_root()), env.get("PYTHONPATH")]))
         if os.geteuid() == 0:
             _give_to_sandbox_user([Path(p) for p in writable])
         command = bwrap_command(args, env=env, readable=readable, writable=writable, gpu=gpu, cwd=cwd)
-        return subprocess.Popen(command, env=env, start_new_session=True,
+        return subprocess.Popen(command, env=dict(launcher.LAUNCHER_ENV), start_new_session=True,
                                 preexec_fn=_make_preexec(limits, False), **kwargs)
+    name = Path(args[0]).name
+    # As in the box: the worker's own programs (the group guard) start with the launcher's fixed
+    # environment, and `env -i` gives the child its environment last.
+    args, launch_env = launcher.child_command(args, env), dict(launcher.LAUNCHER_ENV)
     if guard_group:
         args = [sys.executable, "-P", "-m", "worker.sandbox.group_guard", "--", *args]
+        launch_env["PYTHONPATH"] = str(mounts.code_root())
     isolate = False
     if limits.isolate_network:
         isolate, reason = network_isolation()
         if not isolate:
-            log.warning("sandbox: running %s WITH network access: %s", Path(args[0]).name, reason)
-    return subprocess.Popen(args, env=env, start_new_session=True, cwd=cwd,
+            log.warning("sandbox: running %s WITH network access: %s", name, reason)
+    return subprocess.Popen(args, env=launch_env, start_new_session=True, cwd=cwd,
                             preexec_fn=_make_preexec(limits, isolate), **kwargs)
 
 

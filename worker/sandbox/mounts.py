@@ -181,10 +181,13 @@ def gpu_devices() -> list[Path]:
     return [Path(p) for pattern in GPU_DEVICE_GLOBS for p in sorted(glob.glob(pattern))]
 
 
-def identity_args(*, privileged: bool) -> tuple[list[str], list[str]]:
-    """(bwrap options, the command prefix) that make the child uid/gid 65534 without capabilities."""
+def identity_args(*, privileged: bool, setpriv: str | None = None) -> tuple[list[str], list[str]]:
+    """(bwrap options, the command prefix) that make the child uid/gid 65534 without capabilities.
+    `setpriv`: its absolute path (worker.sandbox.launcher), needed when `privileged`."""
     if privileged:
-        drop = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}", "--clear-groups",
+        if not setpriv or not os.path.isabs(setpriv):
+            raise ValueError("the identity drop needs setpriv by absolute path (worker.sandbox.launcher)")
+        drop = [setpriv, f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_GID}", "--clear-groups",
                 "--inh-caps=-all", "--bounding-set=-all", "--"]
         return [], drop
     return ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)], []

@@ -42,7 +42,9 @@ class Policy:
     fast_engine: bool = True
     cache_dir: Path | None = None
     cuda_archs: list[str] | None = None  # None: detect; []: a CPU-only build
-    trusted: bool = True  # may write to the shared compiler cache (worker.build)
+    # May write to the shared build and compiler caches; an untrusted build is private to its run,
+    # deleted when the run's task ends (worker.build.cache.release_builds).
+    trusted: bool = True
     max_build_s: float | None = None  # a tree's build.timeout_s may ask for less, never more
     case_timeout_s: float = 600.0
     deadline: float | None = None  # time.monotonic() past which nothing runs

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from celery.signals import worker_ready
+from celery.signals import task_postrun, worker_ready
 from sqlalchemy import select
 from sqlalchemy.exc import InterfaceError, OperationalError
 
@@ -106,6 +106,16 @@ def _say_whether_sandboxed(**_kwargs) -> None:  # noqa: ANN003
     else:
         log.warning("sandbox UNAVAILABLE (%s): verify runs are refused (an operator may set "
                     "OPTDRIFT_ALLOW_UNSANDBOXED=true); commit runs get the weaker measures", what)
+
+
+@task_postrun.connect
+def _release_builds_after_task(**_kwargs) -> None:  # noqa: ANN003
+    """A task's runs are over (a run, a co-run, a timing): the untrusted builds it made are deleted
+    and the trusted ones it used may be evicted again (worker.build.cache.release_builds). A task
+    whose process is killed leaves its untrusted builds to the next one's sweep."""
+    from worker.build.cache import release_builds
+
+    release_builds()
 
 
 @worker_ready.connect

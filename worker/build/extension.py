@@ -29,7 +29,9 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from worker import sandbox
-from worker.build.cache import BuildResult, LabelledHash, cached_build, default_cache_dir
+from worker.build.cache import (
+    BuildResult, LabelledHash, OutputTooLarge, cached_build, default_cache_dir, verify_build_max_bytes, wait_bounded,
+)
 from worker.build.host_cpu import depends_on_host, isa_digest
 from worker.build.ccache import (
     EXTENSION_NAME_MACRO, ccache_env, ccache_version, find_ccache, read_ccache_stats_log,
@@ -180,9 +182,10 @@ def build_extension(
 ) -> BuildResult:
     """Compile `source_dir` (every .cpp, plus every .cu when building for CUDA) into the cache.
 
-    `trusted`: whether this build may write to the shared compiler cache. An untrusted build (a
-    verify run: a contributor's code) reads it and adds nothing, so it cannot plant an object that
-    a later trusted build of other sources would take as a hit."""
+    `trusted`: whether this build may write to the shared build and compiler caches. An untrusted
+    build (a verify run: a contributor's code) reads them and adds nothing, so it cannot plant an
+    object that a later trusted build would take as a hit: it builds into a private folder, capped
+    in size and deleted when its run ends (worker.build.cache)."""
     source_dir = Path(source_dir).resolve()
     if not source_dir.is_dir():
         raise FileNotFoundError(f"kernel source folder {source_dir} does not exist")
@@ -191,8 +194,8 @@ def build_extension(
     digest = build_digest(source_dir, cuda_archs=archs, extra_cflags=tuple(extra_cflags),
                           extra_cuda_cflags=tuple(extra_cuda_cflags), cpu_features=cpu_features)
     return cached_build(cache_dir, digest, lambda staging: _compile(
-        source_dir, staging, digest, archs, extra_cflags, extra_cuda_cflags, timeout_s, trusted=trusted),
-        lock_timeout_s=timeout_s + 60)
+        source_dir, staging, digest, archs, extra_cflags, extra_cuda_cflags, timeout_s, trusted=trusted,
+        ccache_root=cache_dir), lock_timeout_s=timeout_s + 60, trusted=trusted)
 
 
 def _compile(
@@ -205,6 +208,7 @@ def _compile(
     timeout_s: float,
     *,
     trusted: bool,
+    ccache_root: Path,
 ) -> BuildResult:
     # Compile a private copy of exactly the digested files, at a path that is the same relative
     # to the staging folder in every build (see the module docstring: ccache hits across trees).
@@ -240,6 +244,8 @@ def _compile(
         names_extension = any(EXTENSION_NAME_MACRO.encode() in p.read_bytes() for p in copied)
         extra_env.update(ccache_env(cache_dir=staging.parent, stats_log=stats_log,
                                     sources_name_extension=names_extension))
+        # The shared compiler cache is the trusted builds' one, wherever this build's staging is.
+        extra_env["CCACHE_DIR"] = str(ccache_root / "ccache")
         if not trusted:
             extra_env.update({"CCACHE_READONLY": "1", "CCACHE_TEMPDIR": str(scratch.path / "ccache-tmp")})
     # Submitted code is compiled here: allowlisted environment (no secrets), limits, no network.
@@ -260,7 +266,7 @@ def _compile(
             log.flush()
         # In the sandbox the child sees its staging folder (the copied sources, the output) and,
         # read-only unless this build is trusted, the compiler cache; nothing else of the cache.
-        ccache_dir = staging.parent / "ccache"
+        ccache_dir = ccache_root / "ccache"
         if ccache:
             ccache_dir.mkdir(exist_ok=True)
         child = sandbox.popen(
@@ -273,7 +279,11 @@ def _compile(
             readable=([ccache_dir] if ccache and not trusted else []) + ([Path(ccache).resolve().parent] if ccache else []),
         )
         try:
-            returncode = child.wait(timeout=timeout_s)
+            # An untrusted build's folder is measured while it runs (worker.build.cache).
+            returncode = wait_bounded(child, timeout_s, output=staging,
+                                      max_bytes=None if trusted else verify_build_max_bytes())
+        except OutputTooLarge as error:
+            return base.model_copy(update={"error": str(error)})
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()

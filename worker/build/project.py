@@ -11,6 +11,8 @@ tree (path and bytes, `.git` excluded), the commands, the environment overrides,
 architectures, the host CPU's ISA features (worker.build.host_cpu: a tree's CMake may compile with
 -march=native, and nothing outside the commands says whether it does) and the recipe version; the cache entry is the built copy of the tree, renamed into
 place only when complete, under an flock that a killed build cannot leave behind (worker.build).
+An untrusted build (a verify run) is never put there: it builds into a private folder, capped in
+size and deleted when its run ends (worker.build.cache).
 Commands are split with shlex and run without a shell, in their own process group, killed as a
 whole at the timeout. Environment given to each command:
     OPTDRIFT_CUDA_ARCHS   "9.0;8.6" ("" for a CPU-only build)
@@ -43,7 +45,10 @@ from pathlib import Path
 from service.domain.project_config import ProjectConfig
 from worker import sandbox
 from worker.sandbox import log_tail
-from worker.build.cache import INSTALLED, MAX_KEPT_LOG_BYTES, BuildResult, LabelledHash, cached_build, default_cache_dir
+from worker.build.cache import (
+    COMMAND_FOLDER, INSTALLED, MAX_KEPT_LOG_BYTES, BuildResult, LabelledHash, OutputTooLarge, cached_build,
+    default_cache_dir, verify_build_max_bytes, wait_bounded,
+)
 from worker.build.ccache import CompilerCacheStats, ccache_env, ccache_version, find_ccache, read_ccache_stats_log
 from worker.build.extension import (
     DEFAULT_CFLAGS, DEFAULT_CUDA_CFLAGS, build_extension, compiler_message, detect_cuda_archs,
@@ -59,7 +64,8 @@ def build_project(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | 
                   max_timeout_s: float | None = None, cpu_features: tuple[str, ...] | None = None) -> BuildResult:
     """Build `source_dir` (an extracted commit) per `config.build`; never raises for a failed build.
 
-    `trusted`: whether the build may write to the shared compiler cache (worker.build).
+    `trusted`: whether the build may write to the shared build and compiler caches; an untrusted
+    one (a verify run) builds into a private folder deleted when its run ends (worker.build.cache).
     `cpu_features`: the host CPU's ISA features for the key of a host-dependent build (None: this
     machine's; tests pass others, worker.build.host_cpu).
     `max_timeout_s`: the operator's cap; the tree's build.timeout_s may ask for less, never more."""
@@ -110,9 +116,10 @@ def _environment(config: ProjectConfig, archs: list[str], workdir: Path, scratch
 
 
 def _compiler_cache(env: dict[str, str], config: ProjectConfig, staging: Path, scratch: Path, *,
-                    trusted: bool) -> tuple[Path | None, str]:
+                    trusted: bool, ccache_root: Path) -> tuple[Path | None, str]:
     """Route CMake's compiles through ccache: sets the launchers and CCACHE_* in `env`; returns the
-    ccache (None: none) and the line the build log gets."""
+    ccache (None: none) and the line the build log gets. `ccache_root`: the folder whose `ccache`
+    is the shared compiler cache (the trusted command builds' folder, wherever `staging` is)."""
     ccache = find_ccache()  # FileNotFoundError: OPTDRIFT_CCACHE names one that does not run
     if ccache is None:
         reason = "OPTDRIFT_CCACHE turns it off" if os.environ.get("OPTDRIFT_CCACHE") else \
@@ -123,6 +130,7 @@ def _compiler_cache(env: dict[str, str], config: ProjectConfig, staging: Path, s
     # The stats log goes to the scratch folder: the sandbox lets the commands write only the tree,
     # the scratch folder and (trusted) the compiler cache.
     env.update(ccache_env(cache_dir=staging.parent, stats_log=scratch / "ccache-stats.log"))
+    env["CCACHE_DIR"] = str(ccache_root / "ccache")  # an untrusted build's staging is elsewhere
     if not trusted:
         env.update({"CCACHE_READONLY": "1", "CCACHE_TEMPDIR": str(scratch / "ccache-tmp")})
     for variable in LAUNCHER_VARIABLES:
@@ -134,7 +142,7 @@ def _compiler_cache(env: dict[str, str], config: ProjectConfig, staging: Path, s
 
 
 def _run_commands(workdir: Path, config: ProjectConfig, archs: list[str], log_path: Path, *,
-                  trusted: bool = True) -> tuple[str | None, CompilerCacheStats | None]:
+                  trusted: bool = True, ccache_root: Path | None = None) -> tuple[str | None, CompilerCacheStats | None]:
     """Run the commands in `workdir`: (None on success, else what went wrong, for
     BuildResult.error; ccache's counts, None without ccache)."""
     deadline = time.monotonic() + config.build.timeout_s
@@ -142,7 +150,8 @@ def _run_commands(workdir: Path, config: ProjectConfig, archs: list[str], log_pa
     env = _environment(config, archs, workdir, scratch.path)
     staging = log_path.parent
     try:
-        ccache, cache_line = _compiler_cache(env, config, staging, scratch.path, trusted=trusted)
+        ccache, cache_line = _compiler_cache(env, config, staging, scratch.path, trusted=trusted,
+                                             ccache_root=ccache_root or staging.parent)
     except FileNotFoundError as error:
         scratch.remove()
         with open(log_path, "a") as log:
@@ -177,7 +186,11 @@ def _run_each(config: ProjectConfig, workdir: Path, env: dict[str, str], log, lo
         except OSError as error:
             return f"build command {command!r} could not start: {error}"
         try:
-            code = child.wait(timeout=max(0.0, deadline - time.monotonic()))
+            # An untrusted build's folder is measured while it runs (worker.build.cache).
+            code = wait_bounded(child, max(0.0, deadline - time.monotonic()), output=workdir.parent,
+                                max_bytes=None if trusted else verify_build_max_bytes())
+        except OutputTooLarge as error:
+            return f"{error} during {command!r}"
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
@@ -193,7 +206,8 @@ def _run_each(config: ProjectConfig, workdir: Path, env: dict[str, str], log, lo
 def build_command(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | None = None,
                   cuda_archs: list[str] | None = None, trusted: bool = True,
                   cpu_features: tuple[str, ...] | None = None) -> BuildResult:
-    cache_dir = Path(cache_dir or default_cache_dir()).resolve() / "command"
+    root = Path(cache_dir or default_cache_dir()).resolve()
+    cache_dir = root / COMMAND_FOLDER
     archs = detect_cuda_archs() if cuda_archs is None else list(cuda_archs)
     digest = command_digest(source_dir, config, archs, cpu_features)
 
@@ -203,7 +217,7 @@ def build_command(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | 
         log_path = staging / "build.log"
         log_path.write_bytes(b"")
         base = BuildResult(ok=False, digest=digest, log_path=str(log_path), cuda_archs=archs)
-        error, stats = _run_commands(workdir, config, archs, log_path, trusted=trusted)
+        error, stats = _run_commands(workdir, config, archs, log_path, trusted=trusted, ccache_root=cache_dir)
         base = base.model_copy(update={"compiler_cache": stats})
         library = config.build.library
         if error is None and library != INSTALLED and not (workdir / library).exists():
@@ -214,4 +228,5 @@ def build_command(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | 
         return base.model_copy(update={"ok": True, "library_path": INSTALLED if library == INSTALLED
                                        else str(workdir / library)})
 
-    return cached_build(cache_dir, digest, make, lock_timeout_s=config.build.timeout_s + 60)
+    return cached_build(cache_dir, digest, make, lock_timeout_s=config.build.timeout_s + 60, trusted=trusted,
+                        root=root)

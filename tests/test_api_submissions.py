@@ -110,7 +110,9 @@ def test_bad_archives_are_refused_and_nothing_is_stored(api, api_settings):  # n
 def test_submit_by_digest_of_uploaded_archive(api):  # noqa: ANN001
     _project(api)
     archive = make_archive(SOURCE)
-    uploaded = api.post("/api/v1/sources", files={"archive": ("s.tar.gz", archive)}).json()
+    # The upload names its project: only that project may name the digest (issue 33).
+    uploaded = api.post("/api/v1/sources", data={"project": "kern"},
+                        files={"archive": ("s.tar.gz", archive)}).json()
     assert uploaded["digest"] == sha256_hex(archive) and uploaded["member_count"] == 2
     response = api.post("/api/v1/projects/kern/commits",
                         data={"sha": "c9", "source_digest": uploaded["digest"]})

@@ -6,6 +6,10 @@ from fastapi import HTTPException, UploadFile, status
 
 from service.settings import Settings
 
+# A response header for the uploader: what extraction leaves out of the archive (its `.git`), so a
+# client can say it without the answer's schema changing.
+ARCHIVE_NOTE_HEADER = "Optdrift-Archive-Note"
+
 
 def read_limited(upload: UploadFile | None, *, settings: Settings, field: str) -> bytes | None:
     if upload is None:

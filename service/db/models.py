@@ -61,6 +61,20 @@ class SourceArchive(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
+class SourceArchiveProject(Base):
+    """A project an archive was uploaded by or for: only these projects may name its digest
+    (issue 33: digests are public, the source is not). Two projects uploading identical bytes get
+    a row each; the archive itself is still stored once."""
+
+    __tablename__ = "source_archive_projects"
+
+    digest: Mapped[str] = mapped_column(
+        ForeignKey("source_archives.digest", ondelete="CASCADE"), primary_key=True)
+    project_id: Mapped[int] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
 class Commit(Base):
     __tablename__ = "commits"
     __table_args__ = (

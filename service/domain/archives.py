@@ -4,6 +4,14 @@ checks and the worker extracts with.
 
 Packing is deterministic (sorted names, zeroed owners and times, gzip mtime 0), so the same tree
 always has the same sha256 and a resubmission is recognised by its digest.
+
+git metadata is never extracted (issue 33): a `.git` folder or gitlink file, at any depth, is
+accepted in an upload (a `tar czf` of a checkout has one; refusing it would only make people
+re-pack), counted against the limits like every member, stored with the upload's bytes (its digest
+is the sha256 of what was sent), and left out by `extract_archive`, which is the only way the API
+(verify --patch) and the workers put a tree on disk. So no `.git/config`, hook or gitlink of a
+submitted tree is ever on a disk where a tool could read it; the upload's answer says how many
+members were left out (`ArchiveSummary.note`).
 """
 
 from __future__ import annotations
@@ -29,6 +37,28 @@ class ArchiveError(ValueError):
 class ArchiveLimits:
     max_members: int = 20_000
     max_extracted_bytes: int = 512 * 1024 * 1024
+
+
+def is_git_metadata(parts: tuple[str, ...]) -> bool:
+    """Whether a member lies in (or is) a `.git` folder or gitlink file at any depth. Any case:
+    a case-insensitive filesystem (a macOS or Windows checkout of the tree) takes `.GIT` as `.git`."""
+    return any(part.lower() == ".git" for part in parts)
+
+
+@dataclass(frozen=True)
+class ArchiveSummary:
+    members: int  # every member, the left-out ones included (the limits count them all)
+    left_out: tuple[str, ...]  # the git metadata members extraction leaves out
+
+    @property
+    def note(self) -> str | None:
+        """A sentence for the uploader, or None when nothing is left out."""
+        if not self.left_out:
+            return None
+        return (f"left out {len(self.left_out)} members of git metadata ({self.left_out[0]!r}"
+                f"{' and more' if len(self.left_out) > 1 else ''}): optdrift never extracts `.git`,"
+                " so a tree's git config and hooks never reach a disk; send the source without it "
+                "(`optdrift submit` or `git archive`) to skip uploading it")
 
 
 def sha256_hex(data: bytes) -> str:
@@ -171,9 +201,12 @@ def _check_member(member: tarfile.TarInfo, seen: _SeenNames) -> None:
     (seen.dirs if member.isdir() else seen.files).add(normalised)
 
 
-def _walk(tar: tarfile.TarFile, limits: ArchiveLimits, on_member=None) -> int:  # noqa: ANN001
+def _walk(tar: tarfile.TarFile, limits: ArchiveLimits, on_member=None) -> ArchiveSummary:  # noqa: ANN001
+    """Check every member against the rules and limits; call `on_member` for each one extraction
+    keeps (not git metadata)."""
     members = 0
     total = 0
+    left_out: list[str] = []
     seen = _SeenNames(files=set(), dirs=set())
     try:
         for member in tar:
@@ -186,17 +219,20 @@ def _walk(tar: tarfile.TarFile, limits: ArchiveLimits, on_member=None) -> int:  
             if total > limits.max_extracted_bytes:
                 raise ArchiveError(f"archive expands to more than {limits.max_extracted_bytes} bytes "
                                    "(OPTDRIFT_MAX_EXTRACTED_BYTES)")
-            if on_member is not None:
+            if is_git_metadata(Path(member.name).parts):
+                left_out.append(member.name)
+            elif on_member is not None:
                 on_member(member)
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise ArchiveError(f"archive is truncated or corrupt ({exc})") from exc
     if members == 0:
         raise ArchiveError("archive is empty")
-    return members
+    return ArchiveSummary(members=members, left_out=tuple(left_out))
 
 
-def inspect_archive(data: bytes, limits: ArchiveLimits) -> int:
-    """Check a tar.gz without writing anything; return its member count.
+def summarize_archive(data: bytes, limits: ArchiveLimits) -> ArchiveSummary:
+    """Check a tar.gz without writing anything; return its member count and the git metadata
+    extraction will leave out.
 
     Refuses what a source tree never needs and what could write outside the extraction folder:
     links, devices, fifos, absolute paths, `..` components, setuid bits, duplicate names, too
@@ -206,10 +242,15 @@ def inspect_archive(data: bytes, limits: ArchiveLimits) -> int:
         return _walk(tar, limits)
 
 
+def inspect_archive(data: bytes, limits: ArchiveLimits) -> int:
+    """summarize_archive's member count."""
+    return summarize_archive(data, limits).members
+
+
 def extract_archive(data: bytes, dest: Path, limits: ArchiveLimits) -> Path:
     """Check the whole archive first (nothing is written for a bad one), then extract it member by
     member with tarfile's `data` filter (a second line of defence against paths outside dest,
-    links and special files)."""
+    links and special files), leaving out git metadata (is_git_metadata)."""
     inspect_archive(data, limits)
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)

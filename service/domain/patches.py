@@ -9,13 +9,26 @@ file (API memory 2.26 GB, 20 s, 1 GiB in /tmp) before the old size check ran. Th
 2. `git apply` runs under `prlimit`: RLIMIT_FSIZE stops any file write past the per-file bound
    (SIGXFSZ), RLIMIT_AS bounds the inflate buffers, a timeout bounds the time.
 3. The result is measured: per file growth and total growth against the settings.
+
+git reads no configuration of the tree's (issue 33): a base archive could carry `.git/config` with
+`[filter "x"] clean = <command>` and a `.gitattributes` using it, and `git apply` run in that tree
+ran the command as the API's user. So git runs with a repository the service made itself, outside
+the tree (GIT_DIR/GIT_WORK_TREE: nothing is discovered in or above the tree), no system or global
+config, an empty HOME, an environment of only the variables set here (none of the API's GIT_*), and
+an `info/attributes` that unsets every attribute with a conversion or a driver, which outranks any
+`.gitattributes` in the tree. A filter, diff or merge driver named by the tree therefore has no
+definition and nothing to run, and file bytes are written exactly as the patch says.
+(The archives never bring `.git` onto disk either: service/domain/archives.py leaves it out.)
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import re
+import shutil
 import subprocess
+import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +39,11 @@ _BINARY_HUNK = re.compile(rb"^(literal|delta) (\d{1,20})$")
 # git's own headroom: git, its libraries and the mmap of the patch; the inflate buffers come on top.
 _GIT_ADDRESS_SPACE_BASE = 512 * 1024 * 1024
 _GIT_TIMEOUT_S = 60
+# Attributes of the service's own repository: info/attributes outranks every .gitattributes of the
+# work tree, so a tree cannot turn on a filter/diff/merge driver, `ident`, eol or encoding
+# conversions for the paths the patch touches.
+_NEUTRAL_ATTRIBUTES = ("* -text -crlf -eol -filter -diff -merge -ident -working-tree-encoding "
+                       "-whitespace -export-subst\n")
 
 
 @dataclass(frozen=True)
@@ -118,21 +136,57 @@ def _file_sizes(tree: Path) -> dict[str, int]:
             for path in tree.rglob("*") if path.is_file() and not path.is_symlink()}
 
 
+@functools.cache
+def _tool(name: str) -> str:
+    """The absolute path of a helper, resolved once on the API's own PATH (never the tree's)."""
+    path = shutil.which(name)
+    if path is None:
+        raise RuntimeError(f"`{name}` is not installed on the API host (or not on its PATH); "
+                           f"`verify --patch` applies patches with it: install it (apt-get install "
+                           f"{'util-linux' if name == 'prlimit' else name})")
+    return path
+
+
+def isolated_git_env(*, scratch: Path, tree: Path) -> dict[str, str]:
+    """The whole environment for a git command on `tree`: a fresh repository made in `scratch`
+    (a folder of the service's, outside `tree`) and nothing else git reads config from."""
+    git_dir = scratch / "git-dir"
+    home = scratch / "home"
+    home.mkdir()
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(home),  # empty: no ~/.gitconfig, no ~/.config/git/{config,attributes}
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_ATTR_NOSYSTEM": "1",
+        "GIT_TERMINAL_PROMPT": "0",
+        "LC_ALL": "C",
+    }
+    # --template= : an empty repository, no sample hooks copied in (none would run; less to read).
+    subprocess.run([_tool("git"), "init", "--quiet", "--bare", "--template=", str(git_dir)],
+                   env=env, cwd=scratch, check=True, capture_output=True, timeout=_GIT_TIMEOUT_S)
+    (git_dir / "info").mkdir(exist_ok=True)
+    (git_dir / "info" / "attributes").write_text(_NEUTRAL_ATTRIBUTES)
+    return {**env, "GIT_DIR": str(git_dir), "GIT_WORK_TREE": str(tree)}
+
+
 def apply_patch_bounded(*, tree: Path, patch_file: Path, limits: PatchLimits) -> None:
-    """`git apply -p1` in `tree` with the writes bounded; BadInputError if it does not apply or
-    grows the tree past the limits."""
+    """`git apply -p1` in `tree` with the writes bounded and no configuration of the tree's read
+    (isolated_git_env); BadInputError if it does not apply or grows the tree past the limits."""
     check_patch(patch_file.read_bytes(), limits)
     before = _file_sizes(tree)
     # No write may end past the largest base file plus the per-file growth: SIGXFSZ stops it there.
     fsize = max(before.values(), default=0) + limits.max_file_bytes
     address_space = _GIT_ADDRESS_SPACE_BASE + 2 * fsize
-    command = ["prlimit", f"--fsize={fsize}", f"--as={address_space}", "--",
-               "git", "apply", "--whitespace=nowarn", "-p1", str(patch_file)]
-    try:
-        result = subprocess.run(command, cwd=tree, capture_output=True, text=True,
-                                timeout=_GIT_TIMEOUT_S)
-    except subprocess.TimeoutExpired as exc:
-        raise BadInputError(f"patch took more than {_GIT_TIMEOUT_S} s to apply; send a smaller one") from exc
+    command = [_tool("prlimit"), f"--fsize={fsize}", f"--as={address_space}", "--",
+               _tool("git"), "apply", "--whitespace=nowarn", "-p1", str(patch_file.resolve())]
+    with tempfile.TemporaryDirectory(prefix="optdrift-git-") as scratch:
+        env = isolated_git_env(scratch=Path(scratch), tree=tree.resolve())
+        try:
+            result = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True,
+                                    timeout=_GIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            raise BadInputError(f"patch took more than {_GIT_TIMEOUT_S} s to apply; send a smaller one") from exc
     if result.returncode in (-25, 128 + 25):  # SIGXFSZ: a write passed RLIMIT_FSIZE
         raise BadInputError(
             f"patch writes a file past {fsize} bytes (OPTDRIFT_MAX_PATCH_FILE_BYTES per file); "

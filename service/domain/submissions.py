@@ -35,6 +35,8 @@ class Submission:
     patch_layout: str | None = None
     # Runs that had ended in `error` (optdrift's failure) and were queued again by this submission.
     requeued_run_ids: list[int] = field(default_factory=list)
+    # For the uploader: members of the archive extraction leaves out (git metadata), or None.
+    archive_note: str | None = None
 
     @property
     def created(self) -> bool:
@@ -45,20 +47,31 @@ class Submission:
         return self.new_run_ids + self.requeued_run_ids
 
 
-def _source_digest(
-    *, session: Session, settings: Settings, archive: bytes | None, source_digest: str | None
-) -> str:
+@dataclass(frozen=True)
+class _Source:
+    digest: str
+    note: str | None = None  # for the uploader: what extraction leaves out (git metadata)
+
+
+def _source(
+    *, session: Session, settings: Settings, project: Project, archive: bytes | None,
+    source_digest: str | None
+) -> _Source:
+    """The submission's source: an uploaded archive (stored and recorded for `project`) or the
+    digest of an earlier upload *by or for this project* (another project's digest: 404, the same
+    answer as one never uploaded)."""
     if archive is not None:
         try:
-            return store_archive(session=session, settings=settings, data=archive).digest
+            stored = store_archive(session=session, settings=settings, data=archive, project=project)
         except ArchiveError as exc:
             raise BadInputError(f"source archive rejected: {exc}") from exc
+        return _Source(digest=stored.digest, note=stored.note)
     if source_digest:
         try:
-            get_archive(session=session, settings=settings, digest=source_digest)
+            get_archive(session=session, settings=settings, digest=source_digest, project=project)
         except UnknownSourceError as exc:
             raise NotFoundError(str(exc)) from exc
-        return source_digest
+        return _Source(digest=source_digest)
     raise BadInputError("send the source as an `archive` file or the `source_digest` of an upload")
 
 
@@ -128,8 +141,9 @@ def submit_commit(
     environments = check_environments(
         project_name=project.name, registered=project.environments, requested=environments,
         max_per_request=settings.max_environments_per_request)
-    digest = _source_digest(session=session, settings=settings, archive=archive,
-                            source_digest=source_digest)
+    source = _source(session=session, settings=settings, project=project, archive=archive,
+                     source_digest=source_digest)
+    digest = source.digest
     base_commit = find_commit(session=session, project=project, ref=baseline) if baseline else None
 
     commit = session.scalar(select(Commit).where(Commit.project_id == project.id, Commit.sha == sha))
@@ -168,7 +182,8 @@ def submit_commit(
                     Run.environment == environment))
         runs.append(run)
     return Submission(runs=runs, commit=commit, new_run_ids=new_ids,
-                      requeued_run_ids=_requeue_errored(session, [r for r in runs if r.id not in new_ids]))
+                      requeued_run_ids=_requeue_errored(session, [r for r in runs if r.id not in new_ids]),
+                      archive_note=source.note)
 
 
 def _requeue_errored(session: Session, existing: list[Run]) -> list[int]:
@@ -219,10 +234,15 @@ def submit_verify(
         raise BadInputError("send exactly one of `archive` (a source tar.gz) or `patch` (a diff)")
     patch_layout = None
     if patch is not None:
-        _, base_path = get_archive(session=session, settings=settings,
-                                   digest=base_commit.source_digest)
+        try:
+            _, base_path = get_archive(session=session, settings=settings,
+                                       digest=base_commit.source_digest, project=project)
+        except UnknownSourceError as exc:
+            raise NotFoundError(f"the base commit {base_commit.sha}'s source: {exc}") from exc
         archive, patch_layout = apply_patch(settings=settings, base_archive=base_path, patch=patch)
-    digest = _source_digest(session=session, settings=settings, archive=archive, source_digest=None)
+    source = _source(session=session, settings=settings, project=project, archive=archive,
+                     source_digest=None)
+    digest = source.digest
     environment = environment or project.environments[0]
     if environment not in project.environments:
         raise BadInputError(
@@ -233,4 +253,6 @@ def submit_verify(
               environment=environment, idempotency_key=idempotency_key)
     session.add(run)
     session.flush()
-    return Submission(runs=[run], commit=None, new_run_ids=[run.id], patch_layout=patch_layout)
+    # A patched tree is packed by the service (no .git in it); a note can only be the upload's.
+    return Submission(runs=[run], commit=None, new_run_ids=[run.id], patch_layout=patch_layout,
+                      archive_note=source.note)

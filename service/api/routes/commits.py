@@ -13,7 +13,7 @@ from service.api.presenters import commit_public, run_public, verdict_public
 from service.api.schemas import (
     AcknowledgeRequest, CommitPublic, CommitsPublic, SubmissionPublic, VerdictsPublic,
 )
-from service.api.uploads import read_limited, split_list
+from service.api.uploads import ARCHIVE_NOTE_HEADER, read_limited, split_list
 from service.db.models import Commit, Run, Verdict
 from service.domain import projects, queueing, submissions, verdict_store
 from service.notify import hooks as notify_hooks
@@ -55,6 +55,8 @@ def submit_commit(
     for run in submission.runs:
         session.refresh(run)
     response.status_code = status.HTTP_201_CREATED if submission.created else status.HTTP_200_OK
+    if submission.archive_note:
+        response.headers[ARCHIVE_NOTE_HEADER] = submission.archive_note
     return SubmissionPublic(
         created=submission.created,
         commit=commit_public(submission.commit) if submission.commit else None,

@@ -10,7 +10,7 @@ from service.api.auth import VerifyDep
 from service.api.deps import SessionDep, SettingsDep
 from service.api.presenters import run_public
 from service.api.schemas import RunPublic
-from service.api.uploads import read_limited
+from service.api.uploads import ARCHIVE_NOTE_HEADER, read_limited
 from service.domain import projects, queueing, submissions, verify_quota
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
 
@@ -88,6 +88,8 @@ def verify(
     session.refresh(run)
     if not submission.created:
         response.status_code = status.HTTP_200_OK
+    if submission.archive_note:
+        response.headers[ARCHIVE_NOTE_HEADER] = submission.archive_note
     if submission.patch_layout:  # which folder the patch was taken relative to; the CLI prints it
         response.headers["Optdrift-Patch-Layout"] = submission.patch_layout
     return run_public(run)

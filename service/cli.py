@@ -143,10 +143,11 @@ def migrate() -> None:
     """Create or upgrade the database schema (alembic upgrade head)."""
     _needs_extra("migrate", "server", SERVER_MODULES)
     from service.db.migrate import upgrade_to_head
+    from service.home_modes import secure_home
     from service.settings import get_settings
 
     settings = get_settings()
-    settings.home.mkdir(parents=True, exist_ok=True)
+    secure_home(settings)
     upgrade_to_head()
     console.print(f"database at {settings.resolved_database_url.split('@')[-1]} is up to date")
 
@@ -205,6 +206,7 @@ def serve(
     import uvicorn
 
     from service.db.migrate import upgrade_to_head
+    from service.home_modes import secure_home
     from service.settings import get_settings
 
     public_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
@@ -212,9 +214,11 @@ def serve(
         os.environ["OPTDRIFT_PUBLIC_URL"] = public_url
     get_settings.cache_clear()
     settings = get_settings()
-    settings.home.mkdir(parents=True, exist_ok=True)
+    # OPTDRIFT_HOME 0700, the SQLite database and the secret files 0600 (service/home_modes.py).
+    secure_home(settings)
     upgrade_to_head()
     _bootstrap_tokens(settings)
+    _seal_credentials(settings)
     # A worker started apart (`optdrift worker`) from the same OPTDRIFT_HOME reads this to find
     # the API (Settings.resolved_public_url), so serve on any port needs no OPTDRIFT_PUBLIC_URL.
     settings.api_url_file.write_text(public_url + "\n")
@@ -234,8 +238,11 @@ def serve(
                 env={**os.environ, "OPTDRIFT_PUBLIC_URL": settings.public_url,
                      # the worker imports this checkout's packages even when run from another folder
                      "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))})
+    from service.api.slow_clients import uvicorn_options
+
+    # Idle keep-alive, slow-header and slow-body connections are closed (service/api/slow_clients.py).
     server = uvicorn.Server(uvicorn.Config("service.api.main:create_app", factory=True, host=host, port=port,
-                                           log_level="warning"))
+                                           log_level="warning", **uvicorn_options(settings)))
     threading.Thread(target=_announce_when_listening,
                      args=(server, public_url, worker_log if with_worker else None, demo), daemon=True).start()
     # uvicorn shuts down gracefully on SIGTERM and then re-raises it with the handler that was there
@@ -322,6 +329,26 @@ def _bootstrap_tokens(settings) -> None:  # noqa: ANN001
                       f"export OPTDRIFT_TOKEN=$(cat {settings.admin_token_file})")
     elif happened["admin"] == "kept":
         console.print(f"admin API token: {settings.admin_token_file}")
+
+
+def _seal_credentials(settings) -> None:  # noqa: ANN001
+    """First start: the secrets key (<home>/secrets-key, 0600, unless one is configured); every
+    start: credentials stored before encryption are encrypted in place (service/notify/sealing.py)."""
+    from service.db.session import get_engine, get_sessionmaker
+    from service.notify.sealing import (
+        SecretsKeyError, ensure_key, forget_plaintext_pages, seal_stored_credentials,
+    )
+
+    try:
+        where = ensure_key(settings)
+        with get_sessionmaker()() as session:
+            sealed = seal_stored_credentials(session, settings)
+            session.commit()
+    except SecretsKeyError as exc:
+        raise _fail(str(exc), EXIT_USAGE) from None
+    if sealed:
+        forget_plaintext_pages(get_engine())
+        console.print(f"encrypted {sealed} stored credential(s) with the secrets key from {where}")
 
 
 token_app = typer.Typer(help="API tokens: create (shown once), list, revoke. Runs against the "

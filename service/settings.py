@@ -109,6 +109,11 @@ class Settings(BaseSettings):
     worker_token: SecretStr | None = None
     # Seconds a client is told to wait (Retry-After) while the database is unreachable.
     database_retry_after_s: int = 5
+    # GitHub credentials and webhook secrets are encrypted at rest (service/notify/sealing.py)
+    # with this Fernet key (comma-separated keys: the first encrypts, all decrypt, for rotation),
+    # or the one in secrets_key_file; neither set: <home>/secrets-key, made 0600 on first start.
+    secrets_key: SecretStr | None = None
+    secrets_key_file: Path | None = None
 
     @property
     def resolved_database_url(self) -> str:
@@ -148,6 +153,10 @@ class Settings(BaseSettings):
     def worker_token_file(self) -> Path:
         return self.home / "worker-token"
 
+    @property
+    def resolved_secrets_key_file(self) -> Path:
+        return self.secrets_key_file or self.home / "secrets-key"
+
     def resolved_worker_token(self) -> str | None:
         if self.worker_token is not None:
             return self.worker_token.get_secret_value()
@@ -169,6 +178,14 @@ class Settings(BaseSettings):
     max_patch_expanded_bytes: int = 64 * 1024 * 1024
     # Environments one commit submission may name (each is a run and a queue).
     max_environments_per_request: int = 16
+    # Slow clients (service/api/slow_clients.py): an idle keep-alive connection is closed after
+    # keep_alive_timeout_s; a request's line and headers must arrive within
+    # request_header_timeout_s; its body within request_body_timeout_s plus one second per
+    # request_body_min_rate bytes received (Apache mod_reqtimeout's rule).
+    keep_alive_timeout_s: int = Field(default=5, ge=1)
+    request_header_timeout_s: float = Field(default=10.0, gt=0)
+    request_body_timeout_s: float = Field(default=30.0, gt=0)
+    request_body_min_rate: int = Field(default=500, ge=1)
 
     # ---- Where workers reach the API (issue 14: the embedded default finds itself) ----
     @property

@@ -40,8 +40,9 @@ def live_api(db_session, api_settings):  # noqa: ANN001
 
 
 def test_notify_cli_sets_github_and_a_webhook_from_secret_files(live_api, db_session, admin_token, tmp_path,
-                                                                 monkeypatch):  # noqa: ANN001
+                                                                 monkeypatch, api_settings):  # noqa: ANN001
     from service.db.notify_models import GitHubIntegration, Webhook
+    from service.notify.sealing import unseal
 
     project = make_project(db_session)
     monkeypatch.setenv("OPTDRIFT_TOKEN", admin_token)
@@ -53,14 +54,16 @@ def test_notify_cli_sets_github_and_a_webhook_from_secret_files(live_api, db_ses
     assert done.exit_code == 0, done.output
     assert "octo/kernels (token auth)" in done.output and "ghp_fromafile" not in done.output
     row = db_session.query(GitHubIntegration).filter_by(project_id=project.id).one()
-    assert row.token == "ghp_fromafile0123456789"
+    # Stored encrypted (tests/test_secrets_at_rest.py); decrypted, the file's token.
+    assert unseal(row.token, api_settings) == "ghp_fromafile0123456789"
 
     monkeypatch.setenv("OPTDRIFT_WEBHOOK_SECRET", "whsec-from-the-environment")
     added = runner.invoke(cli_app, ["notify", "webhook-add", "--project", project.name, "--target",
                                     "https://hooks.example.org/x", "--slack", "--event", "broken", "--url", live_api])
     assert added.exit_code == 0, added.output
     hook = db_session.query(Webhook).filter_by(project_id=project.id).one()
-    assert (hook.secret, hook.events, hook.payload_format) == ("whsec-from-the-environment", ["broken"], "slack")
+    assert (unseal(hook.secret, api_settings), hook.events, hook.payload_format) == (
+        "whsec-from-the-environment", ["broken"], "slack")
     listed = runner.invoke(cli_app, ["notify", "deliveries", "--project", project.name, "--webhook", str(hook.id),
                                      "--url", live_api])
     assert listed.exit_code == 0 and listed.output == ""

@@ -4,9 +4,10 @@ outgoing webhooks, with what was sent and what came back.
 Kept apart from models.py (runs, results) because notifications change for different reasons;
 migrations/env.py and service.notify import it so the tables are on Base.metadata.
 
-The GitHub credential and the webhook secrets are stored as given (they must be presented to GitHub
-or used to sign); the API never returns them (`has_token`, `has_secret` instead) and every error
-text stored or logged is scrubbed of them first (service.notify.secrets).
+The GitHub credential and the webhook secrets are stored encrypted (`fernet:` + a Fernet token under
+the operator's secrets key, service/notify/sealing.py; a value without the prefix is a row from
+before encryption, which `optdrift serve` encrypts at start); the API never returns them
+(`has_token`, `has_secret` instead) and every error text stored or logged is scrubbed of them first.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class Webhook(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), index=True)
     url: Mapped[str] = mapped_column(String(1000))
-    # HMAC-SHA256 key of the X-Optdrift-Signature-256 header.
+    # The Standard Webhooks signing secret (service/notify/webhooks.py), sealed.
     secret: Mapped[str] = mapped_column(Text)
     # Which outcomes are sent: a subset of changed, broken, error (nondeterministic too if asked).
     events: Mapped[list[str]] = mapped_column(JSON)
@@ -105,7 +106,7 @@ class WebhookDelivery(Base):
     webhook_id: Mapped[int] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"))
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     event: Mapped[str] = mapped_column(String(30))
-    # A random id per delivery (X-Optdrift-Delivery), the same on every attempt: receivers dedupe.
+    # A random id per delivery (the webhook-id header), the same on every attempt: receivers dedupe.
     delivery_uuid: Mapped[str] = mapped_column(String(36))
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
     ok: Mapped[bool] = mapped_column(Boolean, default=False)

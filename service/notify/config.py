@@ -8,20 +8,27 @@ from sqlalchemy.orm import Session
 
 from service.db.models import Project, Run
 from service.db.notify_models import AUTH_APP, GitHubCheckRun, GitHubIntegration, Webhook, WebhookDelivery
-from service.domain.errors import NotFoundError
+from service.domain.errors import BadInputError, NotFoundError
+from service.notify.sealing import seal
 from service.notify.schemas import (
     GitHubIntegrationPublic,
     GitHubIntegrationSet,
     NotifyErrorPublic,
     WebhookCreate,
 )
+from service.settings import Settings
 
 RECENT_ERRORS = 10
 
 
-def set_github(*, session: Session, project: Project, settings: GitHubIntegrationSet) -> GitHubIntegration:
-    """Create or replace the project's integration. The credential of the other auth kind is
-    cleared, so a switch from token to App leaves no stale token behind."""
+def set_github(*, session: Session, project: Project, settings: GitHubIntegrationSet,
+               service_settings: Settings) -> GitHubIntegration:
+    """Create or replace the project's integration, its credential encrypted (sealing.py). The
+    credential of the other auth kind is cleared, so a switch from token to App leaves no stale
+    token behind."""
+    problem = settings.credentials_problem()
+    if problem is not None:
+        raise BadInputError(problem)
     row = session.scalar(select(GitHubIntegration).where(GitHubIntegration.project_id == project.id))
     if row is None:
         row = GitHubIntegration(project_id=project.id)
@@ -30,9 +37,9 @@ def set_github(*, session: Session, project: Project, settings: GitHubIntegratio
     row.repository = settings.repository
     row.api_url = str(settings.api_url).rstrip("/")
     row.auth_kind = settings.auth
-    row.token = None if app else settings.token.get_secret_value().strip()
+    row.token = None if app else seal(settings.token.get_secret_value().strip(), service_settings)
     row.app_id = settings.app_id if app else None
-    row.private_key = settings.private_key.get_secret_value() if app else None
+    row.private_key = seal(settings.private_key.get_secret_value(), service_settings) if app else None
     row.installation_id = settings.installation_id if app else None
     row.check_name = settings.check_name
     row.pr_comments = settings.pr_comments
@@ -68,8 +75,12 @@ def github_public(*, session: Session, project: Project, row: GitHubIntegration)
                                          updated_at=e.updated_at) for e in errors])
 
 
-def add_webhook(*, session: Session, project: Project, spec: WebhookCreate) -> Webhook:
-    row = Webhook(project_id=project.id, url=str(spec.url), secret=spec.secret.get_secret_value(),
+def add_webhook(*, session: Session, project: Project, spec: WebhookCreate, settings: Settings) -> Webhook:
+    """A new webhook, its secret encrypted (sealing.py)."""
+    problem = spec.secret_problem()
+    if problem is not None:
+        raise BadInputError(problem)
+    row = Webhook(project_id=project.id, url=str(spec.url), secret=seal(spec.secret.get_secret_value(), settings),
                   events=list(dict.fromkeys(spec.events)), payload_format=spec.payload_format, active=True)
     session.add(row)
     session.flush()

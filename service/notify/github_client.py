@@ -22,6 +22,8 @@ from githubkit.retry import RetryOption
 
 from service.db.notify_models import AUTH_APP, GitHubIntegration
 from service.notify.backoff import Backoff
+from service.notify.sealing import unseal
+from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -52,24 +54,26 @@ class NotifyRetry(Backoff):
         return RetryOption(False)
 
 
-def _auth(integration: GitHubIntegration, api_url: str, retry: NotifyRetry):  # noqa: ANN202
+def _auth(integration: GitHubIntegration, api_url: str, retry: NotifyRetry, settings: Settings):  # noqa: ANN202
     if integration.auth_kind != AUTH_APP:
-        return TokenAuthStrategy(integration.token or "")
+        return TokenAuthStrategy(unseal(integration.token, settings) or "")
+    private_key = unseal(integration.private_key, settings) or ""
     installation_id = integration.installation_id
     if installation_id is None:
         # The App is installed on the repository: ask GitHub which installation (app JWT auth).
         owner, repo = integration.repository.split("/", 1)
-        with GitHub(AppAuthStrategy(integration.app_id, integration.private_key or ""),
+        with GitHub(AppAuthStrategy(integration.app_id, private_key),
                     base_url=api_url, auto_retry=retry) as app_client:
             installation_id = app_client.rest.apps.get_repo_installation(owner, repo).json()["id"]
-    return AppInstallationAuthStrategy(integration.app_id, integration.private_key or "", installation_id)
+    return AppInstallationAuthStrategy(integration.app_id, private_key, installation_id)
 
 
 def make_client(integration: GitHubIntegration, *, retry: NotifyRetry | None = None,
-                timeout_s: float = 20.0) -> GitHub:
-    """A client for the integration's repository; use it as a context manager (one connection
-    pool for the notification's few requests)."""
+                timeout_s: float = 20.0, settings: Settings | None = None) -> GitHub:
+    """A client for the integration's repository (its credential decrypted with the settings'
+    secrets key); use it as a context manager (one connection pool for the notification's few
+    requests)."""
     retry = retry or NotifyRetry()
     api_url = (integration.api_url or DEFAULT_API_URL).rstrip("/") + "/"
-    return GitHub(_auth(integration, api_url, retry), base_url=api_url, auto_retry=retry,
+    return GitHub(_auth(integration, api_url, retry, settings or get_settings()), base_url=api_url, auto_retry=retry,
                   timeout=timeout_s, user_agent="optdrift-notifier", http_cache=False)

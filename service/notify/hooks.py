@@ -28,6 +28,7 @@ from service.domain.dashboard_queries import run_page
 from service.domain.redaction import clip, scrub
 from service.notify import github, report
 from service.notify.conclusions import conclusion_for, state_of
+from service.notify.sealing import SecretsKeyError, unseal
 from service.notify.webhooks import DeliveryPolicy, deliver, verdict_payload
 from service.settings import Settings, get_settings
 
@@ -125,7 +126,7 @@ def notify_webhooks(*, session: Session, run: Run, webhooks: list[Webhook], sett
     for hook in subscribed:
         try:
             deliver(session=session, webhook=hook, run_id=run.id, event=state, document=document,
-                    policy=policy)
+                    policy=policy, settings=settings)
         except Exception:  # noqa: BLE001  (one receiver's failure must not stop the others)
             log.exception("webhook %s: delivering %s for run %s failed", hook.id, state, run.id)
 
@@ -144,8 +145,13 @@ def describe_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _record_errors(row: GitHubCheckRun, errors: list[Exception], integration: GitHubIntegration) -> None:
-    secrets = tuple(s for s in (integration.token, integration.private_key) if s)
+def _record_errors(row: GitHubCheckRun, errors: list[Exception], integration: GitHubIntegration,
+                   settings: Settings) -> None:
+    try:
+        secrets = tuple(s for s in (unseal(integration.token, settings), unseal(integration.private_key, settings))
+                        if s)
+    except SecretsKeyError:
+        secrets = ()  # nothing was decrypted, so no error text can hold a credential
     row.attempts += 1
     text = "; ".join(describe_error(exc) for exc in errors)
     row.error = clip(scrub(text, secrets), MAX_ERROR_CHARS)
@@ -167,13 +173,13 @@ def notify_github(*, session: Session, run: Run, integration: GitHubIntegration,
         # githubkit is imported here, not with this module: workers import it at start.
         from service.notify.github_client import make_client
 
-        with make_client(integration, retry=retry) as gh:
+        with make_client(integration, retry=retry, settings=settings) as gh:
             _send_github(session=session, gh=gh, run=run, row=row, state=state,
                          integration=integration, settings=settings, errors=errors)
     except Exception as exc:  # noqa: BLE001  (recorded; never the run's or the verdict's concern)
         errors.append(exc)
     if errors:
-        _record_errors(row, errors, integration)
+        _record_errors(row, errors, integration, settings)
     else:
         row.error = None
     session.flush()

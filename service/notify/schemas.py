@@ -7,9 +7,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field, HttpUrl, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, Field, HttpUrl, SecretStr, field_validator
 
-from service.notify.webhooks import DEFAULT_EVENTS, WEBHOOK_EVENTS, url_hint
+from service.notify.webhooks import DEFAULT_EVENTS, WEBHOOK_EVENTS, secret_problem, url_hint
 
 WebhookEvent = Literal["changed", "broken", "error", "nondeterministic"]
 assert set(WebhookEvent.__args__) == set(WEBHOOK_EVENTS)  # noqa: S101  (one list of events)
@@ -31,18 +31,19 @@ class GitHubIntegrationSet(BaseModel):
     dashboard_url: HttpUrl | None = Field(None, description="base URL of the dashboard for the check's "
                                           "details link; default OPTDRIFT_PUBLIC_URL")
 
-    @model_validator(mode="after")
-    def _credentials_match_auth(self) -> "GitHubIntegrationSet":
+    def credentials_problem(self) -> str | None:
+        """Why the credentials do not fit `auth`, or None. Checked by service/notify/config.py rather
+        than as a validator: FastAPI's 422 echoes a validator's whole input, credentials included."""
         if self.auth == "token" and not (self.token and self.token.get_secret_value().strip()):
-            raise ValueError("auth 'token' needs `token` (a GitHub token that may write checks and "
-                             "comments on the repository)")
+            return ("auth 'token' needs `token` (a GitHub token that may write checks and "
+                    "comments on the repository)")
         if self.auth == "app":
             if not self.app_id or self.private_key is None:
-                raise ValueError("auth 'app' needs `app_id` and `private_key` (the App's PEM key)")
+                return "auth 'app' needs `app_id` and `private_key` (the App's PEM key)"
             if "PRIVATE KEY" not in self.private_key.get_secret_value():
-                raise ValueError("`private_key` is not a PEM private key (it should start with "
-                                 "-----BEGIN RSA PRIVATE KEY-----, as GitHub downloads it)")
-        return self
+                return ("`private_key` is not a PEM private key (it should start with "
+                        "-----BEGIN RSA PRIVATE KEY-----, as GitHub downloads it)")
+        return None
 
 
 class NotifyErrorPublic(BaseModel):
@@ -70,16 +71,16 @@ class GitHubIntegrationPublic(BaseModel):
 
 class WebhookCreate(BaseModel):
     url: HttpUrl
-    secret: SecretStr = Field(description="HMAC-SHA256 key of the X-Optdrift-Signature-256 header; "
-                              "at least 16 characters (e.g. `openssl rand -hex 32`)")
+    secret: SecretStr = Field(description="the Standard Webhooks signing secret: `whsec_` + base64 of "
+                              "24 to 64 random bytes (`echo whsec_$(openssl rand -base64 32)`); any other "
+                              "16+ characters are accepted too, their UTF-8 bytes being the key")
     events: list[WebhookEvent] = Field(default_factory=lambda: list(DEFAULT_EVENTS), min_length=1)
     payload_format: Literal["json", "slack"] = "json"
 
-    @model_validator(mode="after")
-    def _secret_long_enough(self) -> "WebhookCreate":
-        if len(self.secret.get_secret_value()) < 16:
-            raise ValueError("`secret` must have at least 16 characters (e.g. `openssl rand -hex 32`)")
-        return self
+    def secret_problem(self) -> str | None:
+        """Why the secret cannot sign, or None (checked by service/notify/config.py, not as a
+        validator, so a 422 never echoes it)."""
+        return secret_problem(self.secret.get_secret_value())
 
 
 class WebhookPublic(BaseModel):

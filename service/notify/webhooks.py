@@ -1,15 +1,20 @@
 """Outgoing webhooks: a verdict event POSTed to a project's URLs, signed, retried, logged.
 
-The body is signed with HMAC-SHA256 under the webhook's secret; the receiver recomputes it over
-the raw body it got and compares in constant time (docs/INTEGRATIONS.md has the snippet). Every
-attempt is counted on the event's delivery row (service/db/notify_models.WebhookDelivery), which
+Signed as the Standard Webhooks spec says (https://www.standardwebhooks.com), with its reference
+library: `webhook-id` (one per delivery, the same on every retry: receivers drop repeats),
+`webhook-timestamp` (the attempt's time, Unix seconds) and `webhook-signature` =
+`v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`. The id and the time are inside the signed
+text, so a captured delivery cannot be replayed later (receivers refuse timestamps older than
+their tolerance, five minutes in the library) nor with another id (docs/INTEGRATIONS.md has the
+receiver's code). Every attempt is counted on the event's delivery row
+(service/db/notify_models.WebhookDelivery), which
 `GET /api/v1/projects/{project}/webhooks/{id}/deliveries` lists.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import base64
+import binascii
 import json
 import logging
 import time
@@ -22,18 +27,25 @@ from urllib.parse import urlsplit
 import httpx
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from standardwebhooks import Webhook as StandardWebhook
 
 from service.db.notify_models import PAYLOAD_SLACK, Webhook, WebhookDelivery
 from service.domain.dashboard_queries import RunPage
 from service.domain.redaction import scrub
 from service.notify.backoff import Backoff
 from service.notify.report import group_changed
+from service.notify.sealing import SecretsKeyError, unseal
+from service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
-SIGNATURE_HEADER = "X-Optdrift-Signature-256"
+ID_HEADER = "webhook-id"
+TIMESTAMP_HEADER = "webhook-timestamp"
+SIGNATURE_HEADER = "webhook-signature"
 EVENT_HEADER = "X-Optdrift-Event"
-DELIVERY_HEADER = "X-Optdrift-Delivery"
+# Standard Webhooks secrets: `whsec_` + base64 of 24 to 64 random bytes.
+SECRET_PREFIX = "whsec_"
+MIN_SECRET_BYTES, MAX_SECRET_BYTES = 24, 64
 # The outcomes a webhook may subscribe to, and the default subscription.
 WEBHOOK_EVENTS = ("changed", "broken", "error", "nondeterministic")
 DEFAULT_EVENTS = ["changed", "broken", "error"]
@@ -41,14 +53,46 @@ DEFAULT_EVENTS = ["changed", "broken", "error"]
 MAX_PAYLOAD_CASES = 50
 
 
-def sign(secret: str, body: bytes) -> str:
-    """The signature header's value: `sha256=` and the hex HMAC-SHA256 of the raw body."""
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def _whsec_bytes(secret: str) -> bytes | None:
+    """The key a `whsec_` secret encodes, or None when `secret` is not one (strict base64)."""
+    if not secret.startswith(SECRET_PREFIX):
+        return None
+    try:
+        return base64.b64decode(secret[len(SECRET_PREFIX):], validate=True) or None
+    except (binascii.Error, ValueError):
+        return None
 
 
-def verify(secret: str, body: bytes, header: str | None) -> bool:
-    """What a receiver does (the tests' receiver uses it): recompute, compare in constant time."""
-    return header is not None and hmac.compare_digest(sign(secret, body), header)
+def secret_problem(secret: str) -> str | None:
+    """Why `secret` cannot be a new webhook's secret, or None. Accepted: the spec's form, or (as
+    before the spec) any 16 or more characters, whose UTF-8 bytes are then the key."""
+    if secret.startswith(SECRET_PREFIX):
+        key = _whsec_bytes(secret)
+        if key is None or not MIN_SECRET_BYTES <= len(key) <= MAX_SECRET_BYTES:
+            return (f"`secret` starts with {SECRET_PREFIX} but is not base64 of {MIN_SECRET_BYTES} to "
+                    f"{MAX_SECRET_BYTES} bytes; make one with `echo whsec_$(openssl rand -base64 32)`")
+        return None
+    if len(secret) < 16:
+        return ("`secret` must have at least 16 characters; make one in the Standard Webhooks form "
+                "with `echo whsec_$(openssl rand -base64 32)`")
+    return None
+
+
+def standard_secret(secret: str) -> str:
+    """The webhook's secret in the spec's `whsec_` form, as a receiver's library takes it. A
+    secret set in another form (any 16+ characters, before webhooks followed the spec) signs with
+    its UTF-8 bytes as the key: `whsec_` + base64 of those bytes."""
+    if _whsec_bytes(secret) is not None:
+        return secret
+    return SECRET_PREFIX + base64.b64encode(secret.encode()).decode()
+
+
+def signed_headers(*, secret: str, message_id: str, body: bytes, now: float | None = None) -> dict[str, str]:
+    """The three Standard Webhooks headers for one attempt, signed by the reference library."""
+    timestamp = datetime.fromtimestamp(int(time.time() if now is None else now), tz=timezone.utc)
+    signature = StandardWebhook(standard_secret(secret)).sign(message_id, timestamp, body)
+    return {ID_HEADER: message_id, TIMESTAMP_HEADER: str(int(timestamp.timestamp())),
+            SIGNATURE_HEADER: signature}
 
 
 @dataclass(frozen=True)
@@ -120,10 +164,12 @@ def _retry_after_s(response: httpx.Response) -> float | None:
 
 
 def deliver(*, session: Session, webhook: Webhook, run_id: int, event: str, document: dict[str, Any],
-            policy: DeliveryPolicy | None = None, client: httpx.Client | None = None) -> WebhookDelivery:
+            policy: DeliveryPolicy | None = None, client: httpx.Client | None = None,
+            settings: Settings | None = None) -> WebhookDelivery:
     """POST the event to the webhook, retrying network errors, 5xx, 408 and 429 (after its
     Retry-After when given) with exponential backoff; other 4xx are the receiver's refusal and are
-    not retried. An event already delivered to this webhook for this run is not sent again."""
+    not retried. An event already delivered to this webhook for this run is not sent again. Every
+    attempt is signed anew (its own timestamp) under the delivery's one id."""
     policy = policy or DeliveryPolicy()
     delivery = session.scalar(select(WebhookDelivery).where(
         WebhookDelivery.webhook_id == webhook.id, WebhookDelivery.run_id == run_id,
@@ -135,12 +181,18 @@ def deliver(*, session: Session, webhook: Webhook, run_id: int, event: str, docu
         delivery = WebhookDelivery(webhook_id=webhook.id, run_id=run_id, event=event,
                                    delivery_uuid=str(uuid.uuid4()), payload=payload, attempts=0)
         session.add(delivery)
+    try:
+        secret = unseal(webhook.secret, settings or get_settings())
+    except SecretsKeyError as exc:
+        # Recorded where the delivery log shows it; nothing is sent unsigned.
+        delivery.error = str(exc)
+        session.flush()
+        log.warning("webhook %s: %s for run %s not sent: %s", webhook.id, event, run_id, exc)
+        return delivery
     body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
-    headers = {"Content-Type": "application/json", "User-Agent": "optdrift-webhooks",
-               SIGNATURE_HEADER: sign(webhook.secret, body), EVENT_HEADER: event,
-               DELIVERY_HEADER: delivery.delivery_uuid}
+    headers = {"Content-Type": "application/json", "User-Agent": "optdrift-webhooks", EVENT_HEADER: event}
     # The URL is a credential too (a Slack incoming webhook's path is its key).
-    secrets = (webhook.secret, webhook.url)
+    secrets = (secret, webhook.url)
     started = time.monotonic()
     own_client = client is None
     client = client or httpx.Client(timeout=policy.timeout_s, follow_redirects=False)
@@ -149,7 +201,8 @@ def deliver(*, session: Session, webhook: Webhook, run_id: int, event: str, docu
             delivery.attempts += 1
             wait = policy.delay_s(attempt)
             try:
-                response = client.post(webhook.url, content=body, headers=headers)
+                signed = signed_headers(secret=secret, message_id=delivery.delivery_uuid, body=body)
+                response = client.post(webhook.url, content=body, headers={**headers, **signed})
             except httpx.HTTPError as exc:
                 delivery.status_code, delivery.error = None, scrub(f"{type(exc).__name__}: {exc}", secrets)
             else:

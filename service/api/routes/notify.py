@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response, status
 
 from service.api.auth import AdminDep
-from service.api.deps import SessionDep
+from service.api.deps import SessionDep, SettingsDep
 from service.api.params import MAX_ROW_ID
 from service.domain import projects
 from service.notify import config
@@ -27,10 +27,10 @@ WebhookIdPath = Annotated[int, Path(ge=1, le=MAX_ROW_ID, description="a webhook 
 
 
 @router.put("/github", response_model=GitHubIntegrationPublic)
-def set_github(project: str, body: GitHubIntegrationSet, session: SessionDep,
+def set_github(project: str, body: GitHubIntegrationSet, session: SessionDep, settings: SettingsDep,
                _principal: AdminDep) -> GitHubIntegrationPublic:
     row_project = projects.get_by_name(session=session, name=project)
-    row = config.set_github(session=session, project=row_project, settings=body)
+    row = config.set_github(session=session, project=row_project, settings=body, service_settings=settings)
     session.commit()
     return config.github_public(session=session, project=row_project, row=row)
 
@@ -50,9 +50,10 @@ def delete_github(project: str, session: SessionDep, _principal: AdminDep) -> Re
 
 
 @router.post("/webhooks", response_model=WebhookPublic, status_code=status.HTTP_201_CREATED)
-def add_webhook(project: str, body: WebhookCreate, session: SessionDep, _principal: AdminDep):  # noqa: ANN201
+def add_webhook(project: str, body: WebhookCreate, session: SessionDep, settings: SettingsDep,
+                _principal: AdminDep):  # noqa: ANN201
     row = config.add_webhook(session=session, project=projects.get_by_name(session=session, name=project),
-                             spec=body)
+                             spec=body, settings=settings)
     session.commit()
     return row
 

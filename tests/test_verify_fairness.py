@@ -207,6 +207,26 @@ def test_the_cap_is_a_setting(api, api_settings, db_session) -> None:
     assert [_verify(api, token, serial).status_code for serial in range(3)] == [201, 201, 429]
 
 
+def test_a_request_still_being_processed_counts_against_the_cap(api_settings, db_session) -> None:
+    """A request holds a slot (committed) before its run exists: the next request of the token,
+    which waited on the token's lock, sees it and is refused; a slot left by an API killed
+    mid-request stops counting after PENDING_SLOT_S."""
+    from service.domain import auth, verify_quota
+
+    _, token = auth.create_token(session=db_session, name="contrib", scope="verify", project=None,
+                                 daily_quota=10)
+    principal = auth.authenticate(session=db_session, token=token)
+    caps = {"default_quota": 10, "max_active": 1, "run_budget_s": api_settings.verify_max_run_s}
+    slot = verify_quota.take_slot(session=db_session, principal=principal, **caps)
+    db_session.commit()
+    with pytest.raises(auth.QuotaExceeded) as refused:
+        verify_quota.take_slot(session=db_session, principal=principal, **caps)
+    assert "1 request(s) still being processed" in str(refused.value)
+    assert refused.value.retry_after_s == verify_quota.PENDING_RETRY_AFTER_S
+    later = slot.created_at + timedelta(seconds=verify_quota.PENDING_SLOT_S + 1)
+    assert verify_quota.take_slot(session=db_session, principal=principal, now=later, **caps) is not None
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[dict]:
     """A real `optdrift serve --no-worker` on PostgreSQL, for concurrent requests."""

@@ -163,3 +163,19 @@ def test_new_secrets_are_checked(api, db_session):  # noqa: ANN001
         refused = api.post(url, json={"url": "https://hooks.example.org/x", "secret": secret})
         assert refused.status_code == 422 and message in refused.text, refused.text
         assert "openssl rand -base64 32" in refused.text and secret not in refused.text
+
+
+def test_without_the_key_nothing_is_sent_and_the_delivery_says_why(api, db_session, api_settings, capture,
+                                                                    tmp_path):  # noqa: ANN001
+    target = capture()
+    project = make_project(db_session)
+    created = api.post(f"/api/v1/projects/{project.name}/webhooks", json={"url": target.url, "secret": SECRET})
+    assert created.status_code == 201, created.text
+    run = make_run(db_session, make_commit(db_session, project, "6b" * 20))
+    finish_run(db_session, run, outcome="changed")
+    # A worker whose OPTDRIFT_HOME holds no key and that was given none.
+    keyless = api_settings.model_copy(update={"home": tmp_path / "worker-home"})
+    notify_run(session=db_session, run_id=run.id, settings=keyless, delivery=FAST)
+    delivery = db_session.query(WebhookDelivery).filter_by(webhook_id=created.json()["id"]).one()
+    assert target.requests == [] and not delivery.ok
+    assert "no secrets key at" in delivery.error and "OPTDRIFT_SECRETS_KEY" in delivery.error

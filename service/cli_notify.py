@@ -94,7 +94,7 @@ def webhook_add(
     slack: Annotated[bool, typer.Option(help="send Slack's incoming-webhook shape")] = False,
     url: UrlOption = DEFAULT_URL,
 ) -> None:
-    """Add a webhook to the project: verdicts POSTed, signed (X-Optdrift-Signature-256)."""
+    """Add a webhook to the project: verdicts POSTed, signed as Standard Webhooks (webhook-signature)."""
     body = {"url": target, "payload_format": "slack" if slack else "json",
             "secret": _secret(env="OPTDRIFT_WEBHOOK_SECRET", path=secret_file, what="webhook secret",
                               option="--secret-file")}

@@ -64,6 +64,7 @@ def make_archive(files: dict[str, bytes | str], *, links: dict[str, str] | None 
             data = content.encode() if isinstance(content, str) else content
             info = tarfile.TarInfo(name)
             info.size = len(data)
+            info.mode = 0o755 if data.startswith(b"#!") else 0o644  # a script stays executable
             tar.addfile(info, io.BytesIO(data))
         for name, target in (links or {}).items():
             info = tarfile.TarInfo(name)

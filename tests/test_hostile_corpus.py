@@ -194,10 +194,12 @@ def _read_or_empty(path: str) -> str:
 
 # ----------------------------------------------------------------------------- checks
 def fragments(value: str) -> list[str]:
-    """The value and its 16-character pieces (a leak of most of a token is a leak)."""
+    """The value and its 16-character pieces (a leak of most of a token is a leak), forwards and
+    reversed (issue 33: a payload printed the tokens reversed, past a redaction of literal values)."""
     if len(value) < 24:
-        return [value]
-    return [value] + [value[i:i + 16] for i in range(0, len(value) - 15, 8)] + [value[-16:]]
+        return [value, value[::-1]]
+    pieces = [value] + [value[i:i + 16] for i in range(0, len(value) - 15, 8)] + [value[-16:]]
+    return pieces + [piece[::-1] for piece in pieces]
 
 
 def leaks(world: World, texts: dict[str, str]) -> list[str]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from service.domain.project_config import ProjectConfig, load_project_config
+from service.domain.project_config import ProjectConfig, ProjectConfigError, load_project_config
 from service.results import CaseResult, CaseSpec, EnvironmentFingerprint, RepeatCheck, RunComparison, RunResult
 from service.verdicts import compare_runs, first_divergent_step
 from worker.battery import BUILTIN_BATTERIES, BatterySpec, battery_from_file, battery_from_tree
@@ -88,6 +88,11 @@ def prepare(source_dir: Path, *, project: Any | None = None, requested_battery: 
     `local_battery_file`: the requested battery may also be a file anywhere the caller can read
     (`optdrift check` on its user's own machine; never for a submission)."""
     config = load_project_config(source_dir, project)
+    root = Path(source_dir).resolve()
+    for folder in config.adapter_path:  # shown to the kernel host: a link out would bind a host folder
+        if not (root / folder).resolve().is_relative_to(root):
+            raise ProjectConfigError(f"adapter_path {folder!r} leads out of the tree (a link); name a folder "
+                                     "inside the tree")
     registered_default = getattr(project, "default_battery", None)
     if requested_battery and requested_battery != registered_default:
         name, origin = requested_battery, "the submission"

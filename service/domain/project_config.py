@@ -100,20 +100,21 @@ def _names_outside_path(value: str) -> bool:
 
 
 def build_env_problem(name: str, value: str) -> str | None:
-    """Why `name = value` may not be in build.env (None: it may), in words that say what to do."""
+    """Why `name = value` may not be in build.env (None: it may), in words that say what to do
+    (the caller says it is build.env)."""
     knobs = f"build knobs only: {', '.join(sorted(BUILD_ENV_NAMES))} or names starting {', '.join(BUILD_ENV_PREFIXES)}"
     if not _ENV_NAME.match(name):
-        return f"build.env: {name[:80]!r} is not an upper-case variable name ({knobs})"
+        return f"{name[:80]!r} is not an upper-case variable name ({knobs})"
     if _REFUSED_ENV.match(name):
-        return (f"build.env: {name} is the worker's to set, never a tree's (loader, search paths, "
+        return (f"{name} is the worker's to set, never a tree's (loader, search paths, "
                 "interpreters, compiler cache, proxies); tools come from the registered environment's image, "
                 f"not from the tree's environment. Allowed: {knobs}")
     if name not in BUILD_ENV_NAMES and not name.startswith(BUILD_ENV_PREFIXES):
-        return f"build.env: {name} is not an allowed build knob ({knobs})"
+        return f"{name} is not an allowed build knob ({knobs})"
     if "\x00" in value or "\n" in value or "\r" in value:
-        return f"build.env.{name}: the value holds a NUL or a line break"
+        return f"{name}: the value holds a NUL or a line break"
     if _names_outside_path(value):
-        return (f"build.env.{name} = {value[:120]!r} names a path outside the tree (absolute, '~' or '..'); "
+        return (f"{name} = {value[:120]!r} names a path outside the tree (absolute, '~' or '..'); "
                 "paths in build.env are relative to the tree, which is the build's working folder")
     return None
 
@@ -263,7 +264,8 @@ def _validate(data: dict[str, Any], origin: str) -> ProjectConfig:
     try:
         return ProjectConfig.model_validate(data)
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in error.errors())
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg'].removeprefix('Value error, ')}"
+                             for e in error.errors())
         raise ProjectConfigError(f"{origin}: {problems}") from None
 
 

@@ -273,7 +273,7 @@ def _compile(
             [sys.executable, "-P", "-m", "worker.build.child", spec.model_dump_json()],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             cwd=staging if sandbox.available() else Path(__file__).resolve().parents[2],
-            limits=sandbox.BUILD_LIMITS, guard_group=True, writable=[staging] + ([ccache_dir] if ccache and trusted else []),
+            limits=sandbox.BUILD_LIMITS, guard_group=True, scratch=scratch.path, writable=[staging] + ([ccache_dir] if ccache and trusted else []),
             # The ccache executable's own folder too: an operator's OPTDRIFT_CCACHE may live outside
             # the system folders the box shows (e.g. a ccache unpacked under the worker's home).
             readable=([ccache_dir] if ccache and not trusted else []) + ([Path(ccache).resolve().parent] if ccache else []),

@@ -22,8 +22,9 @@ whole at the timeout. Environment given to each command:
     OPTDRIFT_PYTHON       the worker's interpreter (its folder is also first on PATH)
     CMAKE_C_COMPILER_LAUNCHER, CMAKE_CXX_COMPILER_LAUNCHER, CMAKE_CUDA_COMPILER_LAUNCHER
                           the ccache (worker.build.ccache), with its CCACHE_* settings; CMake
-                          >= 3.17 takes them as the launcher defaults (build.env may override)
-plus build.env from the configuration. The compiler cache is read-only for an untrusted build (a
+                          >= 3.17 takes them as the launcher defaults
+plus build.env from the configuration: build knobs only (service.domain.project_config
+build_env_problem), applied inside the box after the identity drop, never to the launcher. The compiler cache is read-only for an untrusted build (a
 verify run): the sandbox shows it read-only and CCACHE_READONLY is set. The build log says whether
 ccache was used and its hits and misses (also `BuildResult.compiler_cache`). Build systems other
 than CMake get no launcher (CC="ccache cc" breaks those that take CC as one executable); they can
@@ -42,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from service.domain.project_config import ProjectConfig
+from service.domain.project_config import ProjectConfig, ProjectConfigError, build_env_problem
 from worker import sandbox
 from worker.sandbox import log_tail
 from worker.build.cache import (
@@ -111,6 +112,12 @@ def _environment(config: ProjectConfig, archs: list[str], workdir: Path, scratch
                 # command must not be whatever Python comes first on the worker's PATH.
                 "OPTDRIFT_PYTHON": sys.executable,
                 "PATH": os.pathsep.join(filter(None, [str(Path(sys.executable).parent), env.get("PATH")]))})
+    # The tree's build knobs, checked again where they are applied (the configuration was validated
+    # when it was read; this is the last door before a child sees them, and sees them only inside
+    # the box: worker.sandbox applies the environment after the identity drop).
+    problems = [problem for name, value in config.build.env.items() if (problem := build_env_problem(name, value))]
+    if problems:
+        raise ProjectConfigError("build.env: " + "; ".join(problems))
     env.update(config.build.env)
     return env
 
@@ -133,9 +140,8 @@ def _compiler_cache(env: dict[str, str], config: ProjectConfig, staging: Path, s
     env["CCACHE_DIR"] = str(ccache_root / "ccache")  # an untrusted build's staging is elsewhere
     if not trusted:
         env.update({"CCACHE_READONLY": "1", "CCACHE_TEMPDIR": str(scratch / "ccache-tmp")})
-    for variable in LAUNCHER_VARIABLES:
-        if variable not in config.build.env:
-            env[variable] = str(ccache)
+    for variable in LAUNCHER_VARIABLES:  # build.env may not name them (service.domain.project_config)
+        env[variable] = str(ccache)
     mode = "read-write" if trusted else "read-only (untrusted build)"
     return ccache, (f"compiler cache: {ccache_version(str(ccache))} ({ccache}), {mode}, as CMake's compiler "
                     f"launcher ({', '.join(LAUNCHER_VARIABLES)}); CCACHE_DIR={env['CCACHE_DIR']}")
@@ -147,7 +153,13 @@ def _run_commands(workdir: Path, config: ProjectConfig, archs: list[str], log_pa
     BuildResult.error; ccache's counts, None without ccache)."""
     deadline = time.monotonic() + config.build.timeout_s
     scratch = sandbox.Scratch(prefix="optdrift-command-build-scratch-")
-    env = _environment(config, archs, workdir, scratch.path)
+    try:
+        env = _environment(config, archs, workdir, scratch.path)
+    except ProjectConfigError as error:
+        scratch.remove()
+        with open(log_path, "a") as log:
+            log.write(f"{error}\n")
+        return str(error), None
     staging = log_path.parent
     try:
         ccache, cache_line = _compiler_cache(env, config, staging, scratch.path, trusted=trusted,
@@ -162,7 +174,8 @@ def _run_commands(workdir: Path, config: ProjectConfig, archs: list[str], log_pa
         ccache_dir.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log, scratch:
         log.write(f"{cache_line}\n".encode())
-        error = _run_each(config, workdir, env, log, log_path, deadline, trusted=trusted, ccache_dir=ccache_dir)
+        error = _run_each(config, workdir, env, log, log_path, deadline, trusted=trusted, ccache_dir=ccache_dir,
+                          scratch=scratch.path)
         stats = None
         if ccache is not None:
             stats = read_ccache_stats_log(Path(env["CCACHE_STATSLOG"]), f"{ccache_version(str(ccache))} ({ccache})")
@@ -172,7 +185,7 @@ def _run_commands(workdir: Path, config: ProjectConfig, archs: list[str], log_pa
 
 
 def _run_each(config: ProjectConfig, workdir: Path, env: dict[str, str], log, log_path: Path,  # noqa: ANN001
-              deadline: float, *, trusted: bool, ccache_dir: Path | None) -> str | None:
+              deadline: float, *, trusted: bool, ccache_dir: Path | None, scratch: Path) -> str | None:
     for command in config.build.commands:
         log.write(f"$ {command}\n".encode())
         log.flush()
@@ -181,6 +194,7 @@ def _run_each(config: ProjectConfig, workdir: Path, env: dict[str, str], log, lo
             # Submitted build commands run like csrc builds: own process group, limits, no network.
             child = sandbox.popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                   stderr=subprocess.STDOUT, limits=sandbox.BUILD_LIMITS, guard_group=True,
+                                  scratch=scratch,
                                   writable=[workdir] + ([ccache_dir] if ccache_dir and trusted else []),
                                   readable=[ccache_dir] if ccache_dir and not trusted else [])
         except OSError as error:
@@ -203,6 +217,10 @@ def _run_each(config: ProjectConfig, workdir: Path, env: dict[str, str], log, lo
     return None
 
 
+def _resolves_inside(path: Path, root: Path) -> bool:
+    return path.resolve().is_relative_to(root.resolve())
+
+
 def build_command(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | None = None,
                   cuda_archs: list[str] | None = None, trusted: bool = True,
                   cpu_features: tuple[str, ...] | None = None) -> BuildResult:
@@ -223,6 +241,11 @@ def build_command(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | 
         if error is None and library != INSTALLED and not (workdir / library).exists():
             error = (f"the build commands succeeded but build.library {library!r} does not exist in the tree; "
                      "check the path in optdrift.toml")
+        elif error is None and library != INSTALLED and not _resolves_inside(workdir / library, workdir):
+            # The commands may have made it a link: the kernel host is shown this path, so a link out of
+            # the tree would become a bind of a host folder.
+            error = (f"build.library {library!r} leads out of the tree (a link made by the build); the "
+                     "library must be a file or folder inside the tree")
         if error is not None:
             return base.model_copy(update={"error": error})
         return base.model_copy(update={"ok": True, "library_path": INSTALLED if library == INSTALLED

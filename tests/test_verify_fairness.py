@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -39,8 +40,10 @@ from tests.service_fixtures import (
 )
 
 PROJECT = "fair"
-# Not another test's Redis database (tests/service_fixtures.py lists theirs).
-ORDER_REDIS = f"redis://127.0.0.1:6379/{os.environ.get('OPTDRIFT_TEST_FAIRNESS_REDIS_DB', '7')}"
+# Its own Redis database: the shared ones are tests/service_fixtures.py's (3-6, 12-15), and
+# test_bisect_service (7), test_external_project (8), test_background_yield (9),
+# test_compose_processes (10) and test_hostile_corpus (11) run workers on theirs at the same time.
+ORDER_REDIS = f"redis://127.0.0.1:6379/{os.environ.get('OPTDRIFT_TEST_FAIRNESS_REDIS_DB', '2')}"
 FINAL = ("done", "failed", "cancelled", "error")
 
 
@@ -53,7 +56,8 @@ def _cli(env: dict[str, str], *args: str) -> str:
 
 
 def _commit(http: httpx.Client, sha: str, parents: str | None = None) -> int:
-    answer = http.post(f"/api/v1/projects/{PROJECT}/commits", data={"sha": sha, **({"parents": parents} if parents else {})},
+    fields = {"sha": sha, **({"parents": parents} if parents else {})}
+    answer = http.post(f"/api/v1/projects/{PROJECT}/commits", data=fields,
                        files={"archive": ("t.tar.gz", make_archive({"kernel.cpp": f"// {sha}\n"}))})
     assert answer.status_code == 201, answer.text
     return answer.json()["runs"][0]["id"]
@@ -65,7 +69,7 @@ def _verify(http: httpx.Client, token: str, serial: int) -> httpx.Response:
                      files={"archive": ("t.tar.gz", make_archive({"kernel.cpp": f"// contributor {serial}\n"}))})
 
 
-def _wait_started(http: httpx.Client, run_ids: list[int], timeout_s: float) -> dict[int, dict]:
+def _wait_final(http: httpx.Client, run_ids: list[int], timeout_s: float) -> dict[int, dict]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         runs = {run_id: http.get(f"/api/v1/runs/{run_id}").json() for run_id in run_ids}
@@ -136,7 +140,7 @@ def test_a_commit_run_submitted_after_queued_verify_runs_starts_before_them(serv
                for run_id in (base, *verify_runs, ci)), "no worker yet: every run waits"
 
     service["start_worker"]()
-    runs = _wait_started(http, [base, *verify_runs, ci], timeout_s=240)
+    runs = _wait_final(http, [base, *verify_runs, ci], timeout_s=240)
     started = {run_id: run["started_at"] for run_id, run in runs.items()}
     assert all(started.values()), started
     order = sorted(started, key=started.get)
@@ -283,7 +287,6 @@ def _queued_ids(settings, queue: str) -> list[int]:  # noqa: ANN001
                   if path.name.partition(".")[2] == f"{queue}.msg"]
     else:
         bodies = [json.loads(raw) for raw in redis.Redis.from_url(settings.broker_url).lrange(queue, 0, -1)]
-    import base64
 
     return [json.loads(base64.b64decode(body["body"]))[0][0] for body in bodies]
 

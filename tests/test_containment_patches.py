@@ -96,13 +96,24 @@ def test_the_filter_attack_runs_nothing_and_the_patch_still_applies(api, tmp_pat
     assert "left out" in submitted.headers.get("Optdrift-Archive-Note", ""), submitted.headers
 
 
-def test_the_patcher_reads_no_config_even_in_a_tree_that_has_a_git_folder(tmp_path: Path) -> None:
+def test_the_patcher_reads_no_config_even_in_a_tree_that_has_a_git_folder(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     """The second layer on its own: a tree on disk *with* `.git` (as if extraction had kept it).
     The patcher's git reads only the service's empty repository: no filter runs, `ident` does not
-    expand `$Id$`, `eol=crlf` does not rewrite line ends; the bytes written are the patch's."""
+    expand `$Id$`, `eol=crlf` does not rewrite line ends; the bytes written are the patch's. Nor
+    does it read the API process's own git environment or HOME (GIT_CONFIG_*, ~/.gitconfig)."""
     from service.domain.patches import PatchLimits, apply_patch_bounded
 
     files, canaries = _hostile_base(tmp_path)
+    api_home = tmp_path / "api-home"
+    api_home.mkdir()
+    (api_home / ".gitconfig").write_text(
+        f'[filter "x"]\n\tclean = {_canary_command(canaries / "home-clean")}\n')
+    monkeypatch.setenv("HOME", str(api_home))
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", "filter.x.smudge")
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", f"sh -c 'touch {canaries / 'env-smudge'}; cat'")
+    # Observable even where the attributes would mask a config value: git writes its trace there.
+    monkeypatch.setenv("GIT_TRACE", str(canaries / "env-trace"))
     files[".gitattributes"] = "* filter=x diff=x ident eol=crlf\n"
     files["ops.cpp"] = "int x = 1;\n// $Id$\n"
     tree = tmp_path / "tree"
@@ -114,7 +125,8 @@ def test_the_patcher_reads_no_config_even_in_a_tree_that_has_a_git_folder(tmp_pa
                            b" // $Id$\n")
     apply_patch_bounded(tree=tree, patch_file=patch_file,
                         limits=PatchLimits(max_file_bytes=1 << 20, max_total_bytes=1 << 20))
-    assert sorted(p.name for p in canaries.iterdir()) == [], "a command from the tree's .git ran"
+    assert sorted(p.name for p in canaries.iterdir()) == [], (
+        "git ran a command or wrote a file named by the tree's .git or the API's environment")
     assert (tree / "ops.cpp").read_bytes() == b"int x = 2;\n// $Id$\n"
 
 

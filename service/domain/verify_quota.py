@@ -100,9 +100,9 @@ def _refuse_beyond_active_cap(*, session: Session, principal: Principal, max_act
                   "again" if first is not None else "wait for it to finish, then submit again")
     raise QuotaExceeded(
         f"token {principal.name!r} has {len(active)} verify run(s) queued or running ({described}); a "
-        f"verify token may have {max_active} at once (OPTDRIFT_VERIFY_MAX_ACTIVE_PER_TOKEN) so that "
-        f"verify runs never hold the workers CI's commit runs need; {what_to_do}. This refusal did "
-        "not spend a daily verify attempt.",
+        f"verify token may have {max_active} at once (OPTDRIFT_VERIFY_MAX_ACTIVE_PER_TOKEN), so one "
+        f"token never holds more workers than that; {what_to_do}. This refusal did not spend a daily "
+        "verify attempt.",
         retry_after_s=_seconds_until_one_may_end(runs, run_budget_s=run_budget_s, now=now))
 
 

@@ -201,3 +201,36 @@ def test_an_errored_run_is_requeued_by_resubmitting_or_retry(api, api_settings, 
     retried = api.post(f"/api/v1/runs/{run_id}/retry")
     assert retried.status_code == 200 and retried.json()["status"] == "queued", retried.text
     assert broker.llen("cpu") == 2
+
+
+BAD_ENV_TOML = '[build]\nkind = "command"\ncommands = ["sh build.sh"]\nlibrary = "out.so"\nenv = { PATH = ".:/usr/bin" }\n'
+GOOD_TOML = '[build]\nkind = "command"\ncommands = ["sh build.sh"]\nlibrary = "out.so"\nenv = { MAX_JOBS = "2" }\n'
+
+
+def test_a_tree_whose_config_the_worker_would_refuse_is_refused_at_submission(api, tmp_path: Path):  # noqa: ANN001
+    """Issue 33: build.env outside the build knobs is a 422 naming the key, on the commit route (an
+    upload and an earlier upload's digest) and the verify route (an archive and a patch that adds it)."""
+    _project(api)
+    refused = _submit(api, "badenv", make_archive({"optdrift.toml": BAD_ENV_TOML, "build.sh": "true\n"}))
+    assert refused.status_code == 422, refused.text
+    detail = refused.json()["detail"]
+    assert "build.env" in detail and "PATH" in detail and "optdrift.toml" in detail
+    assert api.get("/api/v1/projects/kern/commits/badenv").status_code == 404  # nothing was recorded
+    uploaded = api.post("/api/v1/sources", files={"archive": ("t.tar.gz", make_archive(
+        {"optdrift.toml": BAD_ENV_TOML, "build.sh": "true\n"}))}, data={"project": "kern"})
+    if uploaded.status_code in (200, 201):  # a bare upload stores bytes; naming it in a commit is checked
+        by_digest = api.post("/api/v1/projects/kern/commits", data={"sha": "badenv2",
+                                                                   "source_digest": uploaded.json()["digest"]})
+        assert by_digest.status_code == 422 and "PATH" in by_digest.json()["detail"], by_digest.text
+    verify = api.post("/api/v1/projects/kern/verify", data={"base": "ok"},
+                      files={"archive": ("t.tar.gz", make_archive({"optdrift.toml": BAD_ENV_TOML}))})
+    assert verify.status_code in (404, 422)  # no base yet: either refusal, never a run
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "optdrift.toml").write_text(GOOD_TOML)
+    (tree / "build.sh").write_text("true\n")
+    assert _submit(api, "ok", pack_directory(tree)).status_code == 201
+    patch = ("--- a/optdrift.toml\n+++ b/optdrift.toml\n@@ -4 +4 @@\n"
+             '-env = { MAX_JOBS = "2" }\n+env = { LD_PRELOAD = "evil.so" }\n').encode()
+    patched = api.post("/api/v1/projects/kern/verify", data={"base": "ok"}, files={"patch": ("p.diff", patch)})
+    assert patched.status_code == 422 and "LD_PRELOAD" in patched.json()["detail"], patched.text

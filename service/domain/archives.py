@@ -257,3 +257,16 @@ def extract_archive(data: bytes, dest: Path, limits: ArchiveLimits) -> Path:
     with _open_stream(data, limits) as tar:
         _walk(tar, limits, on_member=lambda member: tar.extract(member, dest, filter="data"))
     return dest
+
+
+def read_root_file(data: bytes, name: str, limits: ArchiveLimits, *, max_bytes: int = 1024 * 1024) -> str | None:
+    """The text of the file `name` at the archive's root (`./name` too), None when there is none.
+    The archive must have passed summarize_archive; a file over `max_bytes` is an ArchiveError."""
+    with _open_stream(data, limits) as tar:
+        for member in tar:
+            if member.isfile() and "/".join(Path(member.name).parts).removeprefix("./") == name:
+                if member.size > max_bytes:
+                    raise ArchiveError(f"{name} is {member.size} bytes; at most {max_bytes} are allowed")
+                handle = tar.extractfile(member)
+                return handle.read().decode("utf-8", errors="replace") if handle else None
+    return None

@@ -229,7 +229,7 @@ class ProjectConfig(BaseModel):
         return [_relative_inside(folder, f"adapter_path[{i}]") for i, folder in enumerate(folders)]
 
 
-def _defaults(project: Any | None) -> dict[str, Any]:
+def config_defaults(project: Any | None) -> dict[str, Any]:
     """The registered project's fields as configuration defaults (a Project row or any object with
     those attributes). `build_command` holds one command per line."""
     if project is None:
@@ -272,7 +272,7 @@ def _validate(data: dict[str, Any], origin: str) -> ProjectConfig:
 def load_project_config(tree: Path, project: Any | None = None) -> ProjectConfig:
     """The configuration for the extracted source `tree`: its optdrift.toml over the registered
     `project`'s fields, or those fields alone when the tree has no file."""
-    defaults = _defaults(project)
+    defaults = config_defaults(project)
     path = Path(tree) / CONFIG_FILE
     if path.is_file():
         return parse_config(path.read_text(encoding="utf-8"), defaults=defaults, origin=str(path))

@@ -16,10 +16,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.db.models import ERROR, Commit, Project, Run
-from service.domain.archives import ArchiveError, extract_archive, pack_directory, sha256_hex
+from service.domain.archives import (
+    ArchiveError, extract_archive, pack_directory, read_root_file, sha256_hex, summarize_archive,
+)
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
 from service.domain.patch_layout import apply_patch_any_root
 from service.domain.patches import PatchLimits
+from service.domain.project_config import CONFIG_FILE, ProjectConfigError, config_defaults, parse_config
 from service.domain.submission_rules import check_battery, check_environments
 from service.domain.storage import UnknownSourceError, archive_limits, get_archive, store_archive
 from service.settings import Settings
@@ -62,17 +65,36 @@ def _source(
     answer as one never uploaded)."""
     if archive is not None:
         try:
+            summarize_archive(archive, archive_limits(settings))
+            _check_tree_config(archive, settings=settings, project=project)
             stored = store_archive(session=session, settings=settings, data=archive, project=project)
         except ArchiveError as exc:
             raise BadInputError(f"source archive rejected: {exc}") from exc
         return _Source(digest=stored.digest, note=stored.note)
     if source_digest:
         try:
-            get_archive(session=session, settings=settings, digest=source_digest, project=project)
+            _, path = get_archive(session=session, settings=settings, digest=source_digest, project=project)
         except UnknownSourceError as exc:
             raise NotFoundError(str(exc)) from exc
+        try:
+            _check_tree_config(path.read_bytes(), settings=settings, project=project)
+        except ArchiveError as exc:
+            raise BadInputError(f"source archive rejected: {exc}") from exc
         return _Source(digest=source_digest)
     raise BadInputError("send the source as an `archive` file or the `source_digest` of an upload")
+
+
+def _check_tree_config(archive: bytes, *, settings: Settings, project: Project) -> None:
+    """The tree's optdrift.toml over the project's registered fields, validated here as the worker
+    will (service.domain.project_config): a configuration the worker would refuse (a build.env
+    outside the build knobs, a path out of the tree) is bad input now, not a failed run later."""
+    text = read_root_file(archive, CONFIG_FILE, archive_limits(settings))
+    if text is None:
+        return
+    try:
+        parse_config(text, defaults=config_defaults(project))
+    except ProjectConfigError as exc:
+        raise BadInputError(f"the tree's {exc}") from exc
 
 
 def find_commit(*, session: Session, project: Project, ref: str) -> Commit:

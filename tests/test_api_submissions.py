@@ -234,3 +234,24 @@ def test_a_tree_whose_config_the_worker_would_refuse_is_refused_at_submission(ap
              '-env = { MAX_JOBS = "2" }\n+env = { LD_PRELOAD = "evil.so" }\n').encode()
     patched = api.post("/api/v1/projects/kern/verify", data={"base": "ok"}, files={"patch": ("p.diff", patch)})
     assert patched.status_code == 422 and "LD_PRELOAD" in patched.json()["detail"], patched.text
+
+
+def test_a_misspelt_battery_is_refused_at_submission_with_the_valid_names(api, tmp_path: Path):  # noqa: ANN001
+    """Issue 34 item 5: `--battery quik` is bad input (422, the built-in names and a suggestion), never
+    a run that fails and reads as a broken commit; a battery file the tree has is taken."""
+    _project(api)
+    archive = make_archive({"kernel.cpp": "int x;\n", "batteries/mine.json": "{}\n"})
+    refused = _submit(api, "typo", archive, battery="quik")
+    assert refused.status_code == 422, refused.text
+    detail = refused.json()["detail"]
+    assert "'quik'" in detail and "quick, standard, ci" in detail and "did you mean 'quick'" in detail
+    assert api.get("/api/v1/projects/kern/commits/typo").status_code == 404
+    assert _submit(api, "ownfile", archive, battery="batteries/mine.json").status_code == 201
+    missing = _submit(api, "nofile", archive, battery="batteries/other.json")
+    assert missing.status_code == 422 and "neither a built-in battery" in missing.json()["detail"]
+    named_by_tree = make_archive({"optdrift.toml": '[project]\nbattery = "stanard"\n'})
+    tree_typo = _submit(api, "treetypo", named_by_tree)
+    assert tree_typo.status_code == 422 and "optdrift.toml" in tree_typo.json()["detail"], tree_typo.text
+    verify = api.post("/api/v1/projects/kern/verify", data={"base": "ownfile", "battery": "quik"},
+                      files={"archive": ("t.tar.gz", archive)})
+    assert verify.status_code == 422 and "did you mean 'quick'" in verify.json()["detail"], verify.text

@@ -16,7 +16,8 @@ from service.domain.errors import BadInputError
 from service.domain.patches import PatchLimits, check_patch
 from tests.service_fixtures import make_archive
 
-SOURCE = {"ops.cpp": "// kernels\n"}
+# The battery files the allowed-battery test names are in the tree: a named file must exist there.
+SOURCE = {"ops.cpp": "// kernels\n", "batteries/mine.json": "{}\n", "b.json": "{}\n"}
 
 
 @pytest.fixture

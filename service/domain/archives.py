@@ -259,6 +259,14 @@ def extract_archive(data: bytes, dest: Path, limits: ArchiveLimits) -> Path:
     return dest
 
 
+def file_names(data: bytes, limits: ArchiveLimits) -> set[str]:
+    """The relative paths of the regular files extraction keeps (git metadata left out). The archive
+    must have passed summarize_archive."""
+    with _open_stream(data, limits) as tar:
+        return {"/".join(Path(m.name).parts).removeprefix("./") for m in tar
+                if m.isfile() and not is_git_metadata(Path(m.name).parts)}
+
+
 def read_root_file(data: bytes, name: str, limits: ArchiveLimits, *, max_bytes: int = 1024 * 1024) -> str | None:
     """The text of the file `name` at the archive's root (`./name` too), None when there is none.
     The archive must have passed summarize_archive; a file over `max_bytes` is an ArchiveError."""

@@ -7,6 +7,7 @@ is not committed yet).
 
 from __future__ import annotations
 
+import difflib
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,13 +18,13 @@ from sqlalchemy.orm import Session
 
 from service.db.models import ERROR, Commit, Project, Run
 from service.domain.archives import (
-    ArchiveError, extract_archive, pack_directory, read_root_file, sha256_hex, summarize_archive,
+    ArchiveError, extract_archive, file_names, pack_directory, read_root_file, sha256_hex, summarize_archive,
 )
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
 from service.domain.patch_layout import apply_patch_any_root
 from service.domain.patches import PatchLimits
 from service.domain.project_config import CONFIG_FILE, ProjectConfigError, config_defaults, parse_config
-from service.domain.submission_rules import check_battery, check_environments
+from service.domain.submission_rules import BUILTIN_BATTERIES, check_battery, check_environments
 from service.domain.storage import UnknownSourceError, archive_limits, get_archive, store_archive
 from service.settings import Settings
 
@@ -58,7 +59,7 @@ class _Source:
 
 def _source(
     *, session: Session, settings: Settings, project: Project, archive: bytes | None,
-    source_digest: str | None
+    source_digest: str | None, battery: str | None
 ) -> _Source:
     """The submission's source: an uploaded archive (stored and recorded for `project`) or the
     digest of an earlier upload *by or for this project* (another project's digest: 404, the same
@@ -66,7 +67,7 @@ def _source(
     if archive is not None:
         try:
             summarize_archive(archive, archive_limits(settings))
-            _check_tree_config(archive, settings=settings, project=project)
+            _check_tree_config(archive, settings=settings, project=project, battery=battery)
             stored = store_archive(session=session, settings=settings, data=archive, project=project)
         except ArchiveError as exc:
             raise BadInputError(f"source archive rejected: {exc}") from exc
@@ -77,24 +78,34 @@ def _source(
         except UnknownSourceError as exc:
             raise NotFoundError(str(exc)) from exc
         try:
-            _check_tree_config(path.read_bytes(), settings=settings, project=project)
+            _check_tree_config(path.read_bytes(), settings=settings, project=project, battery=battery)
         except ArchiveError as exc:
             raise BadInputError(f"source archive rejected: {exc}") from exc
         return _Source(digest=source_digest)
     raise BadInputError("send the source as an `archive` file or the `source_digest` of an upload")
 
 
-def _check_tree_config(archive: bytes, *, settings: Settings, project: Project) -> None:
+def _check_tree_config(archive: bytes, *, settings: Settings, project: Project, battery: str | None) -> None:
     """The tree's optdrift.toml over the project's registered fields, validated here as the worker
-    will (service.domain.project_config): a configuration the worker would refuse (a build.env
-    outside the build knobs, a path out of the tree) is bad input now, not a failed run later."""
-    text = read_root_file(archive, CONFIG_FILE, archive_limits(settings))
-    if text is None:
-        return
+    will (service.domain.project_config), and the battery the run will take: a configuration the
+    worker would refuse (a build.env outside the build knobs, a path out of the tree) or a battery
+    that is neither built in nor a file of the tree (`--battery quik`) is bad input now, not a
+    failed run later."""
+    limits = archive_limits(settings)
+    text = read_root_file(archive, CONFIG_FILE, limits)
     try:
-        parse_config(text, defaults=config_defaults(project))
+        config = parse_config(text or "", defaults=config_defaults(project), origin=CONFIG_FILE)
     except ProjectConfigError as exc:
         raise BadInputError(f"the tree's {exc}") from exc
+    # The battery the worker will take (worker.pipeline.prepare): the request's, else the tree's.
+    name, origin = (battery, "the request's battery") if battery and battery != project.default_battery \
+        else (config.battery, f"the battery named by the tree's {CONFIG_FILE}" if text else "the project's battery")
+    if name in BUILTIN_BATTERIES or name in file_names(archive, limits):
+        return
+    close = difflib.get_close_matches(name, [*BUILTIN_BATTERIES], n=1)
+    raise BadInputError(
+        f"{origin} {name[:80]!r} is neither a built-in battery ({', '.join(BUILTIN_BATTERIES)}) nor a file in "
+        f"the submitted tree{f'; did you mean {close[0]!r}?' if close else ''}")
 
 
 def find_commit(*, session: Session, project: Project, ref: str) -> Commit:
@@ -164,7 +175,7 @@ def submit_commit(
         project_name=project.name, registered=project.environments, requested=environments,
         max_per_request=settings.max_environments_per_request)
     source = _source(session=session, settings=settings, project=project, archive=archive,
-                     source_digest=source_digest)
+                     source_digest=source_digest, battery=battery)
     digest = source.digest
     base_commit = find_commit(session=session, project=project, ref=baseline) if baseline else None
 
@@ -263,7 +274,7 @@ def submit_verify(
             raise NotFoundError(f"the base commit {base_commit.sha}'s source: {exc}") from exc
         archive, patch_layout = apply_patch(settings=settings, base_archive=base_path, patch=patch)
     source = _source(session=session, settings=settings, project=project, archive=archive,
-                     source_digest=None)
+                     source_digest=None, battery=battery)
     digest = source.digest
     environment = environment or project.environments[0]
     if environment not in project.environments:

@@ -37,7 +37,7 @@ PACKAGES=(
   typer==0.29.2 rich==15.0.0 shellingham==1.5.4
   anyio==4.16.0 httpx==0.28.1 httpcore==1.0.9 h11==0.16.0 prometheus_client==0.26.0
   githubkit==0.16.1 githubkit-schemas==26.10.21 githubkit-schemas-2026-03-10==26.10.21 hishel==1.4.0 anysqlite==0.0.5 msgpack==1.2.4
-  PyJWT==2.15.1 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12
+  PyJWT==2.15.1 cryptography==50.0.2 cffi==2.1.1 pycparser==3.12 standardwebhooks==1.3.0
 )
 # Packages the H200 image has (docs: /work/.library/device/KINDS.md, "Python packages already
 # there"), which the requirement check below accepts without a carried wheel.

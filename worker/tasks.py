@@ -96,6 +96,53 @@ class RunBudgetExceeded(RuntimeError):
     pass
 
 
+class VerifyYielded(RuntimeError):
+    """A running verify run gives way to commit runs waiting for its environment (CommitRunsFirst);
+    the message is what its page says while it waits again."""
+
+
+class CommitRunsFirst:
+    """CI's commit runs go before contributors' verify runs (issue 33): a verify run that is
+    running when a commit run of its environment arrives stops between cases (or between phases)
+    and is queued again, so it delays that commit run by one case (one wave on the fast engine)
+    and the check's interval, not by its whole budget. A verify build is not interrupted.
+
+    It yields only to commit runs handed to the broker after it started: one that was already
+    waiting when this run was claimed was not on the queue this worker took from (a retry's
+    countdown, a message the broker lost), and yielding to it again would only start this run
+    over and over. And only to those that have waited GRACE_S: an idle worker process takes a
+    commit run well within it, and this run need not give way for one that is being taken.
+    The check is one COUNT query, made at most every CHECK_EVERY_S."""
+
+    CHECK_EVERY_S = 1.0
+    GRACE_S = 2.0
+
+    def __init__(self, run: Run) -> None:
+        self.run_id, self.environment, self.since = run.id, run.environment, run.started_at
+        self.last_check = float("-inf")
+
+    def waiting(self) -> int:
+        from datetime import datetime, timedelta, timezone
+
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=self.GRACE_S)
+        with get_sessionmaker()() as session:
+            return runs.queued_count(session=session, environment=self.environment, kind="commit",
+                                     dispatched_after=self.since, dispatched_before=cutoff)
+
+    def check(self, where: str) -> None:
+        """Raise VerifyYielded if commit runs wait (`where`: how far this run got, for its page)."""
+        now = time.monotonic()
+        if now - self.last_check < self.CHECK_EVERY_S:
+            return
+        self.last_check = now
+        waiting = self.waiting()
+        if waiting:
+            raise VerifyYielded(
+                f"yielded to {waiting} commit run(s) waiting for {self.environment} {where}: CI's commit "
+                "runs go before verify runs (docs/SCALE.md). Queued again on the verify queue; it starts "
+                "over, with its whole budget, once no commit run waits (yielding spends no attempt)")
+
+
 @worker_ready.connect
 def _say_whether_sandboxed(**_kwargs) -> None:  # noqa: ANN003
     available, what = sandbox.status()
@@ -206,6 +253,8 @@ def execute_run(run_id: int, *, settings: Settings | None = None, worker: str | 
         except RunLost as lost:
             log.warning("run %s: %s", run_id, lost)
             return "lost"
+        except VerifyYielded as yielded:
+            return _give_way(run_id, settings=settings, worker=worker, note=str(yielded))
         except DATABASE_DOWN as exc:
             # Not the run's fault: leave it to the reaper, which re-queues it once the heartbeat is
             # stale (bounded by max_attempts); trajectories already stored are kept (unique rows).
@@ -274,7 +323,7 @@ def timing_waits_for(runs_waiting: int) -> str | None:
 def _send_again(session, settings: Settings, run_id: int, delay: float) -> None:  # noqa: ANN001
     """Dispatch a re-queued run to start after `delay` s; if the broker does not take it now, the
     API's maintenance loop sends it (it stays queued with no dispatch time)."""
-    from datetime import datetime, timezone
+    from datetime import datetime, timedelta, timezone
 
     from sqlalchemy import update
 
@@ -282,12 +331,35 @@ def _send_again(session, settings: Settings, run_id: int, delay: float) -> None:
 
     run = session.get(Run, run_id)
     try:
-        send_run(settings=settings, run_id=run_id, environment=run.environment, kind=run.kind, countdown=delay)
+        send_run(settings=settings, run_id=run_id, environment=run.environment, kind=run.kind,
+                 countdown=delay or None)
     except Exception as exc:  # noqa: BLE001
         log.warning("run %s: the broker did not take the retry (%s); the maintenance loop will", run_id, exc)
         return
-    session.execute(update(Run).where(Run.id == run_id).values(dispatched_at=datetime.now(timezone.utc)))
+    # When the broker hands it out: a retry's countdown included, so a running verify run does not
+    # yield to a commit run that no worker may take yet (CommitRunsFirst).
+    handed_out = datetime.now(timezone.utc) + timedelta(seconds=delay)
+    session.execute(update(Run).where(Run.id == run_id).values(dispatched_at=handed_out))
     session.commit()
+
+
+def _give_way(run_id: int, *, settings: Settings, worker: str, note: str) -> str:
+    """A verify run yields (VerifyYielded): back to `queued` with `note` on its page, its stored
+    cases deleted, its attempt not counted (runs.requeue_yielded), and sent again on the verify
+    queue, which this worker consumes only once the commit runs' queue is empty. A cancel asked
+    for meanwhile is honoured instead."""
+    with get_sessionmaker()() as session:
+        if not runs.requeue_yielded(session=session, run_id=run_id, worker=worker, note=note):
+            # Not re-queued: a cancel was asked for (honoured here), or the run is no longer ours.
+            if runs.cancel_requested(session=session, run_id=run_id) and runs.set_status(
+                    session=session, run_id=run_id, worker=worker, status=CANCELLED, error="cancelled on request"):
+                return CANCELLED
+            log.warning("run %s: taken away while yielding to commit runs", run_id)
+            return "lost"
+        log.info("run %s: %s", run_id, note)
+        _send_again(session, settings, run_id, 0.0)
+    notify.run_changed(run_id, settings=settings)
+    return "yielded"
 
 
 def _record_baseline_diffs(run_id: int, settings: Settings) -> str:
@@ -409,7 +481,14 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
         refusal = _refusal(run, settings)
         if refusal:
             raise OptdriftFailure(refusal)
+        # A verify run's budget starts again with each start (it may yield and start over,
+        # CommitRunsFirst): each start may use all of it; no start uses more.
         budget = RunBudget(settings, untrusted=run.kind == "verify")
+        commits_first = CommitRunsFirst(run) if run.kind == "verify" else None
+
+        def give_way(where: str) -> None:
+            if commits_first is not None:
+                commits_first.check(where)
         try:
             source_dir = fetch_source(
                 base_url=settings.resolved_public_url, digest=run.source_digest, dest=Path(tmp) / "src",
@@ -419,6 +498,7 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
             raise OptdriftFailure(f"fetching the source {run.source_digest[:12]} from {settings.resolved_public_url} "
                                   f"failed: {exc}") from exc
         _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
+        give_way("before its build")
         try:
             job = pipeline.prepare(source_dir, project=session.get(Project, run.project_id),
                                    requested_battery=run.battery)
@@ -448,12 +528,17 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
         if not built.ok:
             return fail(f"build failed: {built.error}")
         _checkpoint(session=session, run_id=run_id, worker=worker, beat=beat)
+        if commits_first is not None:
+            commits_first.last_check = float("-inf")  # the build may have been long: look now
+        give_way("after its build")
 
         runs.set_status(session=session, run_id=run_id, worker=worker, status=RUNNING,
                         cases_total=len(job.cases), cases_done=0)
         stored = StoredResults(session=session, run_id=run_id, worker=worker, beat=beat)
 
         def store(index: int, result) -> None:  # noqa: ANN001
+            # Before storing: a run that yields writes nothing more (and what it wrote is deleted).
+            give_way(f"after {len(stored)} of {len(job.cases)} cases")
             stored.add(index, result)
             if budget.exceeded():
                 stored.flush()

@@ -182,9 +182,45 @@ def retry(*, session: Session, run_id: int) -> Run:
     return run
 
 
-def queued_count(*, session: Session, environment: str) -> int:
-    """Runs waiting for a worker of `environment` (a baseline co-run yields to them)."""
+def queued_count(*, session: Session, environment: str, kind: str | None = None,
+                 dispatched_after: datetime | None = None, dispatched_before: datetime | None = None) -> int:
+    """Runs waiting for a worker of `environment` (a baseline co-run yields to them); only those of
+    `kind` ("commit", "verify") when given, and only those handed to the broker after
+    `dispatched_after` and by `dispatched_before` when given (a running verify run yields to
+    commit runs that came after it started and have waited a moment, worker/tasks.py)."""
     from sqlalchemy import func
 
-    return session.scalar(select(func.count()).select_from(Run).where(
-        Run.status == QUEUED, Run.environment == environment, Run.cancel_requested.is_(False))) or 0
+    query = select(func.count()).select_from(Run).where(
+        Run.status == QUEUED, Run.environment == environment, Run.cancel_requested.is_(False))
+    if kind is not None:
+        query = query.where(Run.kind == kind)
+    if dispatched_after is not None:
+        query = query.where(Run.dispatched_at > dispatched_after)
+    if dispatched_before is not None:
+        query = query.where(Run.dispatched_at <= dispatched_before)
+    return session.scalar(query) or 0
+
+
+def requeue_yielded(*, session: Session, run_id: int, worker: str, note: str) -> bool:
+    """A run this worker owns gives its worker up (a verify run yielding to commit runs): back to
+    `queued` with `note` as what its page says, its trajectories deleted (the next start runs
+    every case again) and its attempt not counted (yielding is no failure: claim counted one,
+    this takes it back). One transaction, only while the run is still this worker's; False if
+    it is not (reaped, cancelled), and then nothing changes."""
+    from sqlalchemy import delete
+
+    from service.db.models import Trajectory
+
+    owned = session.execute(
+        update(Run).where(Run.id == run_id, Run.worker == worker, Run.status.in_(ACTIVE_STATUSES),
+                          Run.cancel_requested.is_(False))
+        .values(status=QUEUED, worker=None, dispatched_at=None, started_at=None, heartbeat_at=_now(),
+                attempt=Run.attempt - 1, cases_done=0,
+                error=redaction.clip(redaction.scrub(note), MAX_ERROR_CHARS))
+    ).rowcount == 1
+    if not owned:
+        session.rollback()
+        return False
+    session.execute(delete(Trajectory).where(Trajectory.run_id == run_id))
+    session.commit()
+    return True

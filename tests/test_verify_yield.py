@@ -1,0 +1,202 @@
+"""Issue 33, item 8: a verify token cannot delay CI's commit runs by more than one case. A verify run
+that is already running when a commit run of its environment arrives stops between cases, is
+queued again (its stored cases deleted, its attempt not counted, its page saying why) and starts
+over once the commit run has started (worker/tasks.py CommitRunsFirst).
+
+Real processes: `optdrift serve --no-worker` and one `optdrift worker` on PostgreSQL + Redis. The
+tree is our own: a `command` build that writes a file, a battery of CASES small momentum cases in
+the tree, and an adapter in the tree (`adapter_path = ["."]`) that pauses PAUSE_S in each case's
+open, so the verify run takes CASES x PAUSE_S; the commit trees pause not at all. The one-case
+engine (OPTDRIFT_FAST_ENGINE=false) reports each case as it ends: the yield's granularity is what
+the run reports (a wave on the fast engine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from sqlalchemy import create_engine, text
+
+from tests.service_fixtures import (
+    REPO_ROOT, create_database, drop_database, free_port, make_archive, start_process, stop_process, wait_http,
+)
+
+PROJECT = "yield"
+# Its own Redis database (tests/test_verify_fairness.py lists who uses which).
+REDIS_URL = f"redis://127.0.0.1:6379/{os.environ.get('OPTDRIFT_TEST_VERIFY_YIELD_REDIS_DB', '1')}"
+FINAL = ("done", "failed", "cancelled", "error")
+CASES = 30
+PAUSE_S = 0.5
+
+ADAPTER = '''
+import time
+
+import torch
+
+from worker.adapters.base import HandedOverStates, ProjectAdapter
+
+PAUSE_S = {pause}
+
+
+class PausingMomentum(HandedOverStates):
+    def init_states(self, case, param):
+        time.sleep(PAUSE_S)  # a slow case: what makes the verify run long
+        return {{"momentum_buffer": torch.zeros_like(param)}}
+
+    def step_states(self, case, param, grad, states, step):
+        states["momentum_buffer"].mul_(0.9).add_(grad)
+        param.sub_(case.hyper["lr"] * states["momentum_buffer"])
+
+
+class PausingAdapter(ProjectAdapter):
+    name = "pausing"
+
+    def load(self, library):
+        self.library = library
+
+    def families(self):
+        return {{"32bit": PausingMomentum()}}
+'''
+CONFIG = '''[project]
+adapter = "pausing_adapter"
+adapter_path = ["."]
+battery = "battery.json"
+
+[build]
+kind = "command"
+commands = ["sh -c 'echo built > out.txt'"]
+library = "out.txt"
+'''
+BATTERY = json.dumps({"name": "pausing", "version": 1, "groups": [
+    {"optimizers": ["momentum"], "sizes": [8], "steps": 2, "seeds": list(range(CASES))}]})
+
+
+def _tree(pause_s: float, marker: str) -> bytes:
+    return make_archive({"optdrift.toml": CONFIG, "battery.json": BATTERY, "marker.txt": marker,
+                         "pausing_adapter.py": ADAPTER.format(pause=pause_s)})
+
+
+def _cli(env: dict[str, str], *args: str) -> str:
+    answer = subprocess.run([sys.executable, "-m", "service.cli", *args], cwd=REPO_ROOT,
+                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **env},
+                            capture_output=True, text=True, timeout=120, check=True)
+    return answer.stdout.strip().splitlines()[-1]
+
+
+def _commit(http: httpx.Client, sha: str, parents: str | None = None) -> int:
+    fields = {"sha": sha, **({"parents": parents} if parents else {})}
+    answer = http.post(f"/api/v1/projects/{PROJECT}/commits", data=fields,
+                       files={"archive": ("t.tar.gz", _tree(0, sha))})
+    assert answer.status_code == 201, answer.text
+    return answer.json()["runs"][0]["id"]
+
+
+def _run(http: httpx.Client, run_id: int) -> dict:
+    answer = http.get(f"/api/v1/runs/{run_id}")
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def _wait(http: httpx.Client, run_id: int, until, what: str, timeout_s: float) -> dict:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = _run(http, run_id)
+        if until(run):
+            return run
+        assert run["status"] not in FINAL or until(run), f"run {run_id} ended before {what}: {run}"
+        time.sleep(0.2)
+    raise AssertionError(f"run {run_id}: not {what} within {timeout_s} s: {_run(http, run_id)}")
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[dict]:
+    home = tmp_path / "home"
+    db_name = f"optdrift_verify_yield_{os.getpid()}"
+    port = free_port()
+    env = {"OPTDRIFT_HOME": str(home), "OPTDRIFT_BUILD_CACHE_DIR": str(tmp_path / "build-cache"),
+           "OPTDRIFT_DATABASE_URL": create_database(db_name), "OPTDRIFT_BROKER_URL": REDIS_URL,
+           "OPTDRIFT_PUBLIC_URL": f"http://127.0.0.1:{port}", "OPTDRIFT_MAINTENANCE_INTERVAL_S": "2",
+           "OPTDRIFT_HEARTBEAT_INTERVAL_S": "2", "OPTDRIFT_FAST_ENGINE": "false",
+           # One attempt: a yield that spent one would show as attempt 2.
+           "OPTDRIFT_MAX_ATTEMPTS": "1"}
+    redis.Redis.from_url(REDIS_URL).flushdb()
+    processes = [start_process(["serve", "--port", str(port), "--no-worker"], env, tmp_path / "api.log")]
+    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=90)
+        http.headers["Authorization"] = f"Bearer {(home / 'admin-token').read_text().strip()}"
+        answer = http.post("/api/v1/projects", json={"name": PROJECT, "environments": ["cpu"]})
+        assert answer.status_code == 201, answer.text
+        processes.append(start_process(["worker", "--loglevel", "INFO"], env, tmp_path / "worker.log"))
+        yield {"http": http, "env": env}
+    finally:
+        for process in reversed(processes):
+            stop_process(process)
+        http.close()
+        for log in sorted(tmp_path.glob("*.log")):
+            print(f"--- {log.name}\n{log.read_text()[-4000:]}")
+        drop_database(db_name)
+        redis.Redis.from_url(REDIS_URL).flushdb()
+
+
+@pytest.mark.slow
+def test_a_running_verify_run_yields_to_a_commit_run_and_finishes_afterwards(service) -> None:
+    http, env = service["http"], service["env"]
+    base = _commit(http, "base")
+    _wait(http, base, lambda run: run["status"] == "done", "done", timeout_s=300)
+
+    token = _cli(env, "token", "create", "--name", "contributor", "--scope", "verify", "--project", PROJECT)
+    answer = http.post(f"/api/v1/projects/{PROJECT}/verify", headers={"Authorization": f"Bearer {token}"},
+                       data={"base": "base"}, files={"archive": ("t.tar.gz", _tree(PAUSE_S, "contributor"))})
+    assert answer.status_code == 201, answer.text
+    verify = answer.json()["id"]
+    _wait(http, verify, lambda run: run["status"] == "running" and run["progress"]["cases_done"] >= 2,
+          "running with cases stored", timeout_s=300)
+
+    ci = _commit(http, "ci", parents="base")
+    submitted = time.monotonic()
+    seen: list[dict] = []  # the verify run as its page showed it while the commit run went first
+    while _run(http, ci)["status"] == "queued" and time.monotonic() - submitted < CASES * PAUSE_S * 4:
+        seen.append(_run(http, verify))
+        time.sleep(0.2)
+    ci_started = _wait(http, ci, lambda run: run["started_at"], "started", timeout_s=300)
+    waited_s = time.monotonic() - submitted
+    for _ in range(10):  # the verify run's page while the commit run runs
+        seen.append(_run(http, verify))
+        time.sleep(0.1)
+    ci_run = _wait(http, ci, lambda run: run["status"] in FINAL, "finished", timeout_s=300)
+    verify_run = _wait(http, verify, lambda run: run["status"] in FINAL, "finished", timeout_s=600)
+
+    # The commit run started while the verify run still had most of its cases to run, and before it ended.
+    assert datetime.fromisoformat(ci_started["started_at"]) < datetime.fromisoformat(verify_run["finished_at"])
+    assert waited_s < CASES * PAUSE_S / 2, f"the commit run waited {waited_s:.1f} s for a worker"
+    assert ci_run["status"] == "done", ci_run
+
+    # The verify run went back to queued, its page saying why, then ran again in full.
+    queued = [run for run in seen if run["status"] == "queued"]
+    assert queued, f"the verify run never went back to queued: {[run['status'] for run in seen]}"
+    note = queued[-1]["error"] or ""
+    assert "yielded to 1 commit run(s) waiting for cpu" in note and "Queued again on the verify queue" in note, note
+    assert queued[-1]["progress"]["cases_done"] == 0 and queued[-1]["started_at"] is None, queued[-1]
+    assert verify_run["status"] == "done", verify_run
+    assert verify_run["progress"] == {"cases_done": CASES, "cases_total": CASES}, verify_run["progress"]
+    assert verify_run["attempt"] == 1, "yielding spends no attempt"
+    assert verify_run["error"] is None, verify_run["error"]
+    assert datetime.fromisoformat(verify_run["started_at"]) > datetime.fromisoformat(ci_started["started_at"])
+
+    engine = create_engine(env["OPTDRIFT_DATABASE_URL"])
+    with engine.connect() as connection:
+        rows, distinct = connection.execute(text(
+            "SELECT count(*), count(DISTINCT case_id) FROM trajectories WHERE run_id = :run"), {"run": verify}).one()
+    engine.dispose()
+    assert rows == distinct == CASES, (rows, distinct)

@@ -116,8 +116,8 @@ def test_commands_see_the_cuda_architectures_and_a_rebuild_is_cached(tmp_path):
     tree = tmp_path / "tree"
     tree.mkdir()
     config = parse_config('[build]\nkind="command"\nlibrary="archs.txt"\n'
-                          'commands=["sh -c \'echo $CUDAARCHS $TORCH_CUDA_ARCH_LIST $EXTRA > archs.txt\'"]\n'
-                          'env={EXTRA="x"}\n')
+                          'commands=["sh -c \'echo $CUDAARCHS $TORCH_CUDA_ARCH_LIST $BUILD_EXTRA > archs.txt\'"]\n'
+                          'env={BUILD_EXTRA="x"}\n')
     first = build_project(tree, config, cache_dir=tmp_path / "cache", cuda_archs=["9.0", "8.6"])
     assert first.ok and not first.cached, first.error
     assert Path(first.library_path).read_text().split() == ["90;86", "9.0;8.6", "x"]

@@ -114,3 +114,17 @@ def test_the_grafana_dashboard_reads_metrics_that_exist(api) -> None:  # noqa: A
                    "optdrift_run_battery_seconds_bucket", "optdrift_corun_seconds_bucket",
                    "optdrift_queue_depth", "optdrift_live_workers", "optdrift_build_cache_hit_ratio"):
         assert wanted in used, wanted
+
+
+def test_two_scrapes_with_no_new_runs_are_identical(api, db_session) -> None:  # noqa: ANN001
+    """Counters are rebuilt from the database at each scrape: they carry no `_created` sample (a
+    creation time per scrape would change every scrape and read as a counter reset)."""
+    project = _project(db_session)
+    make_run(db_session, project, environment="cpu", status="done", created_s_ago=600, queue_s=10,
+             build_s=20, battery_s=50, cases=100, build_cached=True)
+    db_session.flush()
+    first = api.get("/metrics").text
+    second = api.get("/metrics").text
+    assert "optdrift_cases_done_total" in first and "optdrift_builds_total" in first
+    assert "_created" not in first
+    assert first == second

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
@@ -61,6 +61,26 @@ class _DurationHistograms:
             buckets = [(floatToGoString(bound),
                         sum(1 for value in values if value <= bound)) for bound in DURATION_BUCKETS]
             family.add_metric([environment], buckets, sum(values))
+        yield family
+
+
+class _ScrapeCounter:
+    """A counter whose totals are read from the database at each scrape. Built as a metric family
+    without a `_created` sample: a `Counter` object made per scrape would report its own creation
+    time, which moves on every scrape although nothing was counted (Prometheus would read each
+    scrape as a counter reset)."""
+
+    def __init__(self, name: str, documentation: str, labels: list[str]):
+        self.name, self.documentation, self.labels = name, documentation, labels
+        self.totals: dict[tuple[str, ...], float] = {}
+
+    def set_total(self, total: float, **labels: str) -> None:
+        self.totals[tuple(labels[name] for name in self.labels)] = total
+
+    def collect(self):  # noqa: ANN201
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
+        for label_values, total in sorted(self.totals.items()):
+            family.add_metric(list(label_values), total)
         yield family
 
 
@@ -133,18 +153,18 @@ def build_registry(session: Session, *, now: datetime | None = None) -> Collecto
     for collector in (queue_wait, build, battery, corun):
         registry.register(collector)
 
-    cases_counter = Counter("optdrift_cases_done", "Cases run, per environment (rate() gives cases per second)",
-                            ["environment"], registry=registry)
+    cases_counter = _ScrapeCounter("optdrift_cases_done",
+                                   "Cases run, per environment (rate() gives cases per second)", ["environment"])
     rate = Gauge("optdrift_cases_per_second",
                  f"Cases per second of battery time over the runs finished in the last {RATE_WINDOW}",
                  ["environment"], registry=registry)
     for environment in environments:
-        cases_counter.labels(environment=environment).inc(cases_done[environment])
+        cases_counter.set_total(cases_done[environment], environment=environment)
         seconds = recent_seconds[environment]
         rate.labels(environment=environment).set(recent_cases[environment] / seconds if seconds else 0.0)
 
-    builds = Counter("optdrift_builds", "Builds per environment, by whether the build cache had them",
-                     ["environment", "cached"], registry=registry)
+    builds = _ScrapeCounter("optdrift_builds", "Builds per environment, by whether the build cache had them",
+                            ["environment", "cached"])
     ratio = Gauge("optdrift_build_cache_hit_ratio", "Share of builds served from the build cache",
                   ["environment"], registry=registry)
     hits = func.sum(case((Run.build_cached.is_(True), 1), else_=0))
@@ -152,8 +172,10 @@ def build_registry(session: Session, *, now: datetime | None = None) -> Collecto
             select(Run.environment, hits, func.count()).where(Run.build_cached.is_not(None))
             .group_by(Run.environment)):
         hit_count = int(hit_count or 0)
-        builds.labels(environment=environment, cached="true").inc(hit_count)
-        builds.labels(environment=environment, cached="false").inc(total - hit_count)
+        builds.set_total(hit_count, environment=environment, cached="true")
+        builds.set_total(total - hit_count, environment=environment, cached="false")
         ratio.labels(environment=environment).set(hit_count / total if total else 0.0)
+    registry.register(cases_counter)
+    registry.register(builds)
     return registry
 

@@ -4,6 +4,7 @@ by the kernel host's ready line, stored with the run and shown on the run page."
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,10 @@ def test_the_run_page_shows_the_adapters_description(db_session, api_settings, a
     page = api.get(f"/runs/{run.id}")
     assert page.status_code == 200
     assert 'id="adapter"' in page.text and "version: <code>1.2.3</code>" in page.text
+    # the row's heading says "adapter"; its cell starts with the name, not "adapter: " again
+    cell = re.search(r'<td id="adapter">(.*?)</td>', page.text).group(1)
+    assert "adapter:" not in cell, cell
+    assert cell.startswith("<code>from_tree</code> (module: <code>from_tree_adapter</code>"), cell
 
 
 def test_the_trees_root_is_an_adapter_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

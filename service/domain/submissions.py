@@ -93,13 +93,15 @@ def _check_tree_config(archive: bytes, *, settings: Settings, project: Project, 
     failed run later."""
     limits = archive_limits(settings)
     text = read_root_file(archive, CONFIG_FILE, limits)
-    try:
-        config = parse_config(text or "", defaults=config_defaults(project), origin=CONFIG_FILE)
-    except ProjectConfigError as exc:
-        raise BadInputError(f"the tree's {exc}") from exc
+    tree_battery = project.default_battery
+    if text is not None:  # without the file the registered fields alone decide, as the worker says
+        try:
+            tree_battery = parse_config(text, defaults=config_defaults(project), origin=CONFIG_FILE).battery
+        except ProjectConfigError as exc:
+            raise BadInputError(f"the tree's {exc}") from exc
     # The battery the worker will take (worker.pipeline.prepare): the request's, else the tree's.
     name, origin = (battery, "the request's battery") if battery and battery != project.default_battery \
-        else (config.battery, f"the battery named by the tree's {CONFIG_FILE}" if text else "the project's battery")
+        else (tree_battery, f"the battery named by the tree's {CONFIG_FILE}" if text else "the project's battery")
     if name in BUILTIN_BATTERIES or name in file_names(archive, limits):
         return
     close = difflib.get_close_matches(name, [*BUILTIN_BATTERIES], n=1)

@@ -116,3 +116,22 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+@pytest.fixture
+def bubblewrap(monkeypatch, tmp_path: Path):  # noqa: ANN001, ANN201
+    """A fresh OPTDRIFT_HOME (the box never shows it) and the sandbox probed anew; skipped where
+    bubblewrap cannot make a box. Yields the home folder."""
+    from service.settings import get_settings
+    from worker import sandbox
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("OPTDRIFT_HOME", str(home))
+    get_settings.cache_clear()
+    sandbox.status.cache_clear()
+    if not sandbox.available():
+        pytest.skip(f"bubblewrap cannot run here: {sandbox.status()[1]}")
+    yield home
+    get_settings.cache_clear()
+    sandbox.status.cache_clear()

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from service.settings import get_settings
 from worker import sandbox
 from worker.sandbox import launcher
 
@@ -28,17 +27,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="bu
 
 
 @pytest.fixture(autouse=True)
-def _bwrap(monkeypatch, tmp_path: Path):  # noqa: ANN001, ANN202
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("OPTDRIFT_HOME", str(home))
-    get_settings.cache_clear()
-    sandbox.status.cache_clear()
-    if not sandbox.available():
-        pytest.skip(f"bubblewrap cannot run here: {sandbox.status()[1]}")
+def _bwrap(bubblewrap):  # noqa: ANN001, ANN202
     yield
-    get_settings.cache_clear()
-    sandbox.status.cache_clear()
 
 
 def _folder(tmp_path: Path, name: str) -> Path:

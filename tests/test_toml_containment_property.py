@@ -25,7 +25,6 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from service.domain.project_config import BUILD_ENV_NAMES, ProjectConfig, ProjectConfigError, parse_config
-from service.settings import get_settings
 from worker import sandbox
 from worker.build import project as command_build
 
@@ -107,21 +106,12 @@ def _accepted(text: str) -> ProjectConfig | None:
 
 
 @pytest.fixture
-def box(monkeypatch, tmp_path: Path):  # noqa: ANN001, ANN201
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("OPTDRIFT_HOME", str(home))
-    get_settings.cache_clear()
-    sandbox.status.cache_clear()
-    if not sandbox.available():
-        pytest.skip(f"bubblewrap cannot run here: {sandbox.status()[1]}")
+def box(bubblewrap, tmp_path: Path):  # noqa: ANN001, ANN201
     work, scratch = tmp_path / "work" / "tree", tmp_path / "scratch"
     for folder in (work, scratch):
         folder.mkdir(parents=True)
         folder.chmod(0o755)
-    yield _canary_folder(tmp_path), work, scratch
-    get_settings.cache_clear()
-    sandbox.status.cache_clear()
+    return _canary_folder(tmp_path), work, scratch
 
 
 def _binds(command: list[str]) -> set[tuple[str, str]]:

@@ -3,7 +3,8 @@ that is already running when a commit run of its environment arrives stops betwe
 queued again (its stored cases deleted, its attempt not counted, its page saying why) and starts
 over once the commit run has started (worker/tasks.py CommitRunsFirst).
 
-Real processes: `optdrift serve --no-worker` and one `optdrift worker` on PostgreSQL + Redis. The
+Real processes: `optdrift serve --no-worker` and one `optdrift worker`, on PostgreSQL + Redis and on
+the embedded default's SQLite + filesystem broker. The
 tree is our own: a `command` build that writes a file, a battery of CASES small momentum cases in
 the tree, and an adapter in the tree (`adapter_path = ["."]`) that pauses PAUSE_S in each case's
 open, so the verify run takes CASES x PAUSE_S; the commit trees pause not at all. The one-case
@@ -118,18 +119,24 @@ def _wait(http: httpx.Client, run_id: int, until, what: str, timeout_s: float) -
     raise AssertionError(f"run {run_id}: not {what} within {timeout_s} s: {_run(http, run_id)}")
 
 
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[dict]:
+@pytest.fixture(params=["postgres-redis", "embedded-filesystem"])
+def service(request, tmp_path: Path) -> Iterator[dict]:
     home = tmp_path / "home"
-    db_name = f"optdrift_verify_yield_{os.getpid()}"
     port = free_port()
     env = {"OPTDRIFT_HOME": str(home), "OPTDRIFT_BUILD_CACHE_DIR": str(tmp_path / "build-cache"),
-           "OPTDRIFT_DATABASE_URL": create_database(db_name), "OPTDRIFT_BROKER_URL": REDIS_URL,
            "OPTDRIFT_PUBLIC_URL": f"http://127.0.0.1:{port}", "OPTDRIFT_MAINTENANCE_INTERVAL_S": "2",
            "OPTDRIFT_HEARTBEAT_INTERVAL_S": "2", "OPTDRIFT_FAST_ENGINE": "false",
            # One attempt: a yield that spent one would show as attempt 2.
            "OPTDRIFT_MAX_ATTEMPTS": "1"}
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    db_name = None
+    if request.param == "postgres-redis":
+        db_name = f"optdrift_verify_yield_{os.getpid()}"
+        env |= {"OPTDRIFT_DATABASE_URL": create_database(db_name), "OPTDRIFT_BROKER_URL": REDIS_URL}
+        redis.Redis.from_url(REDIS_URL).flushdb()
+        database_url = env["OPTDRIFT_DATABASE_URL"]
+    else:  # the embedded default: SQLite in the home, the folder broker
+        env |= {"OPTDRIFT_DATABASE_URL": "", "OPTDRIFT_BROKER_URL": ""}
+        database_url = f"sqlite:///{home / 'optdrift.db'}"
     processes = [start_process(["serve", "--port", str(port), "--no-worker"], env, tmp_path / "api.log")]
     http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
     try:
@@ -138,15 +145,16 @@ def service(tmp_path: Path) -> Iterator[dict]:
         answer = http.post("/api/v1/projects", json={"name": PROJECT, "environments": ["cpu"]})
         assert answer.status_code == 201, answer.text
         processes.append(start_process(["worker", "--loglevel", "INFO"], env, tmp_path / "worker.log"))
-        yield {"http": http, "env": env}
+        yield {"http": http, "env": env, "database_url": database_url}
     finally:
         for process in reversed(processes):
             stop_process(process)
         http.close()
         for log in sorted(tmp_path.glob("*.log")):
             print(f"--- {log.name}\n{log.read_text()[-4000:]}")
-        drop_database(db_name)
-        redis.Redis.from_url(REDIS_URL).flushdb()
+        if db_name:
+            drop_database(db_name)
+            redis.Redis.from_url(REDIS_URL).flushdb()
 
 
 @pytest.mark.slow
@@ -163,16 +171,31 @@ def test_a_running_verify_run_yields_to_a_commit_run_and_finishes_afterwards(ser
     _wait(http, verify, lambda run: run["status"] == "running" and run["progress"]["cases_done"] >= 2,
           "running with cases stored", timeout_s=300)
 
+    engine = create_engine(service["database_url"])
+
+    def stored_cases() -> tuple[int, int]:
+        with engine.connect() as connection:
+            return tuple(connection.execute(text(
+                "SELECT count(*), count(DISTINCT case_id) FROM trajectories WHERE run_id = :run"),
+                {"run": verify}).one())
+
     ci = _commit(http, "ci", parents="base")
     submitted = time.monotonic()
     seen: list[dict] = []  # the verify run as its page showed it while the commit run went first
-    while _run(http, ci)["status"] == "queued" and time.monotonic() - submitted < CASES * PAUSE_S * 4:
+    stored_while_queued: list[tuple[int, int]] = []
+
+    def look() -> None:
         seen.append(_run(http, verify))
+        if seen[-1]["status"] == "queued":
+            stored_while_queued.append(stored_cases())
+
+    while _run(http, ci)["status"] == "queued" and time.monotonic() - submitted < CASES * PAUSE_S * 4:
+        look()
         time.sleep(0.2)
     ci_started = _wait(http, ci, lambda run: run["started_at"], "started", timeout_s=300)
     waited_s = time.monotonic() - submitted
     for _ in range(10):  # the verify run's page while the commit run runs
-        seen.append(_run(http, verify))
+        look()
         time.sleep(0.1)
     ci_run = _wait(http, ci, lambda run: run["status"] in FINAL, "finished", timeout_s=300)
     verify_run = _wait(http, verify, lambda run: run["status"] in FINAL, "finished", timeout_s=600)
@@ -188,15 +211,13 @@ def test_a_running_verify_run_yields_to_a_commit_run_and_finishes_afterwards(ser
     note = queued[-1]["error"] or ""
     assert "yielded to 1 commit run(s) waiting for cpu" in note and "Queued again on the verify queue" in note, note
     assert queued[-1]["progress"]["cases_done"] == 0 and queued[-1]["started_at"] is None, queued[-1]
+    assert set(stored_while_queued) == {(0, 0)}, f"cases stored while queued again: {stored_while_queued}"
     assert verify_run["status"] == "done", verify_run
     assert verify_run["progress"] == {"cases_done": CASES, "cases_total": CASES}, verify_run["progress"]
     assert verify_run["attempt"] == 1, "yielding spends no attempt"
     assert verify_run["error"] is None, verify_run["error"]
     assert datetime.fromisoformat(verify_run["started_at"]) > datetime.fromisoformat(ci_started["started_at"])
 
-    engine = create_engine(env["OPTDRIFT_DATABASE_URL"])
-    with engine.connect() as connection:
-        rows, distinct = connection.execute(text(
-            "SELECT count(*), count(DISTINCT case_id) FROM trajectories WHERE run_id = :run"), {"run": verify}).one()
+    rows, distinct = stored_cases()
     engine.dispose()
     assert rows == distinct == CASES, (rows, distinct)

@@ -644,7 +644,8 @@ def retry(
 
 
 @app.command(epilog="Exit codes: 0 acknowledged; 2 bad input or a refused request (not admin, "
-                    "no verdict yet); 4 optdrift or service error.")
+                    "no verdict yet, nothing to acknowledge: the run is unchanged or has no baseline); "
+                    "4 optdrift or service error.")
 def ack(
     run_id: Annotated[int, typer.Argument(help="the run whose change is intended (submit prints it)")],
     note: Annotated[str, typer.Option(help="why the change is intended (kept with the verdict)")],

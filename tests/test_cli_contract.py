@@ -416,3 +416,37 @@ def test_a_worker_started_apart_fetches_from_serves_port(tmp_path: Path) -> None
                 process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+@pytest.mark.parametrize(("outcome", "why"), [("unchanged", "its verdict is unchanged"),
+                                              ("no-baseline", "it has no baseline to change from")])
+def test_ack_refuses_a_run_with_nothing_to_acknowledge(server: dict, tmp_path: Path, outcome: str,
+                                                       why: str) -> None:
+    """Only a flagging verdict can be declared intended: `ack` of an unchanged or no-baseline run is
+    a 409 whose detail says why, and the CLI's exit 2; the run stays unacknowledged. A changed run
+    of the same commit, and the commit route, still acknowledge what flags."""
+    from service.client import OptdriftClient
+
+    project = f"ack-{outcome}"
+    _project(server, project)
+    client = OptdriftClient(server["url"], token=(server["home"] / "admin-token").read_text().strip())
+    source = write_tree(tmp_path / "src", {**SOURCE, "variant.cpp": project})
+    run_ids = {}
+    for sha, result in (("quiet", outcome), ("moved", "changed")):
+        submitted = client.submit_commit(project=project, sha=sha, source_dir=source)
+        run_ids[sha] = submitted["runs"][0]["id"]
+        _finish_run(server, run_ids[sha], status="done", outcome=result)
+
+    refused = optdrift(server["home"], "ack", str(run_ids["quiet"]), "--note", "intended", "--url", server["url"])
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    line = one_error_line(refused)
+    assert f"run {run_ids['quiet']} has nothing to acknowledge: {why}" in line, line
+    assert "changed, broken or nondeterministic" in line, line
+    commit_route = client.http.post(f"/api/v1/projects/{project}/commits/quiet/acknowledge", json={"note": "x"})
+    assert commit_route.status_code == 409 and why in commit_route.json()["detail"], commit_route.text
+    assert client.run(run_ids["quiet"])["verdict"]["acknowledged"] is False
+
+    accepted = optdrift(server["home"], "ack", str(run_ids["moved"]), "--note", "intended", "--url", server["url"])
+    assert accepted.returncode == 0, (accepted.stdout, accepted.stderr)
+    assert client.run(run_ids["moved"])["verdict"]["acknowledged"] is True
+    client.close()

@@ -82,6 +82,19 @@ def evaluate_with_dependants(*, session: Session, run: Run) -> Verdict | None:
     return None  # not reached
 
 
+def nothing_to_acknowledge(*, run_id: int, verdict: Verdict) -> str | None:
+    """Why a verdict cannot be acknowledged, or None when it can: only a flagging outcome (a change,
+    a broken build, nondeterminism) is something a maintainer can declare intended. Acknowledging an
+    unchanged or no-baseline run would record an intention nobody had, and mark the run as an
+    accepted change on the dashboard and in the case history."""
+    if verdict.outcome in FLAGGING_OUTCOMES:
+        return None
+    why = ("it has no baseline to change from" if verdict.outcome == "no-baseline"
+           else f"its verdict is {verdict.outcome}")
+    return (f"run {run_id} has nothing to acknowledge: {why}; only a {', '.join(FLAGGING_OUTCOMES[:-1])} "
+            f"or {FLAGGING_OUTCOMES[-1]} verdict can be acknowledged")
+
+
 def acknowledge(*, session: Session, run: Run, note: str, by: str | None) -> Verdict:
     """A maintainer marks a flagged change as intended: it no longer fails CI, and as the commit's
     run it is the baseline its children compare with."""
@@ -90,6 +103,9 @@ def acknowledge(*, session: Session, run: Run, note: str, by: str | None) -> Ver
         raise NotFoundError(f"run {run.id} has no verdict yet; wait for it to finish")
     if not note.strip():
         raise ConflictError("an acknowledgement needs a note saying why the change is intended")
+    refusal = nothing_to_acknowledge(run_id=run.id, verdict=verdict)
+    if refusal:
+        raise ConflictError(refusal)
     verdict.acknowledged = True
     verdict.flagged = False
     verdict.acknowledgement_note = note
@@ -97,3 +113,19 @@ def acknowledge(*, session: Session, run: Run, note: str, by: str | None) -> Ver
     verdict.acknowledged_at = datetime.now(timezone.utc)
     session.flush()
     return verdict
+
+
+def acknowledge_runs(*, session: Session, runs: list[Run], note: str, by: str | None) -> list[Verdict]:
+    """A commit's acknowledgement: every run of it whose verdict flags (one per environment); its
+    unchanged runs stay as they are. Refused when none of them has anything to acknowledge."""
+    verdicts = {}
+    for run in runs:
+        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run.id))
+        if verdict is None:
+            raise NotFoundError(f"run {run.id} has no verdict yet; wait for it to finish")
+        verdicts[run.id] = verdict
+    flagging = [run for run in runs if nothing_to_acknowledge(run_id=run.id, verdict=verdicts[run.id]) is None]
+    if runs and not flagging:
+        raise ConflictError("; ".join(nothing_to_acknowledge(run_id=run.id, verdict=verdicts[run.id]) or ""
+                                      for run in runs))
+    return [acknowledge(session=session, run=run, note=note, by=by) for run in flagging]

@@ -104,14 +104,14 @@ def acknowledge_commit(
     project: str, sha: str, body: AcknowledgeRequest, session: SessionDep, _principal: AdminDep,
     settings: SettingsDep,
 ) -> VerdictsPublic:
-    """Mark the commit's flagged change as intended (all its runs' verdicts)."""
+    """Mark the commit's flagged change as intended (the verdicts of its runs that flag; 409 when
+    none does: an unchanged or no-baseline run has nothing to acknowledge)."""
     project_row = projects.get_by_name(session=session, name=project)
     commit = submissions.find_commit(session=session, project=project_row, ref=sha)
-    verdicts = [verdict_store.acknowledge(session=session, run=run, note=body.note, by=body.by)
-                for run in commit.runs]
+    verdicts = verdict_store.acknowledge_runs(session=session, runs=list(commit.runs), note=body.note, by=body.by)
     session.commit()
-    for run in commit.runs:  # their check runs turn to success (issue 16)
-        notify_hooks.run_changed(run.id, settings=settings)
+    for verdict in verdicts:  # their check runs turn to success (issue 16)
+        notify_hooks.run_changed(verdict.run_id, settings=settings)
     return VerdictsPublic(data=[verdict_public(v) for v in verdicts])
 
 

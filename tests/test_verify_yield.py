@@ -221,3 +221,67 @@ def test_a_running_verify_run_yields_to_a_commit_run_and_finishes_afterwards(ser
     rows, distinct = stored_cases()
     engine.dispose()
     assert rows == distinct == CASES, (rows, distinct)
+
+
+# ----------------------------------------------------------------------------- the domain, on PostgreSQL
+def test_requeue_yielded_gives_the_attempt_back_and_deletes_the_cases_only_for_its_owner(
+        db_session, api_settings) -> None:
+    from sqlalchemy import func, select, update
+
+    from service.db.models import Run, Trajectory
+    from service.domain import runs, trajectories
+    from tests.test_db_runs import _commit_run, _result
+
+    run = _commit_run(db_session, api_settings, "verifysha", [])
+    db_session.execute(update(Run).where(Run.id == run.id).values(kind="verify"))
+    assert runs.claim(session=db_session, run_id=run.id, worker="w")
+    trajectories.store_case_result(session=db_session, run_id=run.id, case_index=0,
+                                   result=_result(["d"], last_nonfinite=0))
+    assert runs.heartbeat(session=db_session, run_id=run.id, worker="w", cases_done=1)
+
+    assert not runs.requeue_yielded(session=db_session, run_id=run.id, worker="someone else", note="no")
+    assert runs.requeue_yielded(session=db_session, run_id=run.id, worker="w", note="yielded to 1 commit run(s)")
+    db_session.expire_all()
+    row = db_session.get(Run, run.id)
+    assert (row.status, row.attempt, row.worker, row.started_at, row.cases_done, row.dispatched_at, row.error) == (
+        "queued", 0, None, None, 0, None, "yielded to 1 commit run(s)")
+    assert db_session.scalar(select(func.count()).select_from(Trajectory).where(Trajectory.run_id == run.id)) == 0
+
+    # A cancel asked for while it ran: not queued again (the worker cancels it instead).
+    assert runs.claim(session=db_session, run_id=run.id, worker="w")
+    db_session.execute(update(Run).where(Run.id == run.id).values(cancel_requested=True))
+    assert not runs.requeue_yielded(session=db_session, run_id=run.id, worker="w", note="no")
+    db_session.expire_all()
+    assert db_session.get(Run, run.id).status == "building"
+
+
+def test_a_verify_run_yields_only_to_commit_runs_sent_after_it_started(db_session, api_settings) -> None:
+    """queued_count as CommitRunsFirst asks it: commit runs only, handed to the broker after the
+    verify run started (one already waiting then was not on the queue the worker took from) and
+    at least the grace ago."""
+    from datetime import timedelta, timezone
+
+    from sqlalchemy import update
+
+    from service.db.models import Run
+    from service.domain import runs
+    from tests.test_db_runs import _commit_run
+
+    now = datetime.now(timezone.utc)
+    started = now - timedelta(seconds=60)
+    commit = _commit_run(db_session, api_settings, "c1", [])
+    other_verify = _commit_run(db_session, api_settings, "v2", [])
+    db_session.execute(update(Run).where(Run.id == other_verify.id).values(
+        kind="verify", dispatched_at=now - timedelta(seconds=30)))
+
+    def waiting(dispatched_at) -> int:  # noqa: ANN001
+        db_session.execute(update(Run).where(Run.id == commit.id).values(dispatched_at=dispatched_at))
+        return runs.queued_count(session=db_session, environment="cpu", kind="commit",
+                                 dispatched_after=started, dispatched_before=now - timedelta(seconds=2))
+
+    assert waiting(now - timedelta(seconds=30)) == 1           # arrived while the verify run ran
+    assert waiting(started - timedelta(seconds=1)) == 0        # was waiting before it started
+    assert waiting(now - timedelta(seconds=1)) == 0            # within the grace: being taken
+    assert waiting(now + timedelta(seconds=20)) == 0           # a retry's countdown still running
+    assert waiting(None) == 0                                  # never handed to the broker
+    assert runs.queued_count(session=db_session, environment="cpu") == 2  # the co-runs' count: every kind

@@ -66,7 +66,8 @@ SERVER_EXIT_CODES = "Exit codes: 0 done; 2 bad input or usage; 4 optdrift error.
 # psycopg is not among them: the embedded default (SQLite) runs without it, and a PostgreSQL URL
 # without it fails with SQLAlchemy's own message naming the driver.
 SERVER_MODULES = ("fastapi", "uvicorn", "sqlalchemy", "alembic", "celery")
-WORKER_MODULES = (*SERVER_MODULES, "torch", "numpy")
+ENGINE_MODULES = ("torch", "numpy")  # building and running kernels on this machine (the worker extra)
+WORKER_MODULES = (*SERVER_MODULES, *ENGINE_MODULES)
 FormatOption = Annotated[str, typer.Option("--format", help="text (tables) or json (one JSON document "
                                                               "on stdout, progress on stderr)")]
 
@@ -89,12 +90,17 @@ def main(_version_option: Annotated[bool, typer.Option(
 
 
 def _needs_extra(command: str, extra: str, modules: tuple[str, ...]) -> None:
-    """A server-side command run from the client install: one line naming the extra, exit 2."""
+    """A command that needs an extra, run from the client install: one line naming the extra, exit 2.
+    Every command that builds or runs kernels here (worker, check, sensitivity, adapter-check,
+    bisect --local) calls it with ENGINE_MODULES before importing worker code
+    (tests/test_cli_ergonomics.py walks every command on a client install)."""
     import importlib.util
 
     missing = [name for name in modules if importlib.util.find_spec(name) is None]
     if missing:
-        raise _fail(f"`optdrift {command}` runs on the server side and needs the {extra} packages "
+        where = ("builds and runs kernels on this machine" if extra == "worker" and "torch" in missing
+                 else "runs on the server side")
+        raise _fail(f"`optdrift {command}` {where} and needs the {extra} packages "
                     f"(missing: {', '.join(missing)}); install them with: pip install 'optdrift[{extra}]'",
                     EXIT_USAGE)
 
@@ -688,7 +694,7 @@ def check(
     output: FormatOption = "text",
 ) -> None:
     """No server: build SOURCE (and BASELINE), run a battery, print the verdict and exit with it."""
-    _needs_extra("check", "worker", ("torch", "numpy"))
+    _needs_extra("check", "worker", ENGINE_MODULES)
     from worker.check import run_check
 
     if device.startswith("cuda") and not _cuda_visible():

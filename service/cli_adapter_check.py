@@ -41,9 +41,9 @@ def adapter_check(
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
 ) -> None:
     """Run a few cases of BATTERY through both engines with ADAPTER and compare every digest."""
-    from service.cli import EXIT_USAGE, _fail, _needs_extra
+    from service.cli import ENGINE_MODULES, EXIT_USAGE, _fail, _needs_extra
 
-    _needs_extra("adapter-check", "worker", ("torch", "numpy"))
+    _needs_extra("adapter-check", "worker", ENGINE_MODULES)
     import torch
 
     from worker.adapters import AdapterError, get_adapter

@@ -360,7 +360,7 @@ def bisect(
 
     url = url or cli.DEFAULT_URL
     if local:
-        cli._needs_extra("bisect --local", "worker", ("torch", "numpy"))
+        cli._needs_extra("bisect --local", "worker", cli.ENGINE_MODULES)
         if project:
             raise cli._fail("--project is for the service; --local runs here and needs none", cli.EXIT_USAGE)
         if device.startswith("cuda") and not cli._cuda_visible():

@@ -46,6 +46,9 @@ def sensitivity(
 ) -> None:
     """Apply each catalogued mutant, build it, run the battery against the unmutated build, and print
     the detection matrix, the catch rate per class, the false positives and the escaped mutants."""
+    from service.cli import ENGINE_MODULES, _needs_extra
+
+    _needs_extra("sensitivity", "worker", ENGINE_MODULES)
     if output not in ("text", "json"):
         raise typer.BadParameter(f"--format {output!r}: use text or json", param_hint="--format")
     if device not in ("cpu", "cuda"):

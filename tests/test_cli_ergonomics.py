@@ -203,3 +203,44 @@ def test_the_readme_settings_paragraph_names_only_settings() -> None:
     settings = {f"OPTDRIFT_{field.upper()}" for field in Settings.model_fields}
     named = set(re.findall(r"\bOPTDRIFT_[A-Z0-9_]*[A-Z0-9]\b", paragraph))
     assert named and named <= settings, named - settings
+
+
+# Every top-level command once on the client install, with the arguments it requires and a URL
+# where nothing listens: each ends in one error line (never a traceback), and the commands that
+# build or run kernels on this machine name the worker extra and how to install it.
+ENGINE_COMMANDS = {
+    "worker": ["worker"], "check": ["check", "--source", "."], "sensitivity": ["sensitivity"],
+    "adapter-check": ["adapter-check", "--adapter", "bundled", "--library", "."],
+    "bisect": ["bisect", "--local", "--repo", ".", "--good", "a", "--bad", "b"],
+}
+OTHER_COMMANDS = {
+    "migrate": ["migrate"], "serve": ["serve"], "token": ["token", "list"], "demo": ["demo"],
+    "submit": ["submit", "--project", "p", "--commit", "c", "--source", "."],
+    "verify": ["verify", "--project", "p", "--base", "b", "--source", "."],
+    "retry": ["retry", "1"], "ack": ["ack", "1", "--note", "intended"], "speed": ["speed", "1"],
+    "notify": ["notify", "deliveries", "--project", "p", "--webhook", "1"],
+}
+
+
+def test_the_command_table_below_covers_every_command() -> None:
+    from service.cli import app
+
+    registered = {command.name or command.callback.__name__ for command in app.registered_commands}
+    registered |= {group.name for group in app.registered_groups}
+    assert registered == set(ENGINE_COMMANDS) | set(OTHER_COMMANDS)
+
+
+@pytest.mark.parametrize("name", sorted({**ENGINE_COMMANDS, **OTHER_COMMANDS}))
+def test_every_command_on_the_client_install_fails_in_one_line(tmp_path: Path, name: str) -> None:
+    args = {**ENGINE_COMMANDS, **OTHER_COMMANDS}[name]
+    takes_url = name not in ENGINE_COMMANDS and name not in ("migrate", "serve", "token")
+    url = ["--url", f"http://127.0.0.1:{free_port()}"] if takes_url else []
+    result = _client_install(tmp_path, *args, *url)
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    assert result.returncode in (2, 4), (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    if name in ENGINE_COMMANDS:
+        assert result.returncode == 2
+        assert "builds and runs kernels on this machine" in lines[0], lines[0]
+        assert "torch" in lines[0] and "pip install 'optdrift[worker]'" in lines[0], lines[0]

@@ -436,3 +436,58 @@ def test_hostile(world: World, name: str) -> None:
         # -s shows what each attack came to (the report of issue 13 lists them)
         print(f"\n[{name}] {time.monotonic() - started:.1f} s; {outcome}")
     assert not problems, f"{name}:\n- " + "\n- ".join(problems)
+
+
+# ----------------------------------------------------------------------------- builds across runs (issue 33)
+TRUST_PROBE_TOML = """[project]
+adapter = "bundled"
+
+[build]
+kind = "command"
+commands = ["sh build.sh"]
+timeout_s = 5
+library = "lib"
+"""
+# timeout_s under both runs' caps (the verify cap here is 8 s): a capped timeout is part of the build's
+# digest, and the attack needs the commit run's digest to equal the verify run's.
+# A build that behaves differently when it sees it is untrusted (a verify build's ccache is
+# read-only), and leaves a large file behind either way.
+TRUST_PROBE_SH = """mkdir -p lib
+if [ -n "$CCACHE_READONLY" ]; then echo planted-by-verify > lib/who.txt; else echo trusted > lib/who.txt; fi
+head -c 80000000 /dev/zero > lib/ballast.bin
+"""
+
+
+def _build_cache_files(world: World, name: str) -> list[Path]:
+    return [p for p in world.target.build_cache.rglob(name) if p.is_file()]
+
+
+def test_a_verify_build_is_never_served_to_a_commit_run_and_leaves_nothing_behind(world: World) -> None:
+    """Issue 33 items 6 and 7 through the API and the worker: a verify run builds tree T (its build
+    plants a marker it would only write when untrusted, and 80 MB of ballast); a commit run of the
+    same T then builds afresh (build_cached false, the trusted marker), and once the verify run's
+    task is over its folder and ballast are gone from the worker's disk."""
+    files = {"optdrift.toml": TRUST_PROBE_TOML, "build.sh": TRUST_PROBE_SH, "probe.txt": secrets.token_hex(8)}
+    verify = world.http.post(f"/api/v1/projects/{PROJECT}/verify", headers={"Authorization": f"Bearer {world.verify_token}"},
+                             data={"base": world.base_sha}, files={"archive": ("t.tar.gz", make_archive(files))})
+    assert verify.status_code == 201, verify.text
+    verify_run = _wait_final(world.http, verify.json()["id"], 120)
+    assert verify_run is not None, world.log_tail()
+    assert verify_run["build_digest"], verify_run
+    planted = [p for p in _build_cache_files(world, "who.txt") if p.read_text().strip() == "planted-by-verify"]
+    deadline = time.monotonic() + 20  # the folder goes when the verify task ends (task_postrun)
+    while planted and time.monotonic() < deadline:
+        time.sleep(0.5)
+        planted = [p for p in planted if p.exists()]
+    assert planted == [], f"the verify build stayed on the worker's disk: {planted}"
+    assert not [p for p in _build_cache_files(world, "ballast.bin") if "verify" in p.parts], "verify ballast left"
+    commit = world.http.post(f"/api/v1/projects/{PROJECT}/commits", headers={"Authorization": f"Bearer {world.submit_token}"},
+                             data={"sha": f"trust-{secrets.token_hex(4)}", "parents": world.base_sha},
+                             files={"archive": ("t.tar.gz", make_archive(files))})
+    assert commit.status_code == 201, commit.text
+    commit_run = _wait_final(world.http, commit.json()["runs"][0]["id"], 120)
+    assert commit_run is not None, world.log_tail()
+    assert commit_run["build_digest"] == verify_run["build_digest"]  # the same tree and recipe
+    assert commit_run["build_cached"] is False, "the commit run took the verify run's build"
+    trusted = [p.read_text().strip() for p in _build_cache_files(world, "who.txt")]
+    assert trusted and set(trusted) == {"trusted"}, trusted

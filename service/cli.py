@@ -207,15 +207,22 @@ def serve(
                      WORKER_MODULES)
     if demo:
         _needs_bundled_kernels("serve --demo")
+    from service.serve_lock import ServeAlreadyRunning, ServeLock
+    from service.settings import get_settings
+
+    public_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    # One serve per OPTDRIFT_HOME (service/serve_lock.py), held until this process ends.
+    try:
+        home_lock = ServeLock(get_settings().home, public_url).acquire()
+    except ServeAlreadyRunning as running:
+        raise _fail(str(running), EXIT_USAGE) from None
     # First, before minutes of anything: a port someone else holds is the commonest failure.
     _port_free_or_fail(host, port)
     import uvicorn
 
     from service.db.migrate import upgrade_to_head
     from service.home_modes import secure_home
-    from service.settings import get_settings
 
-    public_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     if not os.environ.get("OPTDRIFT_PUBLIC_URL"):
         os.environ["OPTDRIFT_PUBLIC_URL"] = public_url
     get_settings.cache_clear()
@@ -268,6 +275,7 @@ def serve(
         if worker_process is not None:
             worker_process.terminate()
             worker_process.wait(timeout=30)
+        home_lock.release()
 
 
 def _busy_port_message(host: str, port: int) -> str:

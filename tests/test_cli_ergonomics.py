@@ -88,6 +88,56 @@ def test_serve_prints_its_url_line_within_seconds(tmp_path: Path) -> None:
         server.wait(timeout=30)
 
 
+def _wait_for_url_line(server: subprocess.Popen) -> str:
+    for line in server.stdout:
+        if line.startswith("optdrift serving"):
+            return line
+    raise AssertionError(f"serve ended without its URL line: {server.wait()}")
+
+
+def test_a_second_serve_on_the_same_home_refuses_and_leaves_the_first_alone(tmp_path: Path) -> None:
+    """One serve per OPTDRIFT_HOME (service/serve_lock.py): the second says which serve holds the
+    home and exits 2 without touching its api-url file; a serve killed outright leaves no stale lock."""
+    import signal
+
+    import httpx
+
+    first_port, second_port = free_port(), free_port()
+    api_url_file = tmp_path / "home" / "api-url"
+    first = _serve(tmp_path, first_port)
+    try:
+        _wait_for_url_line(first)
+        assert api_url_file.read_text().strip() == f"http://127.0.0.1:{first_port}"
+        second = _serve(tmp_path, second_port)
+        try:
+            output, _ = second.communicate(timeout=60)
+        finally:
+            if second.poll() is None:  # it started serving instead of refusing
+                second.kill()
+                second.wait(timeout=30)
+        assert second.returncode == 2, output
+        lines = output.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in output, output
+        assert lines[0].startswith("error: another `optdrift serve` is running on OPTDRIFT_HOME"), lines[0]
+        assert f"pid {first.pid}" in lines[0] and f"http://127.0.0.1:{first_port}" in lines[0], lines[0]
+        assert "another OPTDRIFT_HOME" in lines[0], lines[0]
+        # the first serve's address is still where a worker looks for it, and it still answers
+        assert api_url_file.read_text().strip() == f"http://127.0.0.1:{first_port}"
+        assert httpx.get(f"http://127.0.0.1:{first_port}/healthz").status_code == 200
+    finally:
+        first.send_signal(signal.SIGKILL)  # a crash: no cleanup runs
+        first.wait(timeout=30)
+    # the kernel dropped the dead serve's lock: a new serve starts and takes the api-url file over
+    third = _serve(tmp_path, second_port)
+    try:
+        _wait_for_url_line(third)
+        assert api_url_file.read_text().strip() == f"http://127.0.0.1:{second_port}"
+    finally:
+        third.terminate()
+        third.wait(timeout=30)
+    assert not api_url_file.exists()  # its own file, removed as it stopped
+
+
 def test_serve_on_a_busy_port_says_which_to_pick(tmp_path: Path) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

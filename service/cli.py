@@ -251,6 +251,10 @@ def serve(
                 env={**os.environ, "OPTDRIFT_PUBLIC_URL": settings.public_url,
                      # the worker imports this checkout's packages even when run from another folder
                      "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))})
+        from service.domain import workers
+
+        # the API below runs in this process: until that worker beats, runs wait for it, not for a person
+        workers.embedded_worker_started(environment=settings.worker_environment)
     from service.api.slow_clients import uvicorn_options
 
     # Idle keep-alive, slow-header and slow-body connections are closed (service/api/slow_clients.py).

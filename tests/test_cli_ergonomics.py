@@ -294,3 +294,28 @@ def test_every_command_on_the_client_install_fails_in_one_line(tmp_path: Path, n
         assert result.returncode == 2
         assert "builds and runs kernels on this machine" in lines[0], lines[0]
         assert "torch" in lines[0] and "pip install 'optdrift[worker]'" in lines[0], lines[0]
+
+
+def test_serve_with_its_worker_says_the_worker_is_starting(tmp_path: Path) -> None:
+    """A run submitted as soon as `serve` (with its own worker) listens waits for that worker, which
+    is still starting: never "no live worker ... start one" (issue 34)."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+                              env=_env(tmp_path / "home", OPTDRIFT_MAINTENANCE_INTERVAL_S="0"))
+    try:
+        _wait_for_url_line(server)
+        client = OptdriftClient(f"http://127.0.0.1:{port}",
+                                token=(tmp_path / "home" / "admin-token").read_text().strip())
+        client.ensure_project("embedded")
+        source = tmp_path / "src"
+        source.mkdir()
+        (source / "ops.cpp").write_text("// not built: the test ends before the worker takes it\n")
+        run = client.submit_commit(project="embedded", sha="c1", source_dir=source)["runs"][0]
+        waiting = client.run(run["id"])["waiting_for"]
+        client.close()
+        assert waiting is None or waiting.startswith("the worker `optdrift serve` started for queue cpu is "
+                                                     "starting"), waiting
+    finally:
+        server.terminate()
+        server.wait(timeout=60)

@@ -127,3 +127,30 @@ def test_supervisor_starts_one_celery_worker_per_gpu_with_its_device_and_queue(p
             supervisor.wait()
         log.close()
         print((tmp_path / "supervisor.log").read_text()[-3000:])
+
+
+def test_a_run_waiting_for_the_worker_serve_started_says_it_is_starting(api, db_session):  # noqa: ANN001
+    """`optdrift serve` starts its own worker (issue 34: the demo said "no live worker ... start one"
+    while that worker was still importing torch). Until the worker beats, the run waits for it; past
+    the grace period without a beat, the message says that worker has not reported in."""
+    created = api.post("/api/v1/projects", json={"name": "embedded", "environments": ["cpu"]})
+    assert created.status_code == 201, created.text
+    answer = api.post("/api/v1/projects/embedded/commits", data={"sha": "c1"},
+                      files={"archive": ("s.tar.gz", make_archive({"ops.cpp": "//\n"}), "application/gzip")})
+    assert answer.status_code == 201, answer.text
+    run_id = answer.json()["runs"][0]["id"]
+    try:
+        workers.embedded_worker_started(environment="cpu")
+        waiting = api.get(f"/api/v1/runs/{run_id}").json()["waiting_for"]
+        assert waiting.startswith("the worker `optdrift serve` started for queue cpu is starting"), waiting
+        assert "start one" not in waiting
+        workers.embedded_worker_started(environment="cpu",
+                                        started_at=time.monotonic() - workers.EMBEDDED_WORKER_GRACE_S - 1)
+        waiting = api.get(f"/api/v1/runs/{run_id}").json()["waiting_for"]
+        assert waiting.startswith("no live worker for queue cpu: the worker `optdrift serve` started has not "
+                                  "reported in"), waiting
+        # its beat clears it, as any worker's does
+        workers.beat(session=db_session, name="embedded:1", environment="cpu")
+        assert api.get(f"/api/v1/runs/{run_id}").json()["waiting_for"] is None
+    finally:
+        workers.embedded_worker_stopped()

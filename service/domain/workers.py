@@ -6,6 +6,8 @@ API says so (`waiting_for`) instead of leaving a person to guess why nothing hap
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -18,6 +20,30 @@ from service.db.worker_presence import WorkerPresence
 # A worker beats every PRESENCE_INTERVAL_S; three missed beats and it counts as gone.
 PRESENCE_INTERVAL_S = 10.0
 PRESENCE_STALE_S = 3 * PRESENCE_INTERVAL_S
+# `optdrift serve` (unless --no-worker) starts a worker next to the API it runs in its own process.
+# Until that worker's first beat (it imports torch and Celery first), a queued run waits for it,
+# not for a person to start one; past this long without a beat the worker is reported as not live.
+EMBEDDED_WORKER_GRACE_S = 120.0
+
+
+@dataclass
+class EmbeddedWorker:
+    environment: str
+    started_at: float  # time.monotonic()
+
+
+_embedded_worker: EmbeddedWorker | None = None
+
+
+def embedded_worker_started(*, environment: str, started_at: float | None = None) -> None:
+    """Called by `optdrift serve` in the API's process once it has started its own worker."""
+    global _embedded_worker
+    _embedded_worker = EmbeddedWorker(environment, time.monotonic() if started_at is None else started_at)
+
+
+def embedded_worker_stopped() -> None:
+    global _embedded_worker
+    _embedded_worker = None
 
 
 def beat(*, session: Session, name: str, environment: str, detail: dict[str, Any] | None = None) -> None:
@@ -50,7 +76,16 @@ def waiting_for(*, session: Session, run: Run, stale_after_s: float = PRESENCE_S
     """Why a queued run is not starting, when the reason is known; None otherwise."""
     if run.status != QUEUED:
         return None
-    if not live_workers(session=session, environment=run.environment, stale_after_s=stale_after_s):
-        return (f"no live worker for queue {run.environment}: start one with "
-                f"`OPTDRIFT_WORKER_ENVIRONMENT={run.environment} optdrift worker`")
-    return None
+    if live_workers(session=session, environment=run.environment, stale_after_s=stale_after_s):
+        return None
+    embedded = _embedded_worker
+    if embedded is not None and embedded.environment == run.environment:
+        waited = time.monotonic() - embedded.started_at
+        if waited < EMBEDDED_WORKER_GRACE_S:
+            return (f"the worker `optdrift serve` started for queue {run.environment} is starting "
+                    f"({waited:.0f} s so far); the run begins when it is up")
+        # the path stays off the API (reads may be public); serve printed it, under OPTDRIFT_HOME
+        return (f"no live worker for queue {run.environment}: the worker `optdrift serve` started has not "
+                f"reported in for {waited:.0f} s; see its log, logs/worker.log in OPTDRIFT_HOME")
+    return (f"no live worker for queue {run.environment}: start one with "
+            f"`OPTDRIFT_WORKER_ENVIRONMENT={run.environment} optdrift worker`")

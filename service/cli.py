@@ -70,6 +70,16 @@ ENGINE_MODULES = ("torch", "numpy")  # building and running kernels on this mach
 WORKER_MODULES = (*SERVER_MODULES, *ENGINE_MODULES)
 FormatOption = Annotated[str, typer.Option("--format", help="text (tables) or json (one JSON document "
                                                               "on stdout, progress on stderr)")]
+# After a changed verdict the worker co-runs the baseline on the changed cases: the size of the
+# change (max |Δ|) and its kind (ulp, kind) arrive after the verdict, so --wait waits for them too.
+DetailOption = Annotated[bool, typer.Option(
+    "--detail/--no-detail",
+    help="with a changed verdict, also wait for the co-run detail (each changed case's max |commit − "
+         "baseline|, ulp and kind); --no-detail reports the verdict as soon as it exists")]
+DetailTimeoutOption = Annotated[float, typer.Option(
+    "--detail-timeout", min=0, help="seconds to wait for the co-run detail after the verdict; past it the "
+                                    "verdict is reported and the detail follows on the run page")]
+DEFAULT_DETAIL_TIMEOUT_S = 600.0
 
 
 def _version(value: bool) -> None:
@@ -529,19 +539,31 @@ def run_exit_code(run: dict) -> int:
     return EXIT_OK
 
 
-def wait_and_report(client, run_ids: list[int], *, output: str = "text") -> int:  # noqa: ANN001
+def wait_and_report(client, run_ids: list[int], *, output: str = "text", detail: bool = True,  # noqa: ANN001
+                    detail_timeout_s: float = DEFAULT_DETAIL_TIMEOUT_S) -> int:
     """Progress while the runs go (a bar at a terminal, lines in a log, stderr for `--format
-    json`); then the verdict tables or the JSON document. Returns the exit code."""
-    from service.cli_report import json_report, print_report, wait_with_progress
+    json`); with `detail`, then the co-run detail of changed verdicts (at most `detail_timeout_s`);
+    then the verdict tables or the JSON document. Returns the exit code (the detail never changes it)."""
+    from service.cli_report import (detail_still_coming, json_report, print_report, wait_for_detail_with_progress,
+                                    wait_with_progress)
 
-    final = wait_with_progress(client, run_ids, make_console(stderr=True) if output == "json" else console)
+    progress_console = make_console(stderr=True) if output == "json" else console
+    final = wait_with_progress(client, run_ids, progress_console)
+    pending: list[int] = []
+    if detail:
+        final, pending = wait_for_detail_with_progress(client, final, progress_console,
+                                                       timeout_s=detail_timeout_s)
     codes = {run["id"]: run_exit_code(run) for run in final}
     exit_code = next(code for code in _EXIT_PRECEDENCE if code in codes.values())
     if output == "json":
-        print(json_report(final, exit_code,
+        print(json_report(final, exit_code, detail_still_coming=pending,
                           dashboard_urls={run["id"]: client.dashboard_url(run["id"]) for run in final}))
     else:
         print_report(console, final)
+    for run in final:
+        if run["id"] in pending:
+            print(detail_still_coming(run, timeout_s=detail_timeout_s, dashboard_url=client.dashboard_url(run["id"])),
+                  file=sys.stderr)
     for run in final:
         if run["status"] == "error":  # not the commit's fault: say so, and how to run it again
             print(f"error: run {run['id']} failed in optdrift, not in the commit: "
@@ -563,6 +585,8 @@ def submit(
     wait: Annotated[bool, typer.Option(help="wait for the verdict and exit with it")] = False,
     url: UrlOption = DEFAULT_URL,
     output: FormatOption = "text",
+    detail: DetailOption = True,
+    detail_timeout: DetailTimeoutOption = DEFAULT_DETAIL_TIMEOUT_S,
 ) -> None:
     """CI: submit a commit. With --wait, show progress and exit with the verdict's code."""
     from service.client import OptdriftClient
@@ -586,7 +610,8 @@ def submit(
         for run_id in run_ids:
             say(f"run {run_id}: {client.dashboard_url(run_id)}")
         if wait:
-            raise typer.Exit(wait_and_report(client, run_ids, output=output))
+            raise typer.Exit(wait_and_report(client, run_ids, output=output, detail=detail,
+                                             detail_timeout_s=detail_timeout))
         if output == "json":
             from service.cli_report import json_report
 
@@ -614,6 +639,8 @@ def verify(
     wait: Annotated[bool, typer.Option(help="wait for the verdict")] = True,
     url: UrlOption = DEFAULT_URL,
     output: FormatOption = "text",
+    detail: DetailOption = True,
+    detail_timeout: DetailTimeoutOption = DEFAULT_DETAIL_TIMEOUT_S,
 ) -> None:
     """A contributor without a GPU: run your tree (or patch) on the service's workers against --base."""
     from service.client import OptdriftClient
@@ -637,7 +664,8 @@ def verify(
             say(run["patch_layout"])
         say(f"verify run {run['id']}: {client.dashboard_url(run['id'])}")
         if wait:
-            raise typer.Exit(wait_and_report(client, [run["id"]], output=output))
+            raise typer.Exit(wait_and_report(client, [run["id"]], output=output, detail=detail,
+                                             detail_timeout_s=detail_timeout))
         if output == "json":
             from service.cli_report import json_report
 
@@ -649,6 +677,8 @@ def retry(
     run_id: Annotated[int, typer.Argument(help="the run's id (submit and verify print it)")],
     wait: Annotated[bool, typer.Option(help="wait for the verdict and exit with it")] = False,
     url: UrlOption = DEFAULT_URL,
+    detail: DetailOption = True,
+    detail_timeout: DetailTimeoutOption = DEFAULT_DETAIL_TIMEOUT_S,
 ) -> None:
     """Re-queue a run whose status is `error` (optdrift failed, not the commit)."""
     from service.client import OptdriftClient
@@ -658,7 +688,7 @@ def retry(
         run = client.retry(run_id)
         print(f"run {run['id']} queued again: {client.dashboard_url(run['id'])}")
         if wait:
-            raise typer.Exit(wait_and_report(client, [run["id"]]))
+            raise typer.Exit(wait_and_report(client, [run["id"]], detail=detail, detail_timeout_s=detail_timeout))
 
 
 @app.command(epilog="Exit codes: 0 acknowledged; 2 bad input or a refused request (not admin, "

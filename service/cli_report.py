@@ -229,6 +229,73 @@ def wait_with_progress(client, run_ids: list[int], console: Console) -> list[dic
         return client.wait(run_ids, on_update=update)
 
 
+def detail_phase(run: dict) -> str | None:
+    """What a run's co-run detail waits for, in words, or None when it is complete or none comes."""
+    from service.client import corun_detail
+
+    state = corun_detail(run)
+    if state is None or state.complete:
+        return None
+    if state.with_diffs < state.changed:
+        return (f"waiting for the co-run's per-step |commit − baseline| "
+                f"({state.with_diffs} of {state.changed} cases)")
+    return f"waiting for the attribution (ulp, kind) of {state.changed} changed cases"
+
+
+def wait_for_detail_with_progress(client, runs: list[dict], console: Console,  # noqa: ANN001
+                                  *, timeout_s: float) -> tuple[list[dict], list[int]]:
+    """After the verdicts, wait for the flagged runs' co-run detail (max |Δ|, ulp, kind), showing
+    what it waits for: a live bar at a terminal, a line per change in a log. Returns the runs and
+    the ids whose detail is still coming after `timeout_s`."""
+    waiting = {run["id"]: phase for run in runs if (phase := detail_phase(run))}
+    if not waiting:
+        return runs, []
+    if not console.is_terminal:
+        said: dict[int, str] = {}
+
+        def lines(current: list[dict]) -> None:
+            for run in current:
+                phase = detail_phase(run)
+                if phase and said.get(run["id"]) != phase:
+                    said[run["id"]] = phase
+                    console.print(f"run {run['id']}: {phase}", highlight=False, soft_wrap=True)
+
+        lines(runs)
+        return client.wait_for_detail(runs, on_update=lines, timeout_s=timeout_s)
+    from service.client import corun_detail
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        tasks = {}
+        for run in runs:
+            if run["id"] in waiting:
+                state = corun_detail(run)
+                tasks[run["id"]] = progress.add_task(f"run {run['id']} {waiting[run['id']]}",
+                                                     total=state.changed, completed=state.with_diffs)
+
+        def update(current: list[dict]) -> None:
+            for run in current:
+                if run["id"] in tasks:
+                    state = corun_detail(run)
+                    progress.update(tasks[run["id"]], completed=state.with_diffs,
+                                    description=f"run {run['id']} {detail_phase(run) or 'detail complete'}")
+
+        return client.wait_for_detail(runs, on_update=update, timeout_s=timeout_s)
+
+
+def detail_still_coming(run: dict, *, timeout_s: float, dashboard_url: str) -> str:
+    """The message for a run whose co-run detail did not arrive within the bound."""
+    from service.client import corun_detail
+
+    state = corun_detail(run)
+    got = (f"{state.with_diffs} of {state.changed} changed cases have their per-step |commit − baseline|"
+           + ("" if state.with_diffs < state.changed else ", the attribution (ulp, kind) is not stored yet"))
+    return (f"run {run['id']}: the co-run detail is still coming after {timeout_s:g} s ({got}; a co-run "
+            f"waits behind the runs queued for {run['environment']}). The verdict above stands; max |Δ|, "
+            f"ulp and kind fill in on {dashboard_url} and in GET /api/v1/runs/{run['id']}. "
+            "Wait longer with --detail-timeout SECONDS, or skip this wait with --no-detail.")
+
+
 def json_report(runs: list[dict], exit_code: int, **extra: Any) -> str:  # noqa: ANN401
     """One JSON document on stdout for `--format json`: the final runs (as the API gives them,
     verdicts with every case) and the exit code the command ends with."""

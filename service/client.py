@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,38 @@ FINAL = {"done", "failed", "cancelled", "error"}
 FINAL_WITHOUT_VERDICT = {"cancelled", "error"}
 # The header a verify answer carries when a patch was sent: which layout of it applied.
 PATCH_LAYOUT_HEADER = "Optdrift-Patch-Layout"
+
+
+@dataclass(frozen=True)
+class CorunDetail:
+    """How far a finished run's co-run detail has come. The verdict is stored first; the worker
+    then co-runs the baseline build on the changed cases (worker/baseline_diffs.py), which adds
+    each changed case's per-step |commit − baseline| (all cases at once), and then the attribution
+    (ulp, kind: worker/attribution) beside the verdict."""
+
+    changed: int          # the run's changed cases
+    with_diffs: int       # of them, those whose per-step |commit − baseline| is stored
+    attributed: bool      # the attribution is stored (or its failure, recorded as an error)
+
+    @property
+    def complete(self) -> bool:
+        return self.with_diffs >= self.changed and self.attributed
+
+
+def corun_detail(run: dict) -> CorunDetail | None:
+    """The co-run detail a run's verdict is to receive, or None when none comes: the run has no
+    verdict yet, no baseline to co-run, or no changed case (worker/tasks.py sends a co-run exactly
+    for a done run whose verdict has a baseline and changed cases)."""
+    verdict = run.get("verdict") or {}
+    if run.get("status") != "done" or verdict.get("baseline_run_id") is None:
+        return None
+    detail = verdict.get("detail") or {}
+    changed = [case for case in detail.get("cases", []) if case.get("verdict") == "changed"]
+    if not changed:
+        return None
+    return CorunDetail(changed=len(changed),
+                       with_diffs=sum(1 for case in changed if case.get("max_abs_diff_per_step")),
+                       attributed="attribution" in detail)
 
 
 def token_sources() -> list[tuple[str, "Path | None"]]:
@@ -161,3 +194,20 @@ class OptdriftClient:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"runs {run_ids} not finished after {timeout_s:g} s")
             time.sleep(poll_s)
+
+    def wait_for_detail(self, runs: list[dict], *, on_update: Callable[[list[dict]], None] | None = None,
+                        poll_s: float = 1.0, timeout_s: float = 600.0) -> tuple[list[dict], list[int]]:
+        """Poll final runs until each one's co-run detail is complete (`corun_detail`), for at most
+        `timeout_s`. Returns the runs as last read and the ids of those whose detail is still
+        coming (the verdict stands without it: the detail never changes an outcome)."""
+        deadline = time.monotonic() + timeout_s
+        current = runs
+        while True:
+            pending = [run["id"] for run in current
+                       if (state := corun_detail(run)) is not None and not state.complete]
+            if not pending or time.monotonic() > deadline:
+                return current, pending
+            time.sleep(poll_s)
+            current = [self.run(run["id"]) if run["id"] in pending else run for run in current]
+            if on_update:
+                on_update(current)

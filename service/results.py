@@ -134,6 +134,10 @@ RunVerdictName = Literal["unchanged", "changed", "broken", "no-baseline", "nonde
 class CaseComparison(_Model):
     case_id: str
     optimizer: OptimizerName
+    # The case's kernel family and parameter dtype: its scale (sizes are summarized per family and
+    # dtype, never across them). None in verdicts stored before they were recorded.
+    family: KernelFamily | None = None
+    param_dtype: ParamDtype | None = None
     verdict: CaseVerdict
     message: str | None = None
     first_divergent_step: int | None = Field(None, description="1-based; the first step whose digest differs")

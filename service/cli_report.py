@@ -50,17 +50,27 @@ def run_phase(run: dict) -> str:
     return status
 
 
-def change_size(cases: list[dict]) -> tuple[float | None, float | None, float | None]:
-    """The size of a change over its changed cases: the largest |commit - baseline| of any step
-    (known once the baseline co-run has filled it in), and the largest peak distance to the
-    float64 reference before (baseline) and after (commit)."""
-    changed = [case for case in cases if case["verdict"] == "changed"]
-    diffs = [max(case["max_abs_diff_per_step"]) for case in changed if case.get("max_abs_diff_per_step")]
-    before = [case["baseline_peak_ref64_distance"] for case in changed
-              if case.get("baseline_peak_ref64_distance") is not None]
-    after = [case["commit_peak_ref64_distance"] for case in changed
-             if case.get("commit_peak_ref64_distance") is not None]
-    return (max(diffs) if diffs else None, max(before) if before else None, max(after) if after else None)
+def change_size_cells(cases: list[dict]) -> tuple[str, str]:
+    """The run table's size cells, one line per (kernel family, dtype) of its changed cases
+    (service.verdicts.change_size_by_scale: never one figure across scales): the largest
+    |commit - baseline| of any step (once the co-run has filled it in), and the largest peak
+    distance to the float64 reference before (baseline) → after (commit)."""
+    from service.verdicts import change_size_by_scale
+
+    groups = change_size_by_scale(cases)
+    if not groups:
+        return "-", "-"
+    if len(groups) == 1:  # one scale: the figures alone
+        return _number(groups[0].largest_diff), _distance_text(groups[0].baseline_peak, groups[0].commit_peak)
+    return ("\n".join(f"{g.label}: {_number(g.largest_diff)}" for g in groups),
+            "\n".join(f"{g.label}: {_distance_text(g.baseline_peak, g.commit_peak)}" for g in groups))
+
+
+def size_lines(run: dict) -> list[str]:
+    """The size of a run's change per (kernel family, dtype), in words (8-bit distances explained)."""
+    from service.verdicts import change_size_by_scale
+
+    return [f"run {run['id']}: {group.text}" for group in change_size_by_scale(_cases(run))]
 
 
 def _distance_text(before: float | None, after: float | None) -> str:
@@ -74,19 +84,19 @@ def _cases(run: dict) -> list[dict]:
 def verdict_table(runs: list[dict]) -> Table:
     table = Table(title="optdrift verdict")
     for column in ("run", "commit", "environment", "status", "verdict", "changed cases", "first step",
-                   "max |Δ|", "to float64 before → after", "summary"):
+                   "max |Δ| (per family, dtype)", "to float64 before → after (per family, dtype)", "summary"):
         table.add_column(column)
     for run in runs:
         verdict = run.get("verdict") or {}
         outcome = verdict.get("outcome", "-")
         style = "red" if verdict.get("flagged") else ("green" if outcome == "unchanged" else "")
-        largest_diff, before, after = change_size(_cases(run))
+        largest_diff, distance = change_size_cells(_cases(run))
         text = verdict.get("summary") or run.get("error") or ""
         table.add_row(str(run["id"]), run.get("commit_sha") or f"verify vs {run.get('base_sha')}",
                       run["environment"], run["status"], f"[{style}]{outcome}[/]" if style else outcome,
                       str(verdict.get("changed_cases", "-")),
                       str(verdict.get("first_divergent_step") or "-"),
-                      _number(largest_diff), _distance_text(before, after),
+                      largest_diff, distance,
                       text.splitlines()[0] if text else "")
     return table
 
@@ -174,6 +184,9 @@ def print_report(console: Console, runs: list[dict]) -> None:
         line = (run.get("verdict") or {}).get("attribution_summary")
         if line:
             console.print(f"run {run['id']}: {line}", markup=False, highlight=False, soft_wrap=True)
+    for run in runs:  # issue 34: how large, in each family and dtype's own scale
+        for line in size_lines(run):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     details = full_messages(runs)
     if details:
         console.print("details (in full):", highlight=False)

@@ -14,6 +14,9 @@ Per case:
              wander off the reference and come back by the last step.
   not_applicable   the adapter cannot run the case on this device: listed, not judged;
   nondeterministic repeats of the case on the same build differ from its first run.
+Sizes (how far a change moved the trajectories) are reported per kernel family and parameter dtype
+(`change_size_by_scale`), never as one figure across them: an 8-bit case's distance to float64 is
+its states' quantization error, ~1e4 times an fp32 case's by design.
 Run: broken if a case is broken (or the build failed), else nondeterministic if a case does not
 reproduce itself, else no-baseline when there is nothing to compare with, else changed if a case
 changed, else unchanged.
@@ -23,6 +26,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from service.results import CaseComparison, CaseResult, RunComparison, RunResult
 
@@ -113,7 +119,8 @@ def first_divergent_step(commit_digests: list[str], baseline_digests: list[str])
 
 def compare_case(commit: CaseResult, baseline: CaseResult | None,
                  max_abs_diff_per_step: list[float] | None = None) -> CaseComparison:
-    base = {"case_id": commit.case.case_id, "optimizer": commit.case.optimizer}
+    base = {"case_id": commit.case.case_id, "optimizer": commit.case.optimizer, "family": commit.case.family,
+            "param_dtype": commit.case.param_dtype}
     if commit.status == "not_applicable":
         return CaseComparison(**base, verdict="not_applicable", message=commit.message)
     if commit.status == "broken":
@@ -244,10 +251,10 @@ def summarize(verdict: str, cases: list[CaseComparison], commit: RunResult, base
         lines.append("changed: " + ", ".join(f"{o} {n}" for o, n in sorted(by_optimizer.items())))
         steps = Counter(c.first_divergent_step for c in changed)
         lines.append("first divergent step: " + ", ".join(f"step {s} ({n} cases)" for s, n in sorted(steps.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))[:4]))
-        magnitudes = [(max(c.max_abs_diff_per_step), c.case_id) for c in changed if c.max_abs_diff_per_step]
-        if magnitudes:
-            largest, where = max(magnitudes)
-            lines.append(f"largest |commit - baseline|: {largest:.3e} ({where})")
+        groups = change_size_by_scale(changed)
+        if groups:
+            lines.append("size, per family and dtype (each in its own scale, never compared across them):")
+            lines += [f"  {group.text}" for group in groups]
         directions = Counter(c.direction for c in changed if c.direction)
         ratios = [(c.commit_final_ref64_distance / c.baseline_final_ref64_distance, c.case_id) for c in changed
                   if c.commit_final_ref64_distance is not None and c.baseline_final_ref64_distance]
@@ -266,3 +273,120 @@ def summarize(verdict: str, cases: list[CaseComparison], commit: RunResult, base
                 f"({c.baseline_final_ref64_distance:.3e} -> {c.commit_final_ref64_distance:.3e})"
                 for c in disagreeing]))
     return "\n".join(lines)
+
+
+# Families whose states are quantized: their distance to float64 is the quantization error, by design.
+QUANTIZED_FAMILY_PREFIX = "8bit"
+# A group whose every case's peak distance to float64 moved by less than this factor either way has
+# not changed in scale (what an 8-bit case's quantization-sized distance can say).
+SAME_SCALE_FACTOR = 2.0
+_DTYPE_BY_SHORT = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+_FAMILIES = ("32bit", "8bit_blockwise")
+
+
+def case_scale(case: Mapping[str, Any]) -> tuple[str, str]:
+    """(family, param dtype) of a verdict's case: recorded on it, or for verdicts stored before they
+    were, read from a battery case id (worker/battery.make_case: "optimizer.family.fp32.…");
+    ("unknown family", "unknown dtype") when neither says."""
+    family, dtype = case.get("family"), case.get("param_dtype")
+    if family and dtype:
+        return family, dtype
+    parts = str(case.get("case_id", "")).split(".")
+    if len(parts) > 2 and parts[1] in _FAMILIES and parts[2] in _DTYPE_BY_SHORT:
+        return family or parts[1], dtype or _DTYPE_BY_SHORT[parts[2]]
+    return family or "unknown family", dtype or "unknown dtype"
+
+
+def _finite(value: Any) -> float | None:  # noqa: ANN401
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _sci(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2e}"
+
+
+@dataclass(frozen=True)
+class ScaleGroup:
+    """The changed cases of one (kernel family, parameter dtype): one scale, so one figure."""
+
+    family: str
+    dtype: str
+    cases: int
+    baseline_peak: float | None     # the group's largest peak distance to float64, before (baseline)
+    commit_peak: float | None       # ... and after (commit)
+    ratio_low: float | None         # per case: commit's peak distance / baseline's, smallest and largest
+    ratio_high: float | None
+    largest_diff: float | None      # the group's largest per-step |commit − baseline| (after the co-run)
+    directions: tuple[tuple[str, int], ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.family} {self.dtype}"
+
+    @property
+    def quantized(self) -> bool:
+        return self.family.startswith(QUANTIZED_FAMILY_PREFIX)
+
+    @property
+    def same_scale(self) -> bool:
+        return (self.ratio_low is not None and self.ratio_high is not None
+                and 1 / SAME_SCALE_FACTOR <= self.ratio_low and self.ratio_high <= SAME_SCALE_FACTOR)
+
+    @property
+    def distance_text(self) -> str:
+        """'9.00e-06 → 1.30e-02' (the group's peak distance to float64, before → after)."""
+        if self.baseline_peak is None and self.commit_peak is None:
+            return "-"
+        return f"{_sci(self.baseline_peak)} → {_sci(self.commit_peak)}"
+
+    @property
+    def scale_text(self) -> str:
+        """The move in the cases' own scale: 'unchanged in scale (×0.99)' or '×1.4e+03'."""
+        if self.ratio_low is None or self.ratio_high is None:
+            return "no distance to compare"
+        spread = (f"×{self.ratio_low:.3g}" if f"{self.ratio_low:.3g}" == f"{self.ratio_high:.3g}"
+                  else f"×{self.ratio_low:.3g} to ×{self.ratio_high:.3g} per case")
+        return f"unchanged in scale ({spread})" if self.same_scale else spread
+
+    @property
+    def text(self) -> str:
+        """One line: '32bit float32 (12 cases): peak distance to float64 9.00e-06 → 1.30e-02, ×1.44e+03
+        (12 farther); largest |commit - baseline| 1.25e-02'."""
+        moves = ", ".join(f"{n} {d}" for d, n in self.directions)
+        text = (f"{self.label} ({_cases(self.cases)}): peak distance to float64 {self.distance_text}, "
+                f"{self.scale_text}" + (f" ({moves})" if moves else ""))
+        if self.largest_diff is not None:
+            text += f"; largest |commit - baseline| {self.largest_diff:.2e}"
+        if self.quantized:
+            text += ("; with 8-bit states this distance is their quantization error, large by design: "
+                     "only its change in scale says something")
+        return text
+
+
+def change_size_by_scale(cases: Iterable[CaseComparison | Mapping[str, Any]]) -> list[ScaleGroup]:
+    """The size of a change per (kernel family, parameter dtype) over its changed cases, in a stable
+    order: each group's figures are taken within it and never across groups (an 8-bit case's distance
+    to float64 is its quantization error, ~1e4 times an fp32 case's, so a max across them names the
+    8-bit figure whatever the fp32 cases did). Takes CaseComparison objects (the worker) or their JSON
+    (the API's verdict detail: the CLI)."""
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for case in cases:
+        row = case.model_dump() if isinstance(case, CaseComparison) else case
+        if row.get("verdict") == "changed":
+            groups.setdefault(case_scale(row), []).append(row)
+    result = []
+    for (family, dtype), rows in sorted(groups.items()):
+        before = [v for row in rows if (v := _finite(row.get("baseline_peak_ref64_distance"))) is not None]
+        after = [v for row in rows if (v := _finite(row.get("commit_peak_ref64_distance"))) is not None]
+        ratios = [a / b for row in rows
+                  if (b := _finite(row.get("baseline_peak_ref64_distance")))
+                  and (a := _finite(row.get("commit_peak_ref64_distance"))) is not None]
+        diffs = [d for row in rows for d in (_finite(v) for v in row.get("max_abs_diff_per_step") or [])
+                 if d is not None]
+        directions = Counter(row.get("direction") for row in rows if row.get("direction"))
+        result.append(ScaleGroup(
+            family=family, dtype=dtype, cases=len(rows), baseline_peak=max(before) if before else None,
+            commit_peak=max(after) if after else None, ratio_low=min(ratios) if ratios else None,
+            ratio_high=max(ratios) if ratios else None, largest_diff=max(diffs) if diffs else None,
+            directions=tuple(sorted(directions.items()))))
+    return result

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from datetime import datetime, timezone
 
-from service.domain.dashboard_queries import RunPage
+from service.domain.dashboard_queries import ChangedCase, RunPage
+from service.verdicts import change_size_by_scale
 
 
 def sci(value: float | None, digits: int = 3) -> str:
@@ -113,6 +114,9 @@ def _outcome_sentence(page: RunPage) -> str:
         moves.append(f"{same} stayed at the same distance")
     if moves:
         parts.append("; ".join(moves).capitalize() + " (over the steps that differ).")
+    sizes = size_sentence(changed)
+    if sizes:
+        parts.append(sizes)
     disagreeing = sum(1 for c in changed if c.final_direction and c.final_direction != c.direction)
     if disagreeing:
         parts.append(f"The final step alone reads otherwise for {_plural(disagreeing, 'case')} (marked below).")
@@ -120,3 +124,25 @@ def _outcome_sentence(page: RunPage) -> str:
         parts.append(f"Acknowledged as intended by {verdict.acknowledged_by or 'a maintainer'}: "
                      f"{verdict.acknowledgement_note}")
     return " ".join(parts)
+
+
+def size_sentence(changed: list[ChangedCase]) -> str:
+    """How far the changed cases moved, per kernel family and dtype, each in its own scale (the
+    one grouping every verdict text uses: service.verdicts.change_size_by_scale), never one figure
+    across scales; an 8-bit group's distance is said to be its quantization error."""
+    groups = change_size_by_scale([
+        {"case_id": c.case_id, "verdict": c.verdict, "family": c.family, "param_dtype": c.dtype,
+         "direction": c.direction, "baseline_peak_ref64_distance": c.baseline_peak,
+         "commit_peak_ref64_distance": c.commit_peak,
+         "max_abs_diff_per_step": [c.max_abs_diff] if c.max_abs_diff is not None else None}
+        for c in changed])
+    if not groups:
+        return ""
+    parts = []
+    for group in groups:
+        text = (f"{group.label}, {_plural(group.cases, 'case')}: {sci(group.baseline_peak, 2)} → "
+                f"{sci(group.commit_peak, 2)}, {group.scale_text}")
+        if group.quantized:
+            text += " (with 8-bit states the distance to float64 is their quantization error, large by design)"
+        parts.append(text)
+    return "Peak distance to float64 per family and dtype, each in its own scale: " + "; ".join(parts) + "."

@@ -37,11 +37,6 @@ class Settings(BaseSettings):
     )
     store_dir: Path | None = Field(default=None, description="Source archive store; default <home>/store.")
     build_cache_dir: Path | None = Field(default=None, description="Build cache; default <home>/builds.")
-    harness_cache: Path | None = Field(
-        default=None,
-        description="optdrift's compiled harness (worker/engine/harness.py reads it where a kernel host "
-                    "starts); default ~/.cache/optdrift/harness.",
-    )
     public_url: str = Field(
         default="http://127.0.0.1:8000",
         description="Where workers reach the API to fetch sources (workers may be on other hosts).",
@@ -61,7 +56,7 @@ class Settings(BaseSettings):
     # digests): bit-identical results, many times faster on a GPU. False: one case at a time.
     fast_engine: bool = True
     # Keep one kernel host started ahead of the next run (worker.engine.host_reserve): its start,
-    # mostly importing torch, is 4.4 s of a warm run on the H200. None: on for a CUDA worker, off
+    # mostly importing torch, would otherwise be most of a warm run. None: on for a CUDA worker, off
     # for a CPU worker (where the spare's import would share the cores with the run's verdict).
     warm_host: bool | None = None
     # The kernels' own speed per commit (worker/speed, docs/PERFORMANCE.md): seconds a run may

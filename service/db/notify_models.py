@@ -24,10 +24,8 @@ from service.db.types import UTCDateTime
 # GitHub authentication kinds: a token (a fine-grained or classic PAT, or an Actions token) or a
 # GitHub App installation (app id + private key; the installation is looked up when not given).
 AUTH_TOKEN, AUTH_APP = "token", "app"
-AUTH_KINDS = (AUTH_TOKEN, AUTH_APP)
 # Webhook payload formats: our own JSON document, or Slack's incoming-webhook shape.
 PAYLOAD_JSON, PAYLOAD_SLACK = "json", "slack"
-PAYLOAD_FORMATS = (PAYLOAD_JSON, PAYLOAD_SLACK)
 
 
 class GitHubIntegration(Base):

@@ -9,8 +9,6 @@ from sqlalchemy.orm import Session
 from service.db.models import Project
 from service.domain.errors import ConflictError, NotFoundError
 
-BUILD_KINDS = ("torch-extension", "command")
-
 
 def get_by_name(*, session: Session, name: str) -> Project:
     project = session.scalar(select(Project).where(Project.name == name))

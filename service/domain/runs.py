@@ -139,10 +139,6 @@ def reap_stale(
     return requeued, failed
 
 
-def is_final(run: Run) -> bool:
-    return run.status in FINAL_STATUSES
-
-
 __all__ = ["BUILDING", "CANCELLED", "DONE", "FAILED", "QUEUED", "RUNNING"]
 
 

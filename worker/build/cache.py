@@ -47,9 +47,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 from pydantic import BaseModel
 
@@ -255,15 +254,6 @@ def _try_exclusive(lock_path: Path) -> IO | None:
         return _lock(lock_path, fcntl.LOCK_EX, 0.0)
     except (TimeoutError, OSError):
         return None
-
-
-@contextmanager
-def exclusive_lock(lock_path: Path, timeout_s: float) -> Iterator[None]:
-    handle = _lock(lock_path, fcntl.LOCK_EX, timeout_s)
-    try:
-        yield
-    finally:
-        handle.close()  # closing the only descriptor drops the flock
 
 
 class _Held(threading.local):

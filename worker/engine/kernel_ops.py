@@ -55,11 +55,6 @@ def _ops_registered() -> bool:
     return hasattr(getattr(torch.ops, NAMESPACE), "adam_step")
 
 
-def loaded_library() -> Path | None:
-    """The library this process loaded through `load_build`, or None."""
-    return _loaded_path
-
-
 def load_build(library_path: str | Path) -> Path:
     """Load one build's shared library into this process; idempotent for the same build.
 

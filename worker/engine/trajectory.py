@@ -17,7 +17,6 @@ with the bundled adapter (worker/adapters/bundled.py) and are the default.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Mapping
 from typing import BinaryIO
@@ -46,16 +45,6 @@ def bundled_families() -> Mapping[str, "FamilyAdapter"]:
 # The per-case lifecycle both engines follow (open -> step* -> state_for_digest -> close) is
 # written down with the base class, worker.adapters.base.FamilyAdapter (docs/PROJECTS.md, "The
 # adapter contract"); it is imported above and re-exported, where the engines take family tables.
-
-
-def legacy_blake2b_digest(tensors: list[torch.Tensor]) -> str:
-    """The digest before scheme od2 (stored without a prefix): blake2b-128 over the raw bytes of
-    each tensor in order. Kept to explain old rows; runs now use worker.engine.digest.digest_tensors."""
-    h = hashlib.blake2b(digest_size=16)
-    for tensor in tensors:
-        host = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8)
-        h.update(host.numpy().tobytes())
-    return h.hexdigest()
 
 
 def _nonfinite(tensors: list[torch.Tensor]) -> torch.Tensor:

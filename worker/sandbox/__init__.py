@@ -169,10 +169,6 @@ class SandboxUnavailable(RuntimeError):
     """bubblewrap cannot run here; the message says why and what to do."""
 
 
-def bwrap_executable() -> str | None:
-    return launcher.launcher().bwrap
-
-
 def secret_paths() -> list[Path]:
     """What no sandbox may show: OPTDRIFT_HOME, the database file, the token files, the source store
     and the build cache root (a child sees its own staging folder inside it, nothing more)."""
@@ -318,12 +314,3 @@ def popen(args: list[str], *, limits: SandboxLimits, env: dict[str, str], readab
             log.warning("sandbox: running %s WITH network access: %s", name, reason)
     return subprocess.Popen(args, env=launch_env, start_new_session=True, cwd=cwd,
                             preexec_fn=_make_preexec(limits, isolate), **kwargs)
-
-
-def kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL the child's whole process group (compilers, ninja, torch's workers)."""
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass

@@ -77,7 +77,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
     cases = [c.case for c in commit_result.cases if c.case.case_id in changed_ids]
     stored = {c.case.case_id: c for c in commit_result.cases}
     slot_root = settings.resolved_build_cache_dir / "host-slots"
-    # The two kernel hosts import torch and make their contexts (4.4 s on the H200) while the trees
+    # The two kernel hosts import torch and make their contexts (seconds) while the trees
     # are fetched and built: the worker's waiting spare and one more, given their builds after.
     spares = (host_reserve.spares(2, device=settings.worker_device, slot_root=slot_root)
               if settings.resolved_warm_host else [None, None])
@@ -140,8 +140,8 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
                                     diffs=diffs, started=started, started_at=started_at, phases=phases,
                                     kernels_split=timings, worker=worker_name())
             finally:
-                # After the store, not before: the two CUDA hosts' exits (about a second, together)
-                # no longer delay the detail (H200, round 7).
+                # After the store, not before: the two CUDA hosts' exits (tearing down a device
+                # context each) do not delay the detail.
                 closing = time.monotonic()
                 KernelHost.close_together(list(hosts))
                 log.info("run %s: the co-run's hosts closed in %.2f s", run_id, time.monotonic() - closing)

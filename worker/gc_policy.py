@@ -6,8 +6,8 @@ generation-2, collection). A worker or a kernel host has torch and the engine im
 warm standard battery's answers through the parent 12 times in a row (bench/gc_pauses.py) set one
 off in 4 of the 12 runs, three tries out of three: the slowest run took 0.21-0.22 s where the
 others took 0.08-0.10 s. When one falls due depends only on how many objects have been allocated
-since the last full pass, not on the run, which fits the parent's share of the warm battery
-varying from run to run on the H200 (0.06-0.25 s, docs/PERFORMANCE.md, round 12).
+since the last full pass, not on the run, so left alone it lands in some runs and not others
+and makes the parent's share of a warm battery vary from run to run.
 
 So while a run's results are on their way, the full pass is held off (`full_collections_held`).
 The young generations are still collected, and a run's short-lived cycles die there. The full

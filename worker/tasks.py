@@ -398,7 +398,7 @@ class StoredResults:
     """The run's case results, stored in batches: one transaction holds up to BATCH results and
     the progress they make (`cases_done`), so progress never runs ahead of what is stored, and a
     battery of a thousand cases costs a few dozen commits instead of a thousand (each with its
-    cancel check and heartbeat), which held the kernel host's answers back (docs/PERFORMANCE.md).
+    cancel check and heartbeat), which would hold the kernel host's answers back.
     A batch is written when it is full, FLUSH_AFTER_S after its first result, whenever the kernel
     host has no further result ready (`flush` as the pipeline's on_pause: its results come in
     bursts, one per wave), and at the end."""

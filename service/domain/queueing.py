@@ -83,7 +83,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "control_folder": str(folder / "control"),
             "store_processed": False,
             # kombu polls the folder once a second by default: up to a second of every run's
-            # submit -> verdict spent queued (0.9 s measured on the H200, docs/PERFORMANCE.md).
+            # submit -> verdict spent queued, a large share of a warm run's total.
             # A listing of an almost empty folder ten times a second costs nothing measurable.
             "polling_interval": 0.1,
         }

@@ -69,8 +69,8 @@ def torch_versions() -> tuple[str, str | None]:
     """(torch.__version__, torch.version.cuda) of the installed torch, read from its version.py
     when torch is not imported in this process yet. A build's digest needs only these, and
     importing torch for them cost a parent that never runs a kernel (`optdrift check`, a Celery
-    worker's first spare kernel host) 2-5 s before it could start its hosts, which then import
-    torch themselves (docs/PERFORMANCE.md, round 13). torch's own version.py holds plain
+    worker's first spare kernel host) a whole torch import before it could start its hosts, which
+    then import torch themselves. torch's own version.py holds plain
     assignments; the values are those torch imports as torch.__version__ and torch.version.cuda
     (tests/test_build_cache.py compares the digests made both ways)."""
     torch = sys.modules.get("torch")

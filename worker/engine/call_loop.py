@@ -3,8 +3,8 @@ harness_csrc/call_loop.cpp) over the cases' bound ops.
 
 The fast engine calls each case's kernel once per step through its project's op. For the bundled
 kernels that op call is a kernel_ops.BoundOp; from Python each such call parses its arguments
-against the op's schema again, which on the H200 host cost more than the launch itself
-(bench/op_call_cost.py, docs/PERFORMANCE.md round 8). PreparedCalls converts and checks each
+against the op's schema again, which costs the host more than the launch itself
+(bench/op_call_cost.py measures it). PreparedCalls converts and checks each
 case's arguments once and then makes the same calls, in the same order, through the same
 dispatcher entry, one per case and step: nothing is batched and the kernel sees exactly the call
 its project's API makes. Calls of any other kind (a project's Python function, a library-owned

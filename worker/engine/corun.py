@@ -35,12 +35,12 @@ from worker.engine.host import KernelHost
 
 Progress = Callable[[int, int, CaseResult], None]
 # Parameters per side and chunk: 1 GiB is the standard battery's 2.7 GB of changed cases (the decay
-# reorder) in 4 chunks. Fewer, larger requests: on the H200 their kernels phase took 8.27 s against
-# 12.22 s in 11 chunks of 256 MiB (bench/corun_chunks.py, one run, docs/PERFORMANCE.md). The hosts
+# reorder) in 4 chunks. Fewer, larger requests: each request costs both hosts a round trip and a
+# wave setup, so larger chunks make the kernels phase shorter (bench/corun_chunks.py). The hosts
 # hold a chunk's history on the device and in their file, this process maps it: up to two chunks
 # per side at once. A chunk never exceeds the file size a sandboxed host may write
-# (sandbox.HOST_LIMITS): at 4 GiB the hosts could not write their files and every case fell back to
-# one at a time (78.7 s, the same diffs).
+# (sandbox.HOST_LIMITS): past it the hosts cannot write their files and every case falls back to
+# one at a time (the same diffs, many times slower).
 DEFAULT_CHUNK_BYTES = 1024**3
 
 

@@ -6,8 +6,8 @@ and leaves the context usable: the error is cleared when it is read. An error ra
 runs (an illegal address, a device-side assert) is sticky: every later call in the process fails
 with it, and only a new process gets a working context.
 
-The kernel host restarts only for the second kind. Restarting for the first cost a host start
-(4.4 s on the H200, docs/PERFORMANCE.md) for every case that tripped it: a mutant that launches
+The kernel host restarts only for the second kind. Restarting for the first would cost a host
+start (seconds: importing torch, a new context) for every case that tripped it: a mutant that launches
 zero blocks on one-element 8-bit cases turned a 10 s battery into minutes
 (tests/test_cuda_errors.py, run on the H200).
 """

@@ -104,8 +104,8 @@ def format_digest(lane_a: int, lane_b: int) -> str:
 
 def format_digest_series(lane_a: torch.Tensor, lane_b: torch.Tensor) -> list[list[str]]:
     """`format_digest` of every element pair of two [cases, steps] int64 CPU tensors: each case's
-    series. One hex conversion for the whole history (the wave's results formatted 87,816 digests
-    one by one, 0.10 s on the H200's host, docs/PERFORMANCE.md round 9); the same strings."""
+    series. One hex conversion for the whole history instead of one f-string per digest (a
+    standard battery has tens of thousands); the same strings."""
     cases, steps = lane_a.shape
     # Big-endian 64-bit words as hex are the two's-complement values masked to 64 bits, as
     # format_digest prints them: lane a's word then lane b's, 32 hex digits a step.

@@ -82,7 +82,7 @@ DEFAULT_MAX_WAVE_ELEMENTS = {"cuda": 1 << 26, "cpu": 1 << 23}
 MERGE_PADDING_FRACTION = {"cuda": 0.75, "cpu": 0.0}
 # A wave without references (worker.engine.kernels_only: the warm run, the co-run) has no bundles,
 # so merging saves it nothing and its padding costs every step's gradient ops and observation:
-# the standard battery's 100-step wave is 57M elements merged, 29M not (docs/PERFORMANCE.md, round 10).
+# unmerged, the standard battery's 100-step wave holds about half the elements.
 KERNELS_ONLY_MERGE_PADDING_FRACTION = {"cuda": 0.0, "cpu": 0.0}
 # thread_local, not CUDA's default global mode: see _Wave._capture.
 CAPTURE_ERROR_MODE = "thread_local"
@@ -585,8 +585,8 @@ class _Wave:
         over zeroed buffers, so that the run's first step of a layout only copies its values in and
         replays, as every later step does. Nothing here depends on the build (the graph reads the
         gradient inputs, the parameters and the closed-loop constants, and writes the gradient
-        arenas); the warm-up's gradients are overwritten by the first replay. On the H200 the first
-        step's eager warm-up and capture were most of a warm run's gradient phase (round 13)."""
+        arenas); the warm-up's gradients are overwritten by the first replay. Done in the run, the
+        first step's eager warm-up and capture would be most of its gradient phase."""
         if self.device.type != "cuda" or not GRAPHED_GRADIENTS:
             return
         for step in range(1, self.steps + 1):
@@ -786,9 +786,8 @@ def _captured(device: torch.device, ops: Callable[[], None], undo: Callable[[], 
     it, then `ops` captured into a graph that is returned without being replayed.
 
     torch.cuda.graph's context would also wait for the device and empty the device's and the
-    pinned host memory's caches before each capture (emptying the pinned cache alone took 43 ms
-    for two captures on the H200: docs/gpu-runs/logs/warm_profile_2026-12-02_round8_call3.txt),
-    and those caches hold the steps' pinned gradient inputs. So the capture is
+    pinned host memory's caches before each capture (emptying the pinned cache frees and later
+    re-pins host memory, a slow driver call), and those caches hold the steps' pinned gradient inputs. So the capture is
     begun and ended here directly, on the side stream, after it caught up with the current one."""
     current = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)

@@ -98,10 +98,9 @@ def _lie(case: CaseSpec, protocol, index: int = 0) -> bool:  # noqa: ANN001
 
 
 def result_line(result: CaseResult, **fields: object) -> str:
-    """The protocol line {**fields, "result": result}. pydantic writes the result's JSON itself:
-    a standard battery's 1092 full results in 0.03 s where json.dumps of model_dump took 0.13 s,
-    its digests-only answers (a warm pass) 0.009 s against 0.020 s (bench/result_lines.py, CPU
-    machine); json parses both to the same values, every float bit for bit
+    """The protocol line {**fields, "result": result}. pydantic writes the result's JSON itself,
+    several times faster than json.dumps of model_dump, which first builds every value as a Python
+    object (bench/result_lines.py compares them); json parses both to the same values, every float bit for bit
     (tests/test_host_protocol.py)."""
     head = json.dumps(fields)[:-1]  # '{"index": 3' of '{"index": 3}', or '{' for no fields
     return f'{head}{", " if fields else ""}"result": {result.model_dump_json()}}}\n'
@@ -152,7 +151,7 @@ def host_main(argv: list[str] | None = None) -> int:
         parser.error("--library is required (or --wait-for-build)")
     # Seconds since this module started importing, at the end of each startup phase: sent with the
     # ready line (the parent adds its own spawn-to-ready time), since a host's start is a large
-    # share of a warm run (docs/PERFORMANCE.md, bench/warm_battery_profile.py).
+    # share of a warm run (bench/warm_battery_profile.py reads them).
     startup: dict[str, float] = {}
 
     def mark(phase: str) -> None:

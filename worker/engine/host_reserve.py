@@ -1,17 +1,16 @@
 """Kernel hosts kept started ahead of the work that needs them (issue 18: submit -> verdict on a
 warm commit, and a flagged commit's co-run).
 
-A kernel host's start is mostly `import torch` and the device's context: 4.4 s of a warm run on the
-H200, 3.6 s of it the import (bench/warm_battery_profile.py, docs/PERFORMANCE.md). None of it
-depends on the build, which is only known once a run is taken. So the worker keeps up to KEEP
+A kernel host's start is mostly `import torch` and the device's context: seconds, longer than a
+warm battery itself (bench/warm_battery_profile.py measures it). None of it depends on the build, which is only known once a run is taken. So the worker keeps up to KEEP
 spare hosts (`KernelHost.spare`: sandboxed as every host, with an empty read-only folder of its
 own) that import torch and make the context and then wait; a run links its build into a spare's
 folder and the host loads it (`KernelHost.adopt_build`). One host still runs one build, and a
 spare serves one piece of work only.
 
 KEEP is 2: a run takes one and starts the next at once, so a commit submitted right after a
-verdict finds its host ready (the H200 run of 2026-12-01 round 6: 4.3 s of an 8.3 s warm commit
-was a spare started only after the previous run); a flagged run's co-run takes two (its commit's
+verdict finds its host ready (a spare started only after the previous run would still be
+importing torch when the commit comes); a flagged run's co-run takes two (its commit's
 build and its baseline's, worker/baseline_diffs.py). Each idle spare holds a device context.
 That holds only where hosts run under bubblewrap, whose boxes see no other process. Without it
 (worker.sandbox's weaker fallback), a run's code could signal or trace a spare of the same user

@@ -50,9 +50,8 @@ def _sink(target: np.ndarray | ParamsSink) -> ParamsSink:
 
 class _Staging:
     """A host buffer for the waves' device -> host copies, kept by the process and grown as needed:
-    pinned (page-locked) on CUDA, so the copy runs at the bus's speed and touches no new page. A
-    fresh pageable buffer per wave took 2.1 s per host and co-run on the H200, this 0.55-0.73 s
-    (docs/PERFORMANCE.md, round 7). Pinning falls back to a kept pageable buffer where the driver refuses it."""
+    pinned (page-locked) on CUDA, so the copy runs at the bus's speed and touches no new page (a
+    fresh pageable buffer per wave pays a page fault per page and a staged copy). Pinning falls back to a kept pageable buffer where the driver refuses it."""
 
     def __init__(self) -> None:
         self.buffer: torch.Tensor | None = None
@@ -144,7 +143,7 @@ class ReadyWaves:
     observation and (CUDA) its gradient graphs; only the binding of each step to the build
     (`_Wave.bind_steps`) is left. A warm
     run's first pass over exactly these cases (run_cases_known) takes them instead of setting its
-    waves up, which on the H200 was most of a warm battery's setup (docs/PERFORMANCE.md, round 13).
+    waves up, which is most of a warm battery's setup otherwise.
 
     Only adapters whose open does not call the build may be set up ahead: the spare uses the
     bundled families (worker.adapters.bundled), and a wave is handed only to a run whose adapter

@@ -3,9 +3,8 @@
 
 Why. The fast engine observes every arena every step: each case's non-finite count and its two
 od2 lanes (worker/engine/digest.py). As torch ops that is about twenty int64 kernels per arena,
-each reading and writing the arena widened to 8 bytes an element; on the H200 they were most of
-the warm battery's GPU time (1.42 s of GPU time before, 0.42 s with the op; docs/PERFORMANCE.md,
-round 8). The op reads each element once. Its sums are modulo 2^64 like the torch ops', so the
+each reading and writing the arena widened to 8 bytes an element, which makes the observation,
+not the kernels under test, most of a warm battery's GPU time. The op reads each element once. Its sums are modulo 2^64 like the torch ops', so the
 digests are the same bits either way (tests/test_od2_op.py compares them on every dtype; the fast
 engine's identity tests run with it). `OPTDRIFT_OD2_FUSED=0` turns it off (the torch ops then run).
 """

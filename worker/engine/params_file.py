@@ -55,8 +55,7 @@ class RegionWriter:
     """One case's [steps, size] block of a parameter file, written by the host with pwrite.
 
     pwrite copies into the page cache in the kernel: writing through a mapping of the new file
-    instead faults every page in first: 1.4 s per host and co-run on the H200, against 0.87-0.97 s
-    this way (docs/PERFORMANCE.md, round 7)."""
+    instead faults every page of the new file in first, which costs more than the copy itself."""
 
     def __init__(self, fd: int, region: Region) -> None:
         self.fd, self.region = fd, region

@@ -55,7 +55,7 @@ MAX_SERIES_PER_CASE = 4  # a case's baseline, its commit and a couple more; the 
 MAX_ROWS = 50_000  # about 46 standard batteries' worth of series (~270 MB); oldest used go first
 # A series reused again within this many seconds of its last mark keeps that mark: eviction stays
 # least-recently-used to within ten minutes, and a warm commit soon after the last run writes
-# nothing (marking the standard battery's 1092 series took 0.05 s of its ~1.5 s on the H200).
+# nothing (marking every series of a battery is a write per series on the warm run's path).
 USED_REFRESH_S = 600.0
 _LOOKUP_CHUNK = 500  # case keys per query (SQLite's variable limit)
 # What a metric depends on besides the kernel's parameters (relative to the worker package).

@@ -3,7 +3,7 @@ made with gradients.py's own functions, in threads, ahead of the step that needs
 
 Making them is CPU work that does not depend on the kernels under test: for the standard battery's
 100-step wave 1.13M values and 157K mask elements a step (470 MB for the wave). In a run it competes
-with the step loop and the wave's setup for the host's cores (docs/PERFORMANCE.md, round 9). So a spare kernel host
+with the step loop and the wave's setup for the host's cores. So a spare kernel host
 (worker.engine.host_reserve), which waits for its build with nothing to do, can make them before
 its run comes (`prepare`): the parent tells it which cases to expect (those of the worker's last
 run), it plans their waves as the engine will, and keeps each step's tensors until a wave with the
@@ -51,8 +51,7 @@ def lowest_priority() -> None:
 def _threads(kind: str = "run") -> ThreadPoolExecutor:
     """The process's input threads of `kind`. Making a step's values is CPU work whose torch ops
     release the GIL: up to 15 threads, one core left to the step loop. With the kernel calls made
-    from C++ the loop runs 100 steps in under a second, and 8 threads left it waiting
-    (docs/PERFORMANCE.md, round 8)."""
+    from C++ the loop outpaces fewer threads and would wait on them for each step's values."""
     with _pool_lock:
         if kind not in _pools:
             _pools[kind] = ThreadPoolExecutor(max_workers=max(1, min(15, (os.cpu_count() or 2) - 1)),

@@ -54,8 +54,7 @@ def measure(job, built, policy, *, timing_plan: dict,  # noqa: ANN001
 
     # Asked once more before a host is taken: a run that came while the tree was fetched and built
     # would otherwise lose the spare to the timing, which starts its kernels and is stopped only at
-    # the watcher's first check (H200, round 7 call 2: the run came 0.13 s before the timing took
-    # the spare, the timing yielded 0.36 s later, and the run was claimed 0.55 s after it came).
+    # the watcher's first check, so the run would wait that long and then for a new spare.
     if should_yield is not None and should_yield():
         raise TimingYielded("a run is waiting for this worker")
     host = host_reserve.take(built.library_path, device=policy.device, adapter=job.config.adapter,

@@ -71,7 +71,7 @@ def list_commits(project: str, session: SessionDep, limit: limit_param(50, 500) 
     query = select(Commit).where(Commit.project_id == project_row.id)
     count = session.scalar(select(func.count()).select_from(query.subquery()))
     # Load the page's runs and their verdicts in two IN queries instead of one query per commit and
-    # per run (the N+1 pattern made this list 2.7 s p95 under load).
+    # per run (the N+1 pattern's query count grows with the page and makes the list slow under load).
     rows = session.scalars(
         query.options(selectinload(Commit.runs).selectinload(Run.verdict),
                       selectinload(Commit.runs).joinedload(Run.base_commit))

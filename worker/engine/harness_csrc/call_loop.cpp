@@ -3,7 +3,7 @@
 // The fast engine calls each case's kernel once per step through the op its project registered
 // (worker/engine/kernel_ops.py binds the bundled ones). From Python each call parses its dozen
 // arguments against the op's schema before the dispatcher runs; for a battery of ~87,000 calls
-// that parsing was most of the kernel phase on the H200 (docs/PERFORMANCE.md, round 8). Here each
+// that parsing costs the host more than the dispatch and the launch together. Here each
 // case's arguments are converted and checked against the schema once (`add`), and `run(step)` makes
 // every case's call in order through the same dispatcher entry (OperatorHandle::callBoxed: the
 // same dispatch keys, the same kernel, the same arguments, the step number put in its place).

@@ -220,4 +220,3 @@ def requeue_yielded(*, session: Session, run_id: int, worker: str, note: str) ->
     session.execute(delete(Trajectory).where(Trajectory.run_id == run_id))
     session.commit()
     return True
-import worker.battery  # contract probe

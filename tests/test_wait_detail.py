@@ -7,8 +7,9 @@ return at the verdict, so every changed row read `-` under max |Δ|, ulp and kin
 
 The server is a real `optdrift serve --no-worker` on the embedded default. The verdict and then
 the co-run's detail are written into its database as the worker writes them (tests/test_cli_contract.py
-does the same for run endings); the CLI under test reads them over HTTP like any run. A real worker's
-co-run of the decay-after-update commit is tests/test_e2e_service.py.
+does the same for run endings); the CLI under test reads them over HTTP like any run. The last test
+runs it all for real: `optdrift serve` with its worker, the bundled kernels and the decay-after-update
+commit, `optdrift submit --wait` until the worker's co-run has filled in every changed row.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service_fixtures import REPO_ROOT, free_port, wait_http
+from tests.service_fixtures import REPO_ROOT, free_port, shared_build_cache, start_process, stop_process, wait_http
 from tests.test_cli_contract import OPTDRIFT, SOURCE, write_tree
 
 CHANGED = {  # case id -> (family, param_dtype): an fp32 case and an 8-bit one, as the decay reorder changes
@@ -154,8 +155,9 @@ def _submit_waiting(server: dict, project: str, tmp_path: Path, *extra: str) -> 
         time.sleep(0.2)
 
 
-def _changed_rows(stdout: str) -> dict[str, list[str]]:
-    """The changed-cases table's rows: case id -> cells (rich's box drawing, one line a row)."""
+def _changed_rows(stdout: str, case_ids=CHANGED) -> dict[str, dict[str, str]]:  # noqa: ANN001
+    """The changed-cases table's rows: case id -> column -> cell (rich's box drawing, one line a row);
+    `case_ids=None`: every row whose verdict is changed."""
     lines = stdout.splitlines()
     table = lines[next(i for i, line in enumerate(lines) if line.strip() == "changed cases"):]
     header = next(line for line in table if "max |Δ|" in line)
@@ -163,7 +165,7 @@ def _changed_rows(stdout: str) -> dict[str, list[str]]:
     rows = {}
     for line in table:
         cells = [cell.strip() for cell in line.strip().strip("│").split("│")]
-        if len(cells) == len(columns) and cells[1] in CHANGED:
+        if len(cells) == len(columns) and (cells[1] in case_ids if case_ids else cells[2] == "changed"):
             rows[cells[1]] = dict(zip(columns, cells))
     return rows
 
@@ -220,3 +222,39 @@ def test_help_names_the_flag_that_skips_the_detail(command: str) -> None:
     env = {**os.environ, "COLUMNS": "200"}
     result = subprocess.run([str(OPTDRIFT), command, "--help"], env=env, capture_output=True, text=True, timeout=60)
     assert "--no-detail" in result.stdout and "--detail-timeout" in result.stdout, result.stdout
+
+
+@pytest.mark.slow
+def test_submit_wait_of_the_decay_commit_through_a_real_worker_fills_every_changed_row(tmp_path: Path) -> None:
+    from service.client import OptdriftClient
+    from worker.mutations import copy_tree, decay_after_update
+
+    port, home = free_port(), tmp_path / "home"
+    env = {"OPTDRIFT_HOME": str(home), "OPTDRIFT_BUILD_CACHE_DIR": shared_build_cache(),
+           "OPTDRIFT_MAINTENANCE_INTERVAL_S": "2", "OPTDRIFT_HEARTBEAT_INTERVAL_S": "2",
+           "OPTDRIFT_DATABASE_URL": "", "OPTDRIFT_BROKER_URL": "", "OPTDRIFT_PUBLIC_URL": ""}
+    server = start_process(["serve", "--port", str(port)], env, tmp_path / "serve.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/readyz", timeout_s=90)
+        client = OptdriftClient(url, token=(home / "admin-token").read_text().strip())
+        client.ensure_project("e2e")
+        base = client.submit_commit(project="e2e", sha="base", source_dir=REPO_ROOT / "csrc")
+        client.wait([base["runs"][0]["id"]], timeout_s=900)
+        buggy = decay_after_update(copy_tree(REPO_ROOT / "csrc", tmp_path / "buggy"))
+        cli_env = {k: v for k, v in os.environ.items() if not k.startswith("OPTDRIFT_")}
+        cli_env.update({"OPTDRIFT_HOME": str(home), "COLUMNS": "400"})
+        result = subprocess.run([str(OPTDRIFT), "submit", "--project", "e2e", "--commit", "buggy", "--parent", "base",
+                                 "--source", str(buggy), "--url", url, "--wait"], cwd=REPO_ROOT, env=cli_env,
+                                capture_output=True, text=True, timeout=1200)
+        assert result.returncode == 1, (result.stdout, result.stderr)
+        assert "still coming" not in result.stderr, result.stderr
+        rows = _changed_rows(result.stdout, None)
+        assert rows, result.stdout
+        for case_id, row in rows.items():  # a number in every changed row, never '-'
+            assert float(row["max |Δ|"]) > 0, (case_id, row)
+            assert row["kind"] != "-", (case_id, row)
+        client.close()
+    finally:
+        stop_process(server)
+        print((tmp_path / "serve.log").read_text()[-5000:])

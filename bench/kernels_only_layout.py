@@ -18,7 +18,7 @@ queued before it.
 
 Round 10 also measured a step's kernel calls shared out over 2-4 threads, each on its own CUDA
 stream (commit d35c1e4, this bench's first form): slower at every count, so dropped
-(docs/PERFORMANCE.md, round 10).
+(docs/perf-log/2026-12-03-round-10.md).
 """
 
 from __future__ import annotations

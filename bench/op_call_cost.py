@@ -1,4 +1,4 @@
-"""What one kernel call costs the host, by layer; prints a table (docs/PERFORMANCE.md, round 8).
+"""What one kernel call costs the host, by layer; prints a table (docs/perf-log/2026-12-02-round-8.md).
 
     python bench/op_call_cost.py [--device cuda] [--calls 20000]
 

@@ -4,7 +4,7 @@ kernel host the battery and holding every result, on no device at all.
     python bench/parent_share.py [--battery standard] [--repeat 7]
 
 On the H200 a spare's warm standard battery took 1.46-1.62 s, of which the host's request 1.19-1.39
-s; the rest, ~0.2 s, is the parent (docs/PERFORMANCE.md, round 9). That part is plain Python and
+s; the rest, ~0.2 s, is the parent (docs/perf-log/2026-12-02-round-9.md). That part is plain Python and
 SQLite, so it is measured here on answers made up for the battery's cases: every case known to the
 reference cache with a 100-step (or 1-step) metric series, the host answering digests only, as a
 warm kernels-only pass does. Each line is parsed and checked as KernelHost.run_many does

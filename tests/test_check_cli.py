@@ -67,7 +67,7 @@ def test_no_baseline_runs_the_battery_and_exits_0(tmp_path, csrc_under_test, bui
 def test_a_warm_check_never_imports_torch_in_its_own_process(tmp_path, csrc_under_test, build_cache_dir):
     """Only the kernel hosts run kernels: a check whose builds are cached imports no torch itself,
     so its hosts start at once instead of after a torch import of its own (2 s of a 4-s check on
-    a 2-core machine: docs/PERFORMANCE.md, round 13). Run as the CLI runs, in a fresh process."""
+    a 2-core machine: docs/PERFORMANCE.md). Run as the CLI runs, in a fresh process."""
     import subprocess
     import sys
 

@@ -18,7 +18,7 @@
 # KILL_RESERVE_S (100; it needs about 50: API and workers ~10 s, base ~12 s, the victim to its
 # first cases ~6 s, re-queue ~4 s, re-run ~12 s, stops) of the CALL_S (590).
 # The arithmetic with the 3-4 min of cold imports the last x2 call saw and the 12.07 s warm commit
-# of docs/PERFORMANCE.md (round 3): wheels ~20 s, so the drain gets 590 - 100 - 20 = 470 s (455 for
+# of docs/perf-log/2026-12-01-round-3.md: wheels ~20 s, so the drain gets 590 - 100 - 20 = 470 s (455 for
 # itself); its base is in after ~210 s of cold imports and a ~35 s cold build, the warm commit
 # 12 s later, leaving 455 - 257 = 198 s; per commit 12.07 x 1.15 + 0.5 = 14.4 s:
 # (198 - 40) / (14.4 x 1.5) = 7.3 -> 6 commits. If the spare kernel host (worker.engine.host_reserve)

@@ -43,7 +43,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from service.results import GradientStreamSpec  # noqa: E402
+from service.core.results import GradientStreamSpec  # noqa: E402
 from worker.adapters import get_adapter  # noqa: E402
 from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case  # noqa: E402
 from worker.engine.gradients import GradientStream, initial_parameters  # noqa: E402

@@ -20,7 +20,7 @@ from rich.table import Table
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from service.results import GradientStreamSpec  # noqa: E402
+from service.core.results import GradientStreamSpec  # noqa: E402
 from worker.engine import kernel_ops  # noqa: E402
 from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case  # noqa: E402
 from worker.build import build_extension  # noqa: E402

@@ -1,5 +1,5 @@
 """The kernels' own speed on one device: every bundled kernel timed (worker/speed/timing.py), the
-timing repeated in fresh processes to show that the noise model (service/speed_noise.py) does not
+timing repeated in fresh processes to show that the noise model (service/core/speed_noise.py) does not
 flag a no-change rerun, and a deliberately slowed mutant (worker/speed/mutant.py: an extra pass
 over part of the parameter) to show that it is flagged.
 
@@ -85,7 +85,7 @@ def main() -> int:
 
     import tempfile
 
-    from service.speed_noise import CONFIDENCE, SLOWDOWN_THRESHOLD, compare, summarize
+    from service.core.speed_noise import CONFIDENCE, SLOWDOWN_THRESHOLD, compare, summarize
     from worker.build import build_extension
 
     started = time.monotonic()

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.results import CaseResult, Trajectory  # noqa: E402
+from service.core.results import CaseResult, Trajectory  # noqa: E402
 from worker.battery import load_battery  # noqa: E402
 from worker.engine import reference_cache  # noqa: E402
 from worker.engine.host import checked_result, known_series_result, parse_answer  # noqa: E402

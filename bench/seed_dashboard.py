@@ -7,7 +7,7 @@ Drops and recreates the database (never the test or production one: the name mus
 chain of commits on `main` (every 7th on a feature ref, a release every 50), one done run per commit
 (the newest two still running), CASES trajectories per run (cases from the `standard` battery, with
 per-step float64 series and digests), and a verdict per run whose detail lists every case, as the
-service stores it (summaries written by service.verdicts.summarize). Every 10th commit changes 60
+service stores it (summaries written by service.core.verdicts.summarize). Every 10th commit changes 60
 cases (half farther, half closer), every 97th is broken.
 """
 
@@ -26,8 +26,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from service.results import CaseComparison  # noqa: E402
-from service.verdicts import summarize  # noqa: E402
+from service.core.results import CaseComparison  # noqa: E402
+from service.core.verdicts import summarize  # noqa: E402
 
 PG_HOST_URL = "postgresql://postgres@127.0.0.1:5432"
 CHANGED_PER_FLAGGED_COMMIT = 60
@@ -187,7 +187,7 @@ def verdict_for(index: int, specs: list[dict], rng: random.Random, blobs: list) 
 
 
 def summary_text(outcome: str, comparisons: list[CaseComparison]) -> str:
-    from service.results import RunResult
+    from service.core.results import RunResult
 
     stub = RunResult(battery_name="standard", battery_version=1, battery_digest="b" * 64)
     return summarize(outcome, comparisons, stub, stub)

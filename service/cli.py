@@ -590,7 +590,7 @@ def submit(
 ) -> None:
     """CI: submit a commit. With --wait, show progress and exit with the verdict's code."""
     from service.client import OptdriftClient
-    from service.domain.archives import ArchiveError
+    from service.core.archives import ArchiveError
 
     _format(output)
     _source_folder(source)
@@ -644,7 +644,7 @@ def verify(
 ) -> None:
     """A contributor without a GPU: run your tree (or patch) on the service's workers against --base."""
     from service.client import OptdriftClient
-    from service.domain.archives import ArchiveError
+    from service.core.archives import ArchiveError
 
     _format(output)
     if (source is None) == (patch is None):

@@ -9,7 +9,7 @@ at it, so cases that changed together cost one search. A commit is tested throug
 source folder) or, with `--local`, through the pipeline `optdrift check` runs (worker/pipeline.py:
 the same configuration, build cache and kernel host), where commits of one build digest share
 one battery run. Cases are compared with the good commit's by their per-step digests
-(service.verdicts.compare_case).
+(service.core.verdicts.compare_case).
 
 Exit codes: 0 an answer (every changed case located, or none changed); 2 bad input (not a
 repository, an unknown sha, good not before bad, a --case that matches nothing, an endpoint that
@@ -35,7 +35,7 @@ from service.domain.bisection import (
     Bisection, Finding, case_results_from_api, collapse_unchanged, compare_with_good, differs, select_cases,
 )
 from service.git_history import GitError, HistoryCommit, check_repository, export_tree, first_parent_chain, resolve
-from service.results import CaseResult
+from service.core.results import CaseResult
 
 BISECT_EXIT_CODES = ("Exit codes: 0 an answer (each changed case located, or none changed); 2 bad input "
                      "(repository, sha, --case, an endpoint that does not build); 4 optdrift or service error.")
@@ -103,7 +103,7 @@ class LocalTester:
         return {commit.sha: self._one(commit) for commit in commits}
 
     def _one(self, commit: HistoryCommit) -> Tested:
-        from service.domain.project_config import ProjectConfigError
+        from service.core.project_config import ProjectConfigError
         from worker.battery import BatteryError
 
         tree = export_tree(self.repo, commit.sha, self.source, self.workdir / commit.sha)

@@ -52,10 +52,10 @@ def run_phase(run: dict) -> str:
 
 def change_size_cells(cases: list[dict]) -> tuple[str, str]:
     """The run table's size cells, one line per (kernel family, dtype) of its changed cases
-    (service.verdicts.change_size_by_scale: never one figure across scales): the largest
+    (service.core.verdicts.change_size_by_scale: never one figure across scales): the largest
     |commit - baseline| of any step (once the co-run has filled it in), and the largest peak
     distance to the float64 reference before (baseline) → after (commit)."""
-    from service.verdicts import change_size_by_scale
+    from service.core.verdicts import change_size_by_scale
 
     groups = change_size_by_scale(cases)
     if not groups:
@@ -68,7 +68,7 @@ def change_size_cells(cases: list[dict]) -> tuple[str, str]:
 
 def size_lines(run: dict) -> list[str]:
     """The size of a run's change per (kernel family, dtype), in words (8-bit distances explained)."""
-    from service.verdicts import change_size_by_scale
+    from service.core.verdicts import change_size_by_scale
 
     return [f"run {run['id']}: {group.text}" for group in change_size_by_scale(_cases(run))]
 

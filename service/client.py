@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from service.domain.archives import pack_directory
+from service.core.archives import pack_directory
 
 FINAL = {"done", "failed", "cancelled", "error"}
 # Final without a verdict: cancelled, or `error` (optdrift failed, not the commit).

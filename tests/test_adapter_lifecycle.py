@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from service.domain.project_config import load_project_config
-from service.verdicts import compare_case
+from service.core.project_config import load_project_config
+from service.core.verdicts import compare_case
 from worker.adapters import get_adapter
 from worker.adapters.base import AdapterContractError
 from worker.battery import BatterySpec

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from service.domain.project_config import ProjectConfigError, parse_config
+from service.core.project_config import ProjectConfigError, parse_config
 from worker.adapters import AdapterError, get_adapter
 
 TREE_ADAPTER = '''
@@ -94,7 +94,7 @@ def test_a_host_that_cannot_start_is_not_started_again_for_every_case(adapter_fo
     """An adapter that cannot be imported fails every start the same way: after two failed starts
     the other cases are answered broken at once, with the reason, instead of a start each."""
     pytest.importorskip("torch")
-    from service.results import CaseSpec
+    from service.core.results import CaseSpec
     from worker.engine.host import STARTS_BEFORE_GIVING_UP, KernelHost
 
     cases = [CaseSpec(case_id=f"adam-{seed}", optimizer="adam", hyper={"lr": 0.1, "weight_decay": 0.1},
@@ -151,7 +151,7 @@ def test_the_attribution_reruns_load_a_tree_adapter_from_its_adapter_path(tmp_pa
     trees' adapter folders, as the run's hosts had them: an adapter that lives only in the tree
     loads, and the decay reorder's parameters are recorded from step 1 (without the folders the
     hosts cannot import it and nothing is recorded)."""
-    from service.results import GradientStreamSpec
+    from service.core.results import GradientStreamSpec
     from worker.attribution.pair_run import record_parameters
     from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case
 

@@ -30,7 +30,7 @@ def test_bad_names_say_what_to_use():
 def test_tinyopt_refuses_what_it_does_not_implement():
     import torch
 
-    from service.results import GradientStreamSpec
+    from service.core.results import GradientStreamSpec
     from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case
 
     adapter = get_adapter("tinyopt")

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.domain.archives import pack_directory
+from service.core.archives import pack_directory
 from tests.service_fixtures import (
     API_TEST_REDIS, create_database, drop_database, flush_redis, free_port, start_process,
     stop_process, wait_http,

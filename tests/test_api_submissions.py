@@ -8,7 +8,7 @@ from sqlalchemy import select
 
 from service.db.models import Run
 from service.domain import queueing
-from service.domain.archives import pack_directory, sha256_hex
+from service.core.archives import pack_directory, sha256_hex
 from tests.service_fixtures import API_TEST_REDIS, make_archive
 
 SOURCE = {"ops.cpp": "// kernels\n", "cpu/a.cpp": "int a = 1;\n"}

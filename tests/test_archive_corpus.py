@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.domain.archives import ArchiveError, ArchiveLimits, extract_archive
+from service.core.archives import ArchiveError, ArchiveLimits, extract_archive
 from tests.fixtures.malicious.corpus import GOOD, MAX_EXTRACTED, MAX_MEMBERS, corpus
 
 CORPUS = corpus()
@@ -66,7 +66,7 @@ def test_worker_extraction_refuses_and_writes_nothing(name, archive, phrase, tmp
 
 
 def test_a_good_archive_still_extracts(tmp_path) -> None:
-    from service.domain.archives import pack_directory
+    from service.core.archives import pack_directory
 
     tree = tmp_path / "tree"
     (tree / "cpu").mkdir(parents=True)

@@ -14,7 +14,7 @@ from rich.console import Console
 from service import cli_bisect
 from service.domain.bisection import Bisection, collapse_unchanged, select_cases, tree_groups
 from service.git_history import HistoryCommit
-from service.results import CaseComparison, CaseResult, CaseSpec, Trajectory
+from service.core.results import CaseComparison, CaseResult, CaseSpec, Trajectory
 
 
 def _comparison(case_id: str, changed: bool) -> CaseComparison:

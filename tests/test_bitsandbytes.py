@@ -21,7 +21,7 @@ import torch
 
 bnb = pytest.importorskip("bitsandbytes")
 
-from service.results import GradientStreamSpec  # noqa: E402
+from service.core.results import GradientStreamSpec  # noqa: E402
 from worker.adapters import get_adapter  # noqa: E402
 from worker.battery import OPTIMIZER_HYPER_DEFAULTS, load_battery, make_case  # noqa: E402
 from worker.engine.corun import run_battery  # noqa: E402

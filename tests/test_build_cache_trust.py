@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from service.domain.project_config import parse_config
+from service.core.project_config import parse_config
 from worker.build import cache as build_cache
 from worker.build.cache import LAST_USED, MANIFEST, VERIFY_FOLDER, folder_bytes, release_builds
 from worker.build.extension import build_extension
@@ -132,7 +132,7 @@ def test_verify_build_folders_are_gone_when_the_task_ends(tmp_path: Path):
 def test_a_verify_build_left_by_a_dead_process_goes_with_the_next_verify_build(tmp_path: Path):
     cache = tmp_path / "cache"
     tree = _tree(tmp_path, "left")
-    script = ("import sys; from pathlib import Path; from service.domain.project_config import parse_config; "
+    script = ("import sys; from pathlib import Path; from service.core.project_config import parse_config; "
               "from worker.build.project import build_project; "
               f"r = build_project(Path({str(tree)!r}), parse_config({UNIQUE_OUTPUT!r}), cache_dir=Path({str(cache)!r}), "
               "cuda_archs=[], trusted=False); assert r.ok, r.error; print(r.library_path)")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from service.domain.project_config import ProjectConfigError, parse_config
+from service.core.project_config import ProjectConfigError, parse_config
 from worker.build import build_digest, find_ccache
 from worker.build.host_cpu import depends_on_host, isa_digest, isa_features
 from worker.build.project import build_project, command_digest

@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 from service.db.models import DONE, Commit, Project, Run, SourceArchive, Verdict
 from service.domain import trajectories, verdict_store
-from service.results import CaseResult, CaseSpec, Trajectory
+from service.core.results import CaseResult, CaseSpec, Trajectory
 
 TRACKED = "adam.32bit.fp32.lr=0.1.wd=0.1.open.n64.s0.t3#0000aaaa"
 BYSTANDER = "lion.32bit.fp32.lr=0.1.wd=0.1.open.n64.s0.t3#0000bbbb"
@@ -88,7 +88,7 @@ def test_history_marks_change_points_acknowledgements_and_releases(api, db_sessi
     # Distances exactly as stored (full precision): final step and the largest over the steps.
     assert points["c3"]["final_distance"] == 8e-5 and points["c3"]["max_distance"] == 8e-5
     assert points["c1"]["final_distance"] == 3e-6
-    # Against the first parent, through service.verdicts: step 2 is the first digest that differs.
+    # Against the first parent, through service.core.verdicts: step 2 is the first digest that differs.
     assert (points["c3"]["compared_with"], points["c3"]["change"], points["c3"]["first_divergent_step"],
             points["c3"]["direction"]) == ("c2", "changed", 2, "farther")
     assert (points["c5"]["change"], points["c5"]["direction"]) == ("changed", "closer")

@@ -5,7 +5,7 @@ The decay reorder moves the fp32 cases' peak distance to float64 from ~9e-06 to 
 leaves the 8-bit cases' at ~3.6e4, their states' quantization error, by design. `submit --wait` printed
 "to float64 before → after 3.66e+04 → 3.61e+04": the max over every changed case, so the 8-bit
 figure, whatever the fp32 cases did. The verdict's summary (worker), the CLI's tables and the
-dashboard's sentence all take their figures from service.verdicts.change_size_by_scale.
+dashboard's sentence all take their figures from service.core.verdicts.change_size_by_scale.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from rich.console import Console
 from service.cli_report import print_report
 from service.dashboard.wording import size_sentence
 from service.domain.dashboard_queries import ChangedCase
-from service.results import CaseResult, GradientStreamSpec, RunResult, Trajectory
-from service.verdicts import case_scale, change_size_by_scale, compare_runs
+from service.core.results import CaseResult, GradientStreamSpec, RunResult, Trajectory
+from service.core.verdicts import case_scale, change_size_by_scale, compare_runs
 from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case
 
 FP32 = (9.0e-06, 1.3e-02)        # peak distance to float64, baseline → commit

@@ -190,7 +190,7 @@ def _finish_run(server: dict, run_id: int, *, status: str, outcome: str | None =
 
     from service.db.base import utcnow
     from service.db.models import Run, Verdict
-    from service.results import CaseComparison, RunComparison
+    from service.core.results import CaseComparison, RunComparison
 
     cases = [CaseComparison(case_id="adam-fp32-a1", optimizer="adam",
                             verdict={"changed": "changed", "nondeterministic": "nondeterministic",
@@ -258,7 +258,7 @@ def test_submit_wait_exits_with_the_runs_code(server: dict, tmp_path: Path, stat
 
 
 def test_same_sha_with_other_source_is_a_409_naming_both_digests_exit_2(server: dict, tmp_path: Path) -> None:
-    from service.domain.archives import pack_directory, sha256_hex
+    from service.core.archives import pack_directory, sha256_hex
 
     _project(server, "conflict")
     first_tree = write_tree(tmp_path / "first", SOURCE)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from service.domain.project_config import ProjectConfigError, load_project_config, parse_config
-from service.verdicts import compare_runs
+from service.core.project_config import ProjectConfigError, load_project_config, parse_config
+from service.core.verdicts import compare_runs
 from worker.battery import load_battery
 from worker.engine.corun import corun_battery
 from worker.build.project import build_project
@@ -142,7 +142,7 @@ def test_configuration_errors_name_the_field():
 
 def test_command_builds_run_in_the_sandbox_without_the_workers_secrets(tmp_path, monkeypatch):
     """A submitted build command sees no database URL, broker URL or token, and a scratch HOME."""
-    from service.domain.project_config import ProjectConfig
+    from service.core.project_config import ProjectConfig
     from worker.build.project import build_project
 
     monkeypatch.setenv("OPTDRIFT_DATABASE_URL", "postgresql://user:s3cret-password@db/optdrift")
@@ -166,7 +166,7 @@ def test_build_commands_get_the_workers_python_first_on_path(tmp_path):
     also named by OPTDRIFT_PYTHON, not whatever Python comes first on the worker's PATH."""
     import sys
 
-    from service.domain.project_config import parse_config
+    from service.core.project_config import parse_config
 
     tree = tmp_path / "tree"
     tree.mkdir()

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from alembic import command
 
-from service.domain.archives import sha256_hex
+from service.core.archives import sha256_hex
 from tests.service_fixtures import PG_ADMIN_URL, create_database, drop_database, make_archive
 
 PRIVATE = {"ops.cpp": "// alpha's private kernels\nint secret = 42;\n"}

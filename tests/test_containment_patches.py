@@ -15,7 +15,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from service.domain.archives import ArchiveLimits, extract_archive, pack_directory, sha256_hex
+from service.core.archives import ArchiveLimits, extract_archive, pack_directory, sha256_hex
 from tests.service_fixtures import make_archive
 
 
@@ -196,7 +196,7 @@ def test_the_member_limit_still_counts_git_members() -> None:
     the member or size limits."""
     import pytest
 
-    from service.domain.archives import ArchiveError
+    from service.core.archives import ArchiveError
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:

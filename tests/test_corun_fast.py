@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 from worker.battery import load_battery
 from worker.engine import host_reserve, params_file
 from worker.engine.corun import DEFAULT_CHUNK_BYTES, corun_battery, plan_chunks

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from service.domain.dashboard_queries import badge, direction_counts
-from service.results import CaseComparison, RunResult
-from service.verdicts import summarize
+from service.core.results import CaseComparison, RunResult
+from service.core.verdicts import summarize
 
 
 def _changed(case_id: str, direction: str) -> CaseComparison:

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 
 from service.db.models import Trajectory
 from service.domain import projects, runs, submissions, trajectories, verdict_store
-from service.results import CaseResult, CaseSpec, Trajectory as TrajectoryModel
+from service.core.results import CaseResult, CaseSpec, Trajectory as TrajectoryModel
 from tests.service_fixtures import make_archive
 
 # Values a rounding store would damage: 0.1+0.2 (not 0.3), a subnormal, -0.0, inf, nan.

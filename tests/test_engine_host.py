@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from service.results import GradientStreamSpec
+from service.core.results import GradientStreamSpec
 from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case
 from worker.engine.host import FAULT_ENV, KernelHost
 
@@ -124,7 +124,7 @@ def test_the_params_only_corun_reproduces_run_case_bit_for_bit(kernels_build, tm
     """The co-run's kernels-only path (worker.engine.trajectory.run_params) must step exactly as run_case:
     the same digests every step, the same parameters written, for open- and closed-loop gradients
     and an 8-bit case; only the references are skipped."""
-    from service.results import GradientStreamSpec as Stream
+    from service.core.results import GradientStreamSpec as Stream
 
     cases = [_case("adam", 0), _case("lion", 1),
              make_case(optimizer="adam", family="32bit", param_dtype="float32",

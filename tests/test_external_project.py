@@ -39,7 +39,7 @@ import httpx
 import psycopg
 import pytest
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 from tests.service_fixtures import (
     PG_HOST_URL, REPO_ROOT, create_database, drop_database, flush_redis, free_port, start_process,
     stop_process, wait_http,
@@ -156,7 +156,7 @@ def test_the_battery_covers_what_the_acceptance_needs():
 @pytest.fixture(scope="module")
 def builds(history: History, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """name -> built library, through the `command` build kind (worker/build/project.py)."""
-    from service.domain.project_config import load_project_config
+    from service.core.project_config import load_project_config
     from worker.build.project import build_project
 
     cache = tmp_path_factory.mktemp("capiopt-builds")
@@ -192,7 +192,7 @@ def test_the_adapter_runs_the_build_and_sets_aside_what_it_cannot(builds):
 
 
 def test_the_decay_order_change_is_found_from_step_1(builds):
-    from service.verdicts import compare_runs
+    from service.core.verdicts import compare_runs
     from worker.engine.corun import corun_battery
 
     battery = load_battery(str(FIXTURE / "battery.json"))

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from service.results import CaseResult, CaseSpec, Trajectory
-from service.verdicts import compare_case
+from service.core.results import CaseResult, CaseSpec, Trajectory
+from service.core.verdicts import compare_case
 from worker.engine import digest as od2
 from worker.battery import BatterySpec, load_battery
 from worker.engine.fast import ALIGN, bundle_count, plan_waves, reference_key, run_cases_fast, width_classes

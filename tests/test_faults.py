@@ -155,7 +155,7 @@ def test_faults_lose_nothing(tmp_path: Path) -> None:
             token = (home / "admin-token").read_text().strip()
             api = httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {token}"})
             assert api.post("/api/v1/projects", json={"name": "faults"}).status_code == 201
-            from service.domain.archives import pack_directory
+            from service.core.archives import pack_directory
 
             archive = pack_directory(REPO_ROOT / "csrc")
 

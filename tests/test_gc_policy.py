@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from service.results import GradientStreamSpec
+from service.core.results import GradientStreamSpec
 from worker import gc_policy, tasks
 from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case
 from worker.engine.host import FAULT_ENV, KernelHost

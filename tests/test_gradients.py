@@ -5,7 +5,7 @@ import hashlib
 import pytest
 import torch
 
-from service.results import GradientStreamSpec
+from service.core.results import GradientStreamSpec
 from worker.engine.gradients import GradientStream, _generator, initial_parameters, spread_values
 
 

@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from service.results import CaseResult, CaseSpec, RepeatCheck, Trajectory
+from service.core.results import CaseResult, CaseSpec, RepeatCheck, Trajectory
 from worker.engine.host import checked_result, parse_answer, result_line
 
 CASE = CaseSpec(case_id="adam-protocol", optimizer="adam", hyper={"lr": 1e-3, "beta1": 0.9, "skip_zeros": False},

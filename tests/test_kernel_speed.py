@@ -208,7 +208,7 @@ def test_when_a_run_is_timed() -> None:
     it off anywhere; a project's `kernel_speed = false` turns it off for its runs, before any host starts."""
     from types import SimpleNamespace
 
-    from service.domain.project_config import parse_config
+    from service.core.project_config import parse_config
     from service.settings import Settings
     from worker.speed import record
 

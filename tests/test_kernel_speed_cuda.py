@@ -21,7 +21,7 @@ def _time(families, plan):  # noqa: ANN001, ANN202
 def test_every_bundled_kernel_times_on_cuda_within_the_copy_bandwidth(kernels) -> None:  # noqa: ANN001
     from worker.adapters.bundled import FAMILIES
     from worker.speed.timing import TimingPlan
-    from service.speed_noise import summarize
+    from service.core.speed_noise import summarize
 
     answer = _time(FAMILIES, TimingPlan(sizes=(1 << 20,), repeats=20))
     assert len(answer["timings"]) == 24 and not answer["restart"]
@@ -38,7 +38,7 @@ def test_the_slowed_mutant_is_flagged_and_a_rerun_is_not(kernels) -> None:  # no
     from worker.adapters.bundled import FAMILIES
     from worker.speed.mutant import slowed_families
     from worker.speed.timing import TimingPlan
-    from service.speed_noise import compare
+    from service.core.speed_noise import compare
 
     plan = TimingPlan(sizes=(1 << 24,), repeats=50, optimizers=("adam",), families=("32bit",), dtypes=("float32",))
     base, again = _time(FAMILIES, plan), _time(FAMILIES, plan)

@@ -1,4 +1,4 @@
-"""service/speed_noise.py: the bootstrap comparison of kernel timings, on synthetic samples.
+"""service/core/speed_noise.py: the bootstrap comparison of kernel timings, on synthetic samples.
 
 Synthetic kernel timings: a 100 us step with 1 % multiplicative jitter (lognormal, sigma 0.01)
 and an occasional 30 % outlier (a preempted launch), 50 samples per run as a CUDA worker takes
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.speed_noise import SLOWDOWN_THRESHOLD, compare, summarize, worst
+from service.core.speed_noise import SLOWDOWN_THRESHOLD, compare, summarize, worst
 
 SAMPLES = 50
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 from tests.lion_project import FIXTURE, LionHistory, make_history
 from tests.service_fixtures import REPO_ROOT
 from worker.adapters import AdapterError, get_adapter

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from service.db.models import Run, Trajectory
 from service.domain import redaction, runs, trajectories
-from service.results import CaseResult, CaseSpec
+from service.core.results import CaseResult, CaseSpec
 from service.settings import Settings
 from tests.test_db_runs import _commit_run
 from worker.sandbox import log_tail

@@ -15,8 +15,8 @@ import sqlite3
 import pytest
 import torch
 
-from service.results import CaseResult, EnvironmentFingerprint, Trajectory
-from service.domain.project_config import load_project_config
+from service.core.results import CaseResult, EnvironmentFingerprint, Trajectory
+from service.core.project_config import load_project_config
 from worker import pipeline
 from worker.battery import load_battery
 from worker.engine import reference_cache

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case
-from service.results import GradientStreamSpec
+from service.core.results import GradientStreamSpec
 from worker.references.optimizers import AdEMAMixReference, LionReference, make_reference
 
 

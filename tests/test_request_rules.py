@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from service.domain.archives import ArchiveError, ArchiveLimits, extract_archive
+from service.core.archives import ArchiveError, ArchiveLimits, extract_archive
 from service.domain.errors import BadInputError
 from service.domain.patches import PatchLimits, check_patch
 from tests.service_fixtures import make_archive

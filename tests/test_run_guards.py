@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from service.domain.project_config import parse_config
+from service.core.project_config import parse_config
 from service.settings import Settings
 from worker import sandbox
 from worker.battery import BUILTIN_BATTERIES, BatteryError, battery_from_tree

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 from worker.battery import BatterySpec
 from worker.sensitivity.catalogue import CatalogueError, load_catalogue
 from worker.sensitivity.engine import SensitivityRun, attribution_label, attribution_sample

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from service.domain.project_config import BUILD_ENV_NAMES, ProjectConfig, ProjectConfigError, parse_config
+from service.core.project_config import BUILD_ENV_NAMES, ProjectConfig, ProjectConfigError, parse_config
 from worker import sandbox
 from worker.build import project as command_build
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from service.domain import projects, runs, submissions, trajectories, verdict_store
-from service.results import CaseResult, CaseSpec, RepeatCheck, Trajectory
+from service.core.results import CaseResult, CaseSpec, RepeatCheck, Trajectory
 from tests.service_fixtures import make_archive
 
 REASON = "the library has no bfloat16 32-bit kernel for adam"

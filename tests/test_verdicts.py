@@ -4,10 +4,10 @@ import json
 import math
 import struct
 
-from service.results import CaseResult, RunComparison, RunResult, Trajectory
-from service.verdicts import (DIRECTION_RELATIVE_MARGIN, DIRECTION_RELATIVE_MARGIN_16BIT, compare_runs, direction,
+from service.core.results import CaseResult, RunComparison, RunResult, Trajectory
+from service.core.verdicts import (DIRECTION_RELATIVE_MARGIN, DIRECTION_RELATIVE_MARGIN_16BIT, compare_runs, direction,
                               first_divergent_step)
-from service.results import GradientStreamSpec
+from service.core.results import GradientStreamSpec
 from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case
 
 AWKWARD_FLOATS = [0.1 + 0.2, 5e-324, -0.0, 1.7976931348623157e308, 2.0 ** -126, 1 / 3, math.nextafter(1.0, 2.0),
@@ -243,7 +243,7 @@ def test_where_final_and_trajectory_agree_the_summary_says_nothing_more():
 
 # ----------------------------------------------------------------------------- cases set aside
 def test_not_applicable_and_nondeterministic_are_counted_listed_and_never_broken():
-    from service.results import RepeatCheck
+    from service.core.results import RepeatCheck
 
     ok, aside, unsteady = _case(seed=0), _case(seed=1), _case(seed=2)
     reason = "no bfloat16 32-bit kernel for adam in this library"

@@ -70,7 +70,7 @@ def _baseline_run(server: dict, project: str, tmp_path: Path) -> int:
     """A done run of the parent commit with its no-baseline verdict, as a worker leaves it."""
     from service.db.base import utcnow
     from service.db.models import Run, Verdict
-    from service.results import RunComparison
+    from service.core.results import RunComparison
 
     client = _client(server)
     client.ensure_project(project)
@@ -91,7 +91,7 @@ def _changed_verdict(server: dict, run_id: int, baseline_run_id: int) -> None:
     """The verdict as the run's worker stores it: changed cases, no co-run detail yet."""
     from service.db.base import utcnow
     from service.db.models import Run, Verdict
-    from service.results import CaseComparison, RunComparison
+    from service.core.results import CaseComparison, RunComparison
 
     cases = [CaseComparison(case_id=case_id, optimizer="adam", verdict="changed", first_divergent_step=1,
                             family=family, param_dtype=dtype, direction="farther", final_direction="farther",

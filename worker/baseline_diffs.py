@@ -28,10 +28,10 @@ from sqlalchemy import select
 from service.db.models import DONE, Project, Run, Verdict
 from service.db.session import get_sessionmaker
 from service.domain import trajectories
-from service.domain.project_config import load_project_config
+from service.core.project_config import load_project_config
 from service.domain.storage import archive_limits
 from service.settings import Settings
-from service.verdicts import compare_runs
+from service.core.verdicts import compare_runs
 from worker.attribution.record import store_attribution
 from worker.source_fetch import fetch_source
 

@@ -2,7 +2,7 @@
 
 A battery is a list of groups; each group is a cartesian product
 optimizers × families × parameter dtypes × hyperparameter points × gradient streams × seeds × sizes,
-run for a number of steps. Expanding a battery gives `service.results.CaseSpec`s with every kernel
+run for a number of steps. Expanding a battery gives `service.core.results.CaseSpec`s with every kernel
 argument filled in, so a stored case never depends on defaults that might change later.
 
 Validation collects every problem of a spec into one pydantic ValidationError (unknown optimizer,
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from service.results import CaseSpec, GradientStreamSpec, KernelFamily, OptimizerName, ParamDtype
+from service.core.results import CaseSpec, GradientStreamSpec, KernelFamily, OptimizerName, ParamDtype
 
 # The kernel schema's float/bool arguments per optimizer (csrc/ops.cpp), with the defaults a case
 # gets when its point does not set them. Defaults follow torch.optim / the papers.

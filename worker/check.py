@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from service.results import RunComparison
+from service.core.results import RunComparison
 
 EXIT_OK, EXIT_CHANGED, EXIT_BAD_INPUT, EXIT_BROKEN, EXIT_ERROR, EXIT_NONDETERMINISTIC = 0, 1, 2, 3, 4, 5
 EXIT_BY_VERDICT = {"unchanged": EXIT_OK, "no-baseline": EXIT_OK, "changed": EXIT_CHANGED,
@@ -104,7 +104,7 @@ def run_check(source: Path, baseline: Path | None, battery: str | None = None, *
                   "or the kernel source folder, e.g. csrc)")
             return EXIT_BAD_INPUT
 
-    from service.domain.project_config import ProjectConfigError, load_project_config
+    from service.core.project_config import ProjectConfigError, load_project_config
     from worker import pipeline
     from worker.battery import BatteryError
 

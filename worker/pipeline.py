@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from service.domain.project_config import ProjectConfig, ProjectConfigError, load_project_config
-from service.results import CaseResult, CaseSpec, EnvironmentFingerprint, RepeatCheck, RunComparison, RunResult
-from service.verdicts import compare_runs, first_divergent_step
+from service.core.project_config import ProjectConfig, ProjectConfigError, load_project_config
+from service.core.results import CaseResult, CaseSpec, EnvironmentFingerprint, RepeatCheck, RunComparison, RunResult
+from service.core.verdicts import compare_runs, first_divergent_step
 from worker.battery import BUILTIN_BATTERIES, BatterySpec, battery_from_file, battery_from_tree
 from worker.build import BuildResult
 from worker.engine import reference_cache

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from service.domain.archives import ArchiveLimits, extract_archive, sha256_hex
+from service.core.archives import ArchiveLimits, extract_archive, sha256_hex
 
 
 class SourceFetchError(RuntimeError):

@@ -467,7 +467,7 @@ def _baseline_digests(session, run: Run) -> dict[str, list[str]]:  # noqa: ANN00
 
 def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) -> str:
     from service.db.models import Project
-    from service.domain.project_config import ProjectConfigError
+    from service.core.project_config import ProjectConfigError
     from worker import pipeline
     from worker.battery import BatteryError
 

@@ -16,7 +16,7 @@ from service.db.models import ERROR, FAILED, Commit, Run, Trajectory, Verdict
 from service.domain import attribution_view
 from service.domain.trajectories import unpack_series
 from service.domain.workers import waiting_for
-from service.results import CaseVerdict
+from service.core.results import CaseVerdict
 
 
 # Every case verdict, so the counts name each one (a CLI reads counts["not_applicable"] as is).
@@ -103,7 +103,7 @@ def commit_public(commit: Commit, waiting_cache: dict | None = None) -> CommitPu
 
 
 def _json_float(value: float | int) -> float | int | str:
-    # JSON has no NaN/Infinity: write them as strings, as service.results does.
+    # JSON has no NaN/Infinity: write them as strings, as service.core.results does.
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     return value

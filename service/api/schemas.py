@@ -127,7 +127,7 @@ class VerdictPublic(BaseModel):
     # Issue 17: per changed case, rounding-level or semantic and which variant (after the co-run).
     attribution: list[CaseAttributionPublic] = []
     attribution_summary: str | None = None
-    # The full comparison (service.results.RunComparison) with per-case detail.
+    # The full comparison (service.core.results.RunComparison) with per-case detail.
     detail: dict[str, Any]
 
 

@@ -6,7 +6,7 @@ import math
 from datetime import datetime, timezone
 
 from service.domain.dashboard_queries import ChangedCase, RunPage
-from service.verdicts import change_size_by_scale
+from service.core.verdicts import change_size_by_scale
 
 
 def sci(value: float | None, digits: int = 3) -> str:
@@ -128,7 +128,7 @@ def _outcome_sentence(page: RunPage) -> str:
 
 def size_sentence(changed: list[ChangedCase]) -> str:
     """How far the changed cases moved, per kernel family and dtype, each in its own scale (the
-    one grouping every verdict text uses: service.verdicts.change_size_by_scale), never one figure
+    one grouping every verdict text uses: service.core.verdicts.change_size_by_scale), never one figure
     across scales; an 8-bit group's distance is said to be its quantization error."""
     groups = change_size_by_scale([
         {"case_id": c.case_id, "verdict": c.verdict, "family": c.family, "param_dtype": c.dtype,

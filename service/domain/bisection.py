@@ -4,7 +4,7 @@ Pure logic: no git, no HTTP, no torch. The caller (service/cli_bisect.py) walks 
 commits (through the service or locally) and feeds their results here.
 
 Commits are indexed 0..n along the first-parent line, 0 the good commit and n the bad one. A case
-"differs" at a commit when service.verdicts.compare_case of that commit's result against the good
+"differs" at a commit when service.core.verdicts.compare_case of that commit's result against the good
 commit's reads changed, broken or nondeterministic (per-step digests: the same comparison the
 service's verdicts make). For every case that differs at n, the search keeps an interval
 (last_same, first_differing]: the latest commit known to give the good commit's bits and the
@@ -23,8 +23,8 @@ import fnmatch
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from service.results import CaseComparison, CaseResult, CaseSpec, Trajectory
-from service.verdicts import compare_case
+from service.core.results import CaseComparison, CaseResult, CaseSpec, Trajectory
+from service.core.verdicts import compare_case
 
 # Case verdicts against the good commit that count as "this case differs here".
 DIFFERING_VERDICTS = frozenset({"changed", "broken", "nondeterministic"})

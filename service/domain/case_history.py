@@ -5,7 +5,7 @@ JSON API).
 A commit's point is its run's trajectory of the case in one environment (a case id names its whole
 spec, so runs of different batteries that share the case agree on what it is). "Changed here"
 compares that trajectory with the one of the commit it descends from: its first parent when that
-has a run of the case, else its verdict's baseline run, through service.verdicts.compare_case, the
+has a run of the case, else its verdict's baseline run, through service.core.verdicts.compare_case, the
 comparison every verdict makes (per-step digests; direction against the float64 reference).
 
 One query loads the case's rows (not the verdicts' case lists, which hold every case of a battery);
@@ -28,8 +28,8 @@ from service.domain.bisection import DIFFERING_VERDICTS
 from service.domain.dashboard_queries import get_project
 from service.domain.errors import NotFoundError
 from service.domain.trajectories import row_to_case_result
-from service.results import CaseResult
-from service.verdicts import compare_case
+from service.core.results import CaseResult
+from service.core.verdicts import compare_case
 
 DEFAULT_LIMIT = 200
 MAX_ANCESTRY_WALK = 200  # as service.domain.baselines walks to a baseline
@@ -100,7 +100,7 @@ def _distances(result: CaseResult) -> tuple[float | None, float | None]:
     series = result.trajectory.ref64_max_abs if result.trajectory else []
     if not series:
         return None, None
-    # A NaN anywhere makes the peak NaN (shown as a gap), as service.verdicts reads peaks.
+    # A NaN anywhere makes the peak NaN (shown as a gap), as service.core.verdicts reads peaks.
     peak = math.nan if any(math.isnan(v) for v in series) else max(series)
     return _finite(series[-1]), _finite(peak)
 

@@ -25,7 +25,7 @@ VERDICT_FILTERS = ("unchanged", "changed", "broken", "nondeterministic", "no-bas
                    "flagged")
 PAGE_SIZE = 50
 
-# service.verdicts.summarize writes "vs float64 reference: 3 closer, 5 farther ..."; the overview
+# service.core.verdicts.summarize writes "vs float64 reference: 3 closer, 5 farther ..."; the overview
 # reads the direction counts from that one line instead of parsing every case of `detail`.
 _DIRECTION_LINE = re.compile(r"^vs float64 reference:(.*)$", re.MULTILINE)
 _DIRECTION_COUNT = re.compile(r"(\d+) (closer|farther|same)\b")

@@ -2,7 +2,7 @@
 
 A run's kernels are compared with the kernels of the run the trajectory verdict uses as its
 baseline (service.domain.baselines.choose), kernel by kernel (same kernel, parameter dtype and
-size), with the noise model of service/speed_noise.py. The speed verdict is kept apart from the
+size), with the noise model of service/core/speed_noise.py. The speed verdict is kept apart from the
 trajectory verdict: a slower kernel never changes the run's outcome or the CLI's exit code unless
 asked (`optdrift speed --fail-on-slowdown`).
 
@@ -66,7 +66,7 @@ class RunSpeed:
 def store(*, session: Session, run_id: int, answer: dict) -> int:
     """The kernel host's `time_kernels` answer (worker/speed/timing.py) as rows of `run_id`,
     replacing any earlier timing of the run (a retried run times again). Returns rows stored."""
-    from service.speed_noise import summarize
+    from service.core.speed_noise import summarize
 
     session.query(KernelSpeed).filter(KernelSpeed.run_id == run_id).delete()
     device = str(answer.get("device", ""))[:200]
@@ -110,7 +110,7 @@ _comparisons_lock = threading.Lock()
 
 
 def _compared(row: KernelSpeed, other: KernelSpeed):  # noqa: ANN202
-    from service.speed_noise import compare
+    from service.core.speed_noise import compare
 
     key = (row.id, other.id)
     with _comparisons_lock:
@@ -140,7 +140,7 @@ def _baseline_run(session: Session, run: Run) -> Run | None:
 
 def run_speed(*, session: Session, run: Run) -> RunSpeed:
     """This run's timings against its baseline's, kernel by kernel."""
-    from service.speed_noise import CONFIDENCE, SLOWDOWN_THRESHOLD, worst
+    from service.core.speed_noise import CONFIDENCE, SLOWDOWN_THRESHOLD, worst
 
     own = rows(session=session, run_id=run.id)
     baseline = _baseline_run(session, run)

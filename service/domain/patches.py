@@ -18,7 +18,7 @@ config, an empty HOME, an environment of only the variables set here (none of th
 an `info/attributes` that unsets every attribute with a conversion or a driver, which outranks any
 `.gitattributes` in the tree. A filter, diff or merge driver named by the tree therefore has no
 definition and nothing to run, and file bytes are written exactly as the patch says.
-(The archives never bring `.git` onto disk either: service/domain/archives.py leaves it out.)
+(The archives never bring `.git` onto disk either: service/core/archives.py leaves it out.)
 """
 
 from __future__ import annotations

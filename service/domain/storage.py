@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.db.models import Project, SourceArchive, SourceArchiveProject
-from service.domain.archives import ArchiveLimits, sha256_hex, summarize_archive
+from service.core.archives import ArchiveLimits, sha256_hex, summarize_archive
 from service.settings import Settings
 
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")

@@ -17,13 +17,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.db.models import ERROR, Commit, Project, Run
-from service.domain.archives import (
+from service.core.archives import (
     ArchiveError, extract_archive, file_names, pack_directory, read_root_file, sha256_hex, summarize_archive,
 )
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
 from service.domain.patch_layout import apply_patch_any_root
 from service.domain.patches import PatchLimits
-from service.domain.project_config import CONFIG_FILE, ProjectConfigError, config_defaults, parse_config
+from service.core.project_config import CONFIG_FILE, ProjectConfigError, config_defaults, parse_config
 from service.domain.submission_rules import BUILTIN_BATTERIES, check_battery, check_environments
 from service.domain.storage import UnknownSourceError, archive_limits, get_archive, store_archive
 from service.settings import Settings
@@ -87,7 +87,7 @@ def _source(
 
 def _check_tree_config(archive: bytes, *, settings: Settings, project: Project, battery: str | None) -> None:
     """The tree's optdrift.toml over the project's registered fields, validated here as the worker
-    will (service.domain.project_config), and the battery the run will take: a configuration the
+    will (service.core.project_config), and the battery the run will take: a configuration the
     worker would refuse (a build.env outside the build knobs, a path out of the tree) or a battery
     that is neither built in nor a file of the tree (`--battery quik`) is bad input now, not a
     failed run later."""

@@ -1,6 +1,6 @@
 """Trajectories in the database: per-step series packed as raw little-endian bytes (float64 for
 measurements, int64 for counts) so storage is compact and bit-exact, and converted back into the
-shared result models (service.results) for comparison and the API."""
+shared result models (service.core.results) for comparison and the API."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from service.db.models import Run, Trajectory
 from service.domain import redaction
-from service.results import CaseResult, CaseSpec, EnvironmentFingerprint, RunResult
-from service.results import Trajectory as TrajectoryModel
+from service.core.results import CaseResult, CaseSpec, EnvironmentFingerprint, RunResult
+from service.core.results import Trajectory as TrajectoryModel
 
 # name -> array typecode: "d" float64, "q" int64. Order is storage order.
 SERIES: dict[str, str] = {

@@ -1,4 +1,4 @@
-"""Compute and store a run's verdict against its baseline (comparison logic: service.verdicts)."""
+"""Compute and store a run's verdict against its baseline (comparison logic: service.core.verdicts)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from service.db.models import DONE, FAILED, Run, Verdict
 from service.domain import baselines, trajectories
 from service.domain.errors import ConflictError, NotFoundError
-from service.results import RunComparison
+from service.core.results import RunComparison
 
 # Outcomes that fail CI until acknowledged. nondeterministic too: a kernel that does not reproduce
 # itself is a finding the maintainer must see, though not a change against the baseline.
@@ -19,7 +19,7 @@ FLAGGING_OUTCOMES = ("changed", "broken", "nondeterministic")
 
 
 def _compare(commit_result, baseline_result) -> RunComparison:  # noqa: ANN001
-    from service import verdicts  # the engine engineer's pure-python comparison
+    from service.core import verdicts  # the engine engineer's pure-python comparison
 
     return verdicts.compare_runs(commit_result, baseline_result)
 

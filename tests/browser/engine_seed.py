@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from service.results import RunResult
+from service.core.results import RunResult
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "bundled"
@@ -100,9 +100,9 @@ def run_engine(cache_dir: Path) -> EngineRun:
 
 def seed(session, engine: EngineRun) -> Seeded:  # noqa: ANN001
     from service.db.models import DONE, ERROR, FAILED, RUNNING, Commit, Project, Run, SourceArchive, Verdict
-    from service.results import RepeatCheck
+    from service.core.results import RepeatCheck
     from service.domain import trajectories, verdict_store
-    from service.verdicts import compare_runs
+    from service.core.verdicts import compare_runs
 
     start = datetime(2025, 1, 6, 9, 0, tzinfo=timezone.utc)
     project = Project(name=PROJECT, environments=["cpu"], created_at=start)

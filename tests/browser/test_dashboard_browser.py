@@ -6,7 +6,7 @@ from collections import Counter, defaultdict
 
 from sqlalchemy import create_engine, text
 
-from service.verdicts import compare_runs
+from service.core.verdicts import compare_runs
 from tests.browser.conftest import SCREENSHOTS
 from tests.browser.engine_seed import (
     FETCH_ERROR, FLAKY_REPEATS, NOT_APPLICABLE_REASON, PROJECT, RUNNING_CASES_DONE, set_aside_cases,

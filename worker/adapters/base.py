@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from service.results import CaseSpec
+    from service.core.results import CaseSpec
 
 
 class AdapterError(RuntimeError):

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 from worker.adapters.base import AdapterError, HandedOverStates, ProjectAdapter
 
 BLOCK_SIZE = 256

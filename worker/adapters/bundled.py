@@ -14,7 +14,7 @@ from worker.adapters.bundled_8bit import EightBitBlockwiseAdapter
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from service.results import CaseSpec
+    from service.core.results import CaseSpec
 
 
 class ThirtyTwoBitAdapter(HandedOverStates):

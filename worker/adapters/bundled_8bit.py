@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 from worker.adapters.base import HandedOverStates
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 from worker.adapters.base import AdapterError
 
 F32P, I64, F32 = ctypes.POINTER(ctypes.c_float), ctypes.c_int64, ctypes.c_float

@@ -32,7 +32,7 @@ from types import ModuleType
 
 import torch
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 from worker.adapters.base import AdapterContractError, AdapterError, FamilyAdapter, ProjectAdapter
 from worker.build.cache import INSTALLED
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 from worker.adapters import c_abi
 from worker.adapters.base import HandedOverStates, ProjectAdapter
 from worker.adapters.c_abi import F32, F32P, I64

@@ -36,7 +36,7 @@ import math
 import numpy as np
 import torch
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 from worker.attribution import variants as catalogue
 from worker.attribution.ulps import check_representable, ulp, ulp_distance
 from worker.engine.gradients import initial_parameters

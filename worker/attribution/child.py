@@ -12,11 +12,11 @@ import json
 import math
 import sys
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 
 
 def json_safe(value):  # noqa: ANN001, ANN201
-    """Non-finite floats as the strings service.results writes ("NaN", "Infinity"): PostgreSQL's
+    """Non-finite floats as the strings service.core.results writes ("NaN", "Infinity"): PostgreSQL's
     JSON rejects bare NaN."""
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")

@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from service.results import CaseSpec
-from service.verdicts import first_divergent_step
+from service.core.results import CaseSpec
+from service.core.verdicts import first_divergent_step
 from worker.engine.host import KernelHost
 
 log = logging.getLogger(__name__)

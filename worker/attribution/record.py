@@ -11,7 +11,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from service.results import CaseSpec, RunComparison, RunResult
+from service.core.results import CaseSpec, RunComparison, RunResult
 from worker.attribution.pair_run import analyze_in_child, record_parameters
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 from worker.engine.gradients import GradientStream, initial_parameters
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

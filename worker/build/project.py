@@ -1,4 +1,4 @@
-"""Build a project's source tree the way its configuration says (service.domain.project_config).
+"""Build a project's source tree the way its configuration says (service.core.project_config).
 
 * `torch-extension`: the bundled csrc recipe, worker.build.build_extension on build.source_dir.
 * `command`: the configured commands, run one after another in a private copy of the tree, with
@@ -23,7 +23,7 @@ whole at the timeout. Environment given to each command:
     CMAKE_C_COMPILER_LAUNCHER, CMAKE_CXX_COMPILER_LAUNCHER, CMAKE_CUDA_COMPILER_LAUNCHER
                           the ccache (worker.build.ccache), with its CCACHE_* settings; CMake
                           >= 3.17 takes them as the launcher defaults
-plus build.env from the configuration: build knobs only (service.domain.project_config
+plus build.env from the configuration: build knobs only (service.core.project_config
 build_env_problem), applied inside the box after the identity drop, never to the launcher. The compiler cache is read-only for an untrusted build (a
 verify run): the sandbox shows it read-only and CCACHE_READONLY is set. The build log says whether
 ccache was used and its hits and misses (also `BuildResult.compiler_cache`). Build systems other
@@ -43,7 +43,7 @@ import sys
 import time
 from pathlib import Path
 
-from service.domain.project_config import ProjectConfig, ProjectConfigError, build_env_problem
+from service.core.project_config import ProjectConfig, ProjectConfigError, build_env_problem
 from worker import sandbox
 from worker.sandbox import log_tail
 from worker.build.cache import (
@@ -140,7 +140,7 @@ def _compiler_cache(env: dict[str, str], config: ProjectConfig, staging: Path, s
     env["CCACHE_DIR"] = str(ccache_root / "ccache")  # an untrusted build's staging is elsewhere
     if not trusted:
         env.update({"CCACHE_READONLY": "1", "CCACHE_TEMPDIR": str(scratch / "ccache-tmp")})
-    for variable in LAUNCHER_VARIABLES:  # build.env may not name them (service.domain.project_config)
+    for variable in LAUNCHER_VARIABLES:  # build.env may not name them (service.core.project_config)
         env[variable] = str(ccache)
     mode = "read-write" if trusted else "read-only (untrusted build)"
     return ccache, (f"compiler cache: {ccache_version(str(ccache))} ({ccache}), {mode}, as CMake's compiler "

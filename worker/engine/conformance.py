@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from service.results import CaseResult, CaseSpec
+from service.core.results import CaseResult, CaseSpec
 from worker.adapters.base import AdapterContractError
 from worker.engine.fast import run_cases_fast
 from worker.engine.trajectory import FamilyAdapter, run_case

@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from service.results import CaseResult, CaseSpec, RunResult
+from service.core.results import CaseResult, CaseSpec, RunResult
 from worker import sandbox
 from worker.battery import BatterySpec
 from worker.engine import params_file

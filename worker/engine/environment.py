@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from service.results import EnvironmentFingerprint
+from service.core.results import EnvironmentFingerprint
 from worker.build.host_cpu import isa_digest
 
 

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from service.results import CaseResult, CaseSpec, Trajectory
+from service.core.results import CaseResult, CaseSpec, Trajectory
 from worker.adapters.base import AdapterContractError
 from worker.engine import digest as od2
 from worker.engine.cuda_errors import context_lost

@@ -22,7 +22,7 @@ import hashlib
 
 import torch
 
-from service.results import GradientStreamSpec
+from service.core.results import GradientStreamSpec
 
 _UNIFORM_BITS = 24
 _EXPONENT_SPREAD = 4  # values scaled by 2**e, e uniform in [-4, 4]

@@ -66,7 +66,7 @@ from pathlib import Path
 
 from worker import gc_policy, sandbox
 from worker.sandbox import log_tail
-from service.results import CaseResult, CaseSpec, EnvironmentFingerprint
+from service.core.results import CaseResult, CaseSpec, EnvironmentFingerprint
 
 _MODULE_STARTED = time.perf_counter()  # the host's startup phases count from here (host_main)
 _REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -33,7 +33,7 @@ import logging
 import threading
 from pathlib import Path
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 from worker import sandbox
 from worker.engine.host import KernelHost, KernelHostError
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
-from service.results import CaseResult, CaseSpec, Trajectory
+from service.core.results import CaseResult, CaseSpec, Trajectory
 from worker.engine import fast, params_file
 from worker.engine.reference_cache import series_key
 from worker.engine.trajectory import FamilyAdapter, bundled_families, run_params

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 from worker.adapters.base import AdapterContractError, FamilyAdapter, HandedOverStates
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 
 # Rows of float64 work per diff task: bounds the parent's temporary memory (~3 x 8 bytes each).
 DIFF_BLOCK_ELEMENTS = 1 << 22

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.results import CaseResult, CaseSpec, EnvironmentFingerprint, Trajectory
+from service.core.results import CaseResult, CaseSpec, EnvironmentFingerprint, Trajectory
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import torch
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 from worker.engine import gradients
 from worker.engine.gradients import GradientStream, zero_mask
 

@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 import torch
 
-from service.results import CaseResult, CaseSpec, Trajectory
+from service.core.results import CaseResult, CaseSpec, Trajectory
 from worker.adapters.base import FamilyAdapter  # noqa: F401 - re-exported: the engines' family type
 from worker.engine import lifecycle
 from worker.engine.digest import digest_tensors

@@ -23,7 +23,7 @@ import inspect
 
 import torch
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 
 
 class TorchOptimReference:

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from service.results import CaseSpec
+from service.core.results import CaseSpec
 from worker.battery import BatterySpec, battery_from_file
 from worker.sensitivity.catalogue import DEFAULT_CATALOGUE, load_catalogue
 from worker.sensitivity.results import SensitivityReport

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.results import CaseSpec, RunResult
+from service.core.results import CaseSpec, RunResult
 from worker import pipeline
 from worker.attribution.record import attribute_changed
 from worker.build import BuildResult

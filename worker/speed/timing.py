@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from service.results import CaseSpec, GradientStreamSpec
+from service.core.results import CaseSpec, GradientStreamSpec
 from worker.engine import cuda_errors
 
 DEFAULT_SIZES = (1 << 20, 1 << 26)

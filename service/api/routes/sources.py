@@ -11,7 +11,7 @@ from service.api.schemas import SourcePublic
 from service.api.uploads import ARCHIVE_NOTE_HEADER, read_limited
 from service.domain import projects, storage
 from service.domain.auth import SUBMIT
-from service.domain.archives import ArchiveError, summarize_archive
+from service.core.archives import ArchiveError, summarize_archive
 from service.domain.errors import BadInputError, NotFoundError
 
 router = APIRouter(prefix="/sources", tags=["sources"])

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from service.results import CaseComparison, CaseResult, RunComparison, RunResult
+from service.core.results import CaseComparison, CaseResult, RunComparison, RunResult
 
 # Reference distances (final, peak or mean) within this relative margin of each other are "same": a one-ulp
 # change moves the distance by far less, a real algorithmic change (the decay ordering) by a factor.

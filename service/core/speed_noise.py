@@ -10,7 +10,7 @@ difference too small to matter is not a regression even when it is real), `faste
 interval lies below 1 / (1 + SLOWDOWN_THRESHOLD), `same` otherwise.
 
 Shared by the worker (summaries of what it timed) and the service (the comparison of stored
-samples), like service/verdicts.py: numpy only, no torch, imported lazily by the API so the web
+samples), like service/core/verdicts.py: numpy only, no torch, imported lazily by the API so the web
 process does not load numpy until a speed page is asked for. The bootstrap is seeded, so the
 same samples always give the same verdict.
 """

@@ -37,37 +37,19 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from service.cli_report import make_console
+from service.cli_common import (  # noqa: F401  (the names the commands below use)
+    DEFAULT_URL, ENGINE_MODULES, EXIT_BROKEN, EXIT_CHANGED, EXIT_NONDETERMINISTIC, EXIT_OK, EXIT_OPTDRIFT_ERROR,
+    EXIT_USAGE, SERVER_EXIT_CODES, SERVER_MODULES, VERDICT_EXIT_CODES, WORKER_MODULES, _EXIT_PRECEDENCE, console,
+)
+from service.cli_common import check_format as _format, cuda_visible as _cuda_visible  # noqa: F401
+from service.cli_common import expected_failures as _expected_failures, fail as _fail, needs_extra as _needs_extra
 
 app = typer.Typer(help="optdrift: did this commit change a training trajectory?", no_args_is_help=True)
-# At a terminal its width; in a CI log full-width lines (rich would cut tables at 80 columns).
-console = make_console()
-DEFAULT_URL = os.environ.get("OPTDRIFT_URL", "http://127.0.0.1:8000")
 UrlOption = Annotated[str, typer.Option("--url", help="the optdrift API (env OPTDRIFT_URL)")]
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-# Exit codes: CI branches on them, so each means one thing (README "Exit codes").
-EXIT_OK = 0               # unchanged, no baseline, or a change a maintainer acknowledged
-EXIT_CHANGED = 1          # a trajectory changed
-EXIT_USAGE = 2            # bad input or usage: an option, a file, a folder, a 4xx from the service
-EXIT_BROKEN = 3           # the commit's fault: it does not build, its kernels crash, hang or go NaN
-EXIT_OPTDRIFT_ERROR = 4   # optdrift's fault: service unreachable, 5xx, a run in status `error`
-EXIT_NONDETERMINISTIC = 5  # a kernel does not reproduce itself on the same build
-# Where several runs end differently, the exit code is the first of these that any run has: an
-# incomplete answer first, then the commit's own failure, then the findings.
-_EXIT_PRECEDENCE = (EXIT_OPTDRIFT_ERROR, EXIT_BROKEN, EXIT_NONDETERMINISTIC, EXIT_CHANGED, EXIT_OK)
-VERDICT_EXIT_CODES = ("Exit codes: 0 unchanged / no baseline / acknowledged; 1 changed; 2 bad input "
-                      "or usage; 3 broken commit; 4 optdrift or service error; 5 nondeterministic.")
-SERVER_EXIT_CODES = "Exit codes: 0 done; 2 bad input or usage; 4 optdrift error."
 
 
-# Which extra a command needs, and the modules that tell whether it is installed (looked up, not
-# imported: the check costs nothing). The client install (`pip install optdrift`) has none.
-# psycopg is not among them: the embedded default (SQLite) runs without it, and a PostgreSQL URL
-# without it fails with SQLAlchemy's own message naming the driver.
-SERVER_MODULES = ("fastapi", "uvicorn", "sqlalchemy", "alembic", "celery")
-ENGINE_MODULES = ("torch", "numpy")  # building and running kernels on this machine (the worker extra)
-WORKER_MODULES = (*SERVER_MODULES, *ENGINE_MODULES)
 FormatOption = Annotated[str, typer.Option("--format", help="text (tables) or json (one JSON document "
                                                               "on stdout, progress on stderr)")]
 # After a changed verdict the worker co-runs the baseline on the changed cases: the size of the
@@ -99,54 +81,12 @@ def main(_version_option: Annotated[bool, typer.Option(
     """optdrift: did this commit change a training trajectory?"""
 
 
-def _needs_extra(command: str, extra: str, modules: tuple[str, ...]) -> None:
-    """A command that needs an extra, run from the client install: one line naming the extra, exit 2.
-    Every command that builds or runs kernels here (worker, check, sensitivity, adapter-check,
-    bisect --local) calls it with ENGINE_MODULES before importing worker code
-    (tests/test_cli_ergonomics.py walks every command on a client install)."""
-    import importlib.util
-
-    missing = [name for name in modules if importlib.util.find_spec(name) is None]
-    if missing:
-        where = ("builds and runs kernels on this machine" if extra == "worker" and "torch" in missing
-                 else "runs on the server side")
-        raise _fail(f"`optdrift {command}` {where} and needs the {extra} packages "
-                    f"(missing: {', '.join(missing)}); install them with: pip install 'optdrift[{extra}]'",
-                    EXIT_USAGE)
-
-
 def _needs_bundled_kernels(command: str) -> Path:
     csrc = REPO_ROOT / "csrc"
     if not csrc.is_dir():
         raise _fail(f"`optdrift {command}` submits the bundled kernels, which only a checkout of optdrift "
                     f"has ({csrc} is missing); run it from a clone: pip install -e '.[worker]'", EXIT_USAGE)
     return csrc
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    """Print one line to stderr (plain print: rich would wrap it) and return the Exit to raise."""
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
-    return typer.Exit(code)
-
-
-@contextmanager
-def _expected_failures(url: str) -> Iterator[None]:
-    """Turn the failures a user can act on into one line and the right exit code."""
-    import httpx
-
-    from service.client import ApiError
-
-    try:
-        yield
-    except ApiError as exc:
-        # 4xx: the request was wrong (the server's detail says how); 5xx: the service failed.
-        raise _fail(str(exc), EXIT_USAGE if exc.status_code < 500 else EXIT_OPTDRIFT_ERROR) from None
-    except httpx.TransportError as exc:
-        raise _fail(f"cannot reach the optdrift service at {url}: {exc or type(exc).__name__}; "
-                    "start it (`optdrift serve`) or point --url / OPTDRIFT_URL at it",
-                    EXIT_OPTDRIFT_ERROR) from None
-    except TimeoutError as exc:
-        raise _fail(f"{exc}; the runs go on, follow them on the dashboard", EXIT_OPTDRIFT_ERROR) from None
 
 
 def _source_folder(source: Path | None) -> None:
@@ -619,11 +559,6 @@ def submit(
                               dashboard_urls={run_id: client.dashboard_url(run_id) for run_id in run_ids}))
 
 
-def _format(output: str) -> None:
-    if output not in ("text", "json"):
-        raise _fail(f"--format {output}: use text or json", EXIT_USAGE)
-
-
 def _to_stderr(text: str) -> None:
     print(text, file=sys.stderr)
 
@@ -712,13 +647,6 @@ def ack(
     print(f"run {run_id}: {verdict['outcome']} acknowledged"
           f"{' by ' + verdict['acknowledged_by'] if verdict.get('acknowledged_by') else ''}: "
           f"{verdict.get('acknowledgement_note')}; {client.dashboard_url(run_id)}")
-
-
-def _cuda_visible() -> bool:
-    """Asked in a child process: the CLI process itself stays clear of CUDA (the kernel hosts it
-    starts use the GPU), and the answer takes seconds, not the minutes a run of broken cases does."""
-    probe = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
-    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
 
 
 @app.command(epilog=VERDICT_EXIT_CODES)

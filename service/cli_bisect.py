@@ -350,9 +350,9 @@ def bisect(
 ) -> None:
     """Find, for each case that changed between --good and --bad, the first commit that changed it
     (about log2(n) builds; commits whose source folder is unchanged are never built)."""
-    from service import cli
+    from service import cli_common as cli
 
-    cli._format(output)
+    cli.check_format(output)
     console = cli.console if output == "text" else make_console(stderr=True)
 
     def say(text: str) -> None:
@@ -360,22 +360,22 @@ def bisect(
 
     url = url or cli.DEFAULT_URL
     if local:
-        cli._needs_extra("bisect --local", "worker", cli.ENGINE_MODULES)
+        cli.needs_extra("bisect --local", "worker", cli.ENGINE_MODULES)
         if project:
-            raise cli._fail("--project is for the service; --local runs here and needs none", cli.EXIT_USAGE)
-        if device.startswith("cuda") and not cli._cuda_visible():
-            raise cli._fail(f"--device {device}: no CUDA GPU is visible on this machine; use --device cpu, or "
+            raise cli.fail("--project is for the service; --local runs here and needs none", cli.EXIT_USAGE)
+        if device.startswith("cuda") and not cli.cuda_visible():
+            raise cli.fail(f"--device {device}: no CUDA GPU is visible on this machine; use --device cpu, or "
                             "run on a machine with a GPU", cli.EXIT_USAGE)
     elif not project:
-        raise cli._fail("--project is required (the service project whose runs to use), or pass --local "
+        raise cli.fail("--project is required (the service project whose runs to use), or pass --local "
                         "to build and run here", cli.EXIT_USAGE)
     try:
         root = check_repository(repo)
         chain = first_parent_chain(root, resolve(root, good, "--good"), resolve(root, bad, "--bad"), source)
         check_source_folder(chain, source)
     except (GitError, BisectInputError) as exc:
-        raise cli._fail(str(exc), cli.EXIT_USAGE) from None
-    with tempfile.TemporaryDirectory(prefix="optdrift-bisect-") as tmp, cli._expected_failures(url):
+        raise cli.fail(str(exc), cli.EXIT_USAGE) from None
+    with tempfile.TemporaryDirectory(prefix="optdrift-bisect-") as tmp, cli.expected_failures(url):
         try:
             if local:
                 tester = LocalTester(repo=root, source=source, battery=battery, device=device, workdir=Path(tmp),
@@ -388,9 +388,9 @@ def bisect(
                                        console=console, say=say)
             report = bisect_history(chain, tester, case_pattern=case, source=source, say=say)
         except (BisectInputError, GitError) as exc:
-            raise cli._fail(str(exc), cli.EXIT_USAGE) from None
+            raise cli.fail(str(exc), cli.EXIT_USAGE) from None
         except BisectServiceError as exc:
-            raise cli._fail(str(exc), cli.EXIT_OPTDRIFT_ERROR) from None
+            raise cli.fail(str(exc), cli.EXIT_OPTDRIFT_ERROR) from None
     if output == "json":
         print(json.dumps(report.as_json(), indent=2))
     else:

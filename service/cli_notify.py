@@ -13,19 +13,19 @@ from typing import Annotated, Optional
 
 import typer
 
+from service.cli_common import DEFAULT_URL
+
 notify_app = typer.Typer(help="GitHub check runs and PR comments, webhooks (docs/INTEGRATIONS.md); admin token",
                          no_args_is_help=True)
 
 ProjectOption = Annotated[str, typer.Option(help="project name")]
-# As service.cli has them (that module imports this one, so they are not imported from it).
-DEFAULT_URL = os.environ.get("OPTDRIFT_URL", "http://127.0.0.1:8000")
 UrlOption = Annotated[str, typer.Option("--url", help="the optdrift API (env OPTDRIFT_URL)")]
 
 
 def _cli():  # noqa: ANN202
-    from service import cli  # lazily: service.cli imports this module
+    from service import cli_common  # imports rich's console: only where a command runs
 
-    return cli
+    return cli_common
 
 
 def _secret(*, env: str, path: Optional[Path], what: str, option: str) -> str:
@@ -34,13 +34,13 @@ def _secret(*, env: str, path: Optional[Path], what: str, option: str) -> str:
         try:
             value = path.read_text().strip()
         except OSError as exc:
-            raise cli._fail(f"{option} {path}: cannot read it ({exc.strerror})", cli.EXIT_USAGE) from None
+            raise cli.fail(f"{option} {path}: cannot read it ({exc.strerror})", cli.EXIT_USAGE) from None
         if not value:
-            raise cli._fail(f"{option} {path} is empty; it should hold the {what}", cli.EXIT_USAGE)
+            raise cli.fail(f"{option} {path} is empty; it should hold the {what}", cli.EXIT_USAGE)
         return value
     value = os.environ.get(env, "").strip()
     if not value:
-        raise cli._fail(f"no {what}: set {env} or pass {option} FILE", cli.EXIT_USAGE)
+        raise cli.fail(f"no {what}: set {env} or pass {option} FILE", cli.EXIT_USAGE)
     return value
 
 
@@ -49,7 +49,7 @@ def _call(url: str, method: str, path: str, body: dict | None = None) -> dict | 
 
     cli = _cli()
     client = OptdriftClient(url)
-    with cli._expected_failures(url):
+    with cli.expected_failures(url):
         response = client.http.request(method, path, json=body)
         return None if response.status_code == 204 else client._check(response)
 

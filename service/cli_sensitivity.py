@@ -46,7 +46,7 @@ def sensitivity(
 ) -> None:
     """Apply each catalogued mutant, build it, run the battery against the unmutated build, and print
     the detection matrix, the catch rate per class, the false positives and the escaped mutants."""
-    from service.cli import ENGINE_MODULES, _needs_extra
+    from service.cli_common import ENGINE_MODULES, needs_extra as _needs_extra
 
     _needs_extra("sensitivity", "worker", ENGINE_MODULES)
     if output not in ("text", "json"):

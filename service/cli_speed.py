@@ -74,7 +74,8 @@ def speed(
 ) -> None:
     """A run's kernel speed against its baseline's: per kernel median, spread, bandwidth as a
     fraction of a same-bytes copy, the ratio of medians with its bootstrap interval, the verdict."""
-    from service.cli import EXIT_USAGE, _expected_failures, _fail, console
+    from service.cli_common import EXIT_USAGE, console
+    from service.cli_common import expected_failures as _expected_failures, fail as _fail
     from service.client import OptdriftClient
 
     if output not in ("text", "json"):

@@ -53,7 +53,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
     from worker.engine import host_reserve
     from worker.engine.corun import corun_battery
     from worker.engine.host import KernelHost
-    from worker.tasks import worker_name  # the Celery face imports this module: import it late
+    from worker.identity import worker_name
 
     started, started_at = time.monotonic(), datetime.now(timezone.utc)
     phases = _Phases()

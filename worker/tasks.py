@@ -10,7 +10,6 @@ if the reaper took the run away (heartbeat lost), the task stops writing.
 from __future__ import annotations
 
 import logging
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from service.domain.storage import archive_limits
 from service.notify import hooks as notify
 from service.settings import Settings, get_settings
 from worker import gc_policy, sandbox
+from worker.identity import worker_name
 from worker.sandbox import log_tail
 from worker.celery_app import app
 from worker.source_fetch import fetch_source
@@ -190,10 +190,6 @@ def _build_harness_before_runs(**_kwargs) -> None:  # noqa: ANN003
                  built.stdout.strip().splitlines()[-1])
 
 
-def worker_name() -> str:
-    return f"{socket.gethostname()}:{threading.get_native_id()}"
-
-
 class Heartbeat:
     def __init__(self, *, run_id: int, worker: str, interval_s: float):
         self.run_id, self.worker, self.interval_s = run_id, worker, interval_s
@@ -285,10 +281,21 @@ def execute_run(run_id: int, *, settings: Settings | None = None, worker: str | 
         for dependant in waited_for_this:
             _send_corun(dependant)
         _send_corun(run_id)
-        from worker.speed import record as kernel_speed  # the kernels' own speed, after the verdict
-
-        kernel_speed.send(run_id, settings, settings.worker_environment)
+        _send_timing(run_id, settings)
     return status
+
+
+def _send_timing(run_id: int, settings: Settings) -> None:
+    """The kernels' own speed of a finished run, after its verdict, where this worker times at all
+    (worker/speed/record.py), as a task of its own on the co-run queue."""
+    from worker.speed import record as kernel_speed
+
+    if kernel_speed.budget_s(settings) <= 0:
+        return
+    try:
+        time_kernels_task.apply_async(args=[run_id], queue=corun_queue_for(settings.worker_environment))
+    except Exception:  # noqa: BLE001  (the verdict stands without the speed)
+        log.exception("run %s: could not queue the kernel timing", run_id)
 
 
 def _send_corun(run_id: int) -> None:

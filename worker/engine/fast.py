@@ -67,19 +67,16 @@ from worker.engine import digest as od2
 from worker.engine.cuda_errors import context_lost
 from worker.engine import call_loop, lifecycle, od2_op
 from worker.engine import step_inputs
+from worker.engine.wave_plan import (  # noqa: F401  (the plan's names are the fast engine's too)
+    ALIGN, MERGE_PADDING_FRACTION, plan_waves, reference_key, round_up as _round_up, width_classes,
+)
 from worker.engine.step_inputs import StepInputs, mask_key, stream_key
 from worker.references.optimizers import make_reference
 from worker.engine.trajectory import RELATIVE_ERROR_FLOOR, TORCH_DTYPES, FamilyAdapter, bundled_families, run_case
 
-ALIGN = 512  # elements; 2 KiB for float32 rows, 1 KiB for 16-bit rows, 512 B for uint8 codes
 # Elements of parameter rows per wave (padding included): bounds memory. The standard battery's
 # ~73M elements make two waves on a GPU; the float64 arenas cost ~8 bytes x 8 per element.
 DEFAULT_MAX_WAVE_ELEMENTS = {"cuda": 1 << 26, "cpu": 1 << 23}
-# A narrower width class is merged into the next wider one while the padding this adds stays
-# under this fraction of the merged class's elements: fewer bundles, so fewer reference launches.
-# That pays on a GPU, where launches cost more than arithmetic on padding; on the CPU the padding's
-# arithmetic is the cost, so nothing is merged there.
-MERGE_PADDING_FRACTION = {"cuda": 0.75, "cpu": 0.0}
 # A wave without references (worker.engine.kernels_only: the warm run, the co-run) has no bundles,
 # so merging saves it nothing and its padding costs every step's gradient ops and observation:
 # unmerged, the standard battery's 100-step wave holds about half the elements.
@@ -93,63 +90,6 @@ SYNCHRONIZE_PHASES = False
 # Profiling only (bench/warm_battery_profile.py): False makes each step's gradients eagerly on CUDA
 # too, to compare against their graph (`_Wave.graphed_gradients`) in one run.
 GRAPHED_GRADIENTS = True
-
-
-def _round_up(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-def reference_key(case: CaseSpec) -> tuple:
-    """What a reference object depends on: the optimizer and every hyperparameter."""
-    return (case.optimizer, tuple(sorted(case.hyper.items())))
-
-
-# ----------------------------------------------------------------------------- planning
-def width_classes(sizes: list[int], merge_fraction: float = MERGE_PADDING_FRACTION["cuda"]) -> dict[int, int]:
-    """round_up(size) -> the width of its class. Walking from the narrowest width up, the next
-    wider width joins the current class while the class's padding (its narrower rows widened to
-    the new width) stays at most `merge_fraction` of the class's elements."""
-    rows: dict[int, int] = defaultdict(int)
-    for size in sizes:
-        rows[_round_up(size)] += 1
-    target: dict[int, int] = {}
-    members: list[int] = []
-    for width in sorted(rows):
-        if members:
-            candidate = members + [width]
-            padding = sum(rows[w] * (width - w) for w in candidate)
-            if padding > merge_fraction * sum(rows[w] for w in candidate) * width:
-                target.update({w: members[-1] for w in members})
-                members = []
-        members.append(width)
-    target.update({w: members[-1] for w in members})
-    return target
-
-
-def plan_waves(cases: list[CaseSpec], max_wave_elements: int) -> list[list[int]]:
-    """Indices of `cases` in waves: cases of one step count together (a wave runs as many steps
-    as its longest case, so a one-step case in a 100-step wave would be observed 99 times for
-    nothing), at most `max_wave_elements` padded parameter elements each (a case wider than that
-    is a wave of its own), cases of one reference key kept together where they fit so that
-    their bundles are not split."""
-    by_key: dict[tuple, list[int]] = defaultdict(list)
-    for index, case in enumerate(cases):
-        by_key[(case.steps, reference_key(case))].append(index)
-    waves: list[list[int]] = []
-    current: list[int] = []
-    used, steps = 0, None
-    for (key_steps, _), indices in sorted(by_key.items(), key=lambda kv: kv[0][0]):
-        for index in indices:
-            cost = _round_up(cases[index].size)
-            if current and (used + cost > max_wave_elements or key_steps != steps):
-                waves.append(current)
-                current, used = [], 0
-            current.append(index)
-            used += cost
-            steps = key_steps
-    if current:
-        waves.append(current)
-    return waves
 
 
 # ----------------------------------------------------------------------------- gradient inputs

@@ -198,11 +198,11 @@ def closed_constants(case: CaseSpec) -> tuple[torch.Tensor, torch.Tensor]:
 def prepare(cases: list[CaseSpec], device: torch.device, max_wave_elements: int,
             max_bytes: int = PREPARE_MAX_BYTES) -> tuple[int, Future | None]:
     """Start making the initial parameters, closed-loop constants and gradient inputs of `cases`' waves (planned as the fast engine plans them,
-    worker.engine.fast.plan_waves), step by step, while their total stays within `max_bytes`.
+    worker.engine.wave_plan.plan_waves), step by step, while their total stays within `max_bytes`.
     The (seed, size) initial parameters and each closed-loop stream's constants come first (kept
     until `discard_prepared`: each serves every dtype and wave). Returns (the tensors queued, a future done when they all are made; None when
     none were)."""
-    from worker.engine.fast import plan_waves
+    from worker.engine.wave_plan import plan_waves
 
     queued: list[Future] = []
     spent = 0

@@ -1,6 +1,6 @@
 """Time the kernels of a finished run's build and store the timings with the run.
 
-A task of its own (worker/tasks.py `time_kernels_task`), sent after the run's trajectory verdict is
+A task of its own (worker/tasks.py `time_kernels_task`, sent by `_send_timing`) after the run's trajectory verdict is
 stored, on the environment's co-run queue, so timing never delays a verdict nor sits in front of a
 run. It fetches the run's source, builds it through the pipeline (a digest-cache hit: the run
 built it), and times every kernel in a kernel host of its own (worker/engine/host.py, op
@@ -134,19 +134,6 @@ def time_and_store(*, session, run_id: int, job, built, policy, settings: Settin
     if errors:
         note += f"; {errors} failed"
     return note
-
-
-def send(run_id: int, settings: Settings, environment: str) -> None:
-    """Queue the timing of a finished run (after its verdict), where this worker times at all."""
-    if budget_s(settings) <= 0:
-        return
-    from service.domain.queueing import corun_queue_for
-    from worker.tasks import time_kernels_task
-
-    try:
-        time_kernels_task.apply_async(args=[run_id], queue=corun_queue_for(environment))
-    except Exception:  # noqa: BLE001  (the verdict stands without the speed)
-        log.exception("run %s: could not queue the kernel timing", run_id)
 
 
 def time_run(*, run_id: int, settings: Settings, should_yield: Callable[[], bool] | None = None) -> str:

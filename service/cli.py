@@ -37,6 +37,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
+from service.cli_report import make_console
 from service.cli_common import (  # noqa: F401  (the names the commands below use)
     DEFAULT_URL, ENGINE_MODULES, EXIT_BROKEN, EXIT_CHANGED, EXIT_NONDETERMINISTIC, EXIT_OK, EXIT_OPTDRIFT_ERROR,
     EXIT_USAGE, SERVER_EXIT_CODES, SERVER_MODULES, VERDICT_EXIT_CODES, WORKER_MODULES, _EXIT_PRECEDENCE, console,

@@ -205,11 +205,8 @@ def test_runs_waiting_for_a_baseline_are_judged_when_it_finishes(db_session) -> 
     assert (by_run[based.id].outcome, by_run[based.id].baseline_run_id) == ("unchanged", parent.id)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: evaluate_with_dependants judges dependants only when the run finished done; a child that "
-    "finished while its first parent's run was still going waits for it (choose: pending), and when "
-    "that run then fails (or errors, or is cancelled) nothing judges the child again, though choose "
-    "would now walk past the failed parent to the grandparent: the child stays without a verdict"))
+# A child that finished while its parent's run was going waits (choose: pending); when that run
+# fails or errors, the child is judged against the next ancestor (it used to stay without a verdict).
 @pytest.mark.parametrize("parent_end", [FAILED, ERROR])
 def test_a_child_waiting_for_a_baseline_that_fails_is_judged_against_the_next_ancestor(
         db_session, parent_end) -> None:

@@ -8,7 +8,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from service.db.models import DONE, FAILED, Run, Verdict
+from service.db.models import DONE, FAILED, FINAL_STATUSES, Run, Verdict
 from service.domain import baselines, trajectories
 from service.domain.errors import ConflictError, NotFoundError
 from service.core.results import RunComparison
@@ -70,7 +70,9 @@ def evaluate_with_dependants(*, session: Session, run: Run) -> Verdict | None:
     for attempt in (1, 2):
         try:
             verdict = evaluate(session=session, run=run)
-            if run.status == DONE:
+            # Any final status: a child that waited for this run is judged now, against this run
+            # if it finished, else against the ancestor baselines.choose walks on to.
+            if run.status in FINAL_STATUSES:
                 for other in baselines.dependants(session=session, run=run):
                     evaluate(session=session, run=other)
             session.commit()

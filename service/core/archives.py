@@ -259,22 +259,22 @@ def extract_archive(data: bytes, dest: Path, limits: ArchiveLimits) -> Path:
     return dest
 
 
-def file_names(data: bytes, limits: ArchiveLimits) -> set[str]:
-    """The relative paths of the regular files extraction keeps (git metadata left out). The archive
-    must have passed summarize_archive."""
-    with _open_stream(data, limits) as tar:
-        return {"/".join(Path(m.name).parts).removeprefix("./") for m in tar
-                if m.isfile() and not is_git_metadata(Path(m.name).parts)}
-
-
-def read_root_file(data: bytes, name: str, limits: ArchiveLimits, *, max_bytes: int = 1024 * 1024) -> str | None:
-    """The text of the file `name` at the archive's root (`./name` too), None when there is none.
-    The archive must have passed summarize_archive; a file over `max_bytes` is an ArchiveError."""
+def root_file_and_names(data: bytes, name: str, limits: ArchiveLimits, *,
+                        max_bytes: int = 1024 * 1024) -> tuple[str | None, set[str]]:
+    """In one pass: the text of the file `name` at the archive's root (`./name` too; None when there
+    is none) and the relative paths of every regular file extraction keeps (git metadata left out).
+    The archive must have passed summarize_archive; `name` over `max_bytes` is an ArchiveError."""
+    text, names = None, set()
     with _open_stream(data, limits) as tar:
         for member in tar:
-            if member.isfile() and "/".join(Path(member.name).parts).removeprefix("./") == name:
+            parts = Path(member.name).parts
+            if not member.isfile() or is_git_metadata(parts):
+                continue
+            path = "/".join(parts).removeprefix("./")
+            names.add(path)
+            if path == name:
                 if member.size > max_bytes:
                     raise ArchiveError(f"{name} is {member.size} bytes; at most {max_bytes} are allowed")
                 handle = tar.extractfile(member)
-                return handle.read().decode("utf-8", errors="replace") if handle else None
-    return None
+                text = handle.read().decode("utf-8", errors="replace") if handle else None
+    return text, names

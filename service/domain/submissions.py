@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from service.db.models import ERROR, Commit, Project, Run
 from service.core.archives import (
-    ArchiveError, extract_archive, file_names, pack_directory, read_root_file, sha256_hex, summarize_archive,
+    ArchiveError, extract_archive, pack_directory, root_file_and_names, sha256_hex, summarize_archive,
 )
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
 from service.domain.patch_layout import apply_patch_any_root
@@ -91,8 +91,7 @@ def _check_tree_config(archive: bytes, *, settings: Settings, project: Project, 
     worker would refuse (a build.env outside the build knobs, a path out of the tree) or a battery
     that is neither built in nor a file of the tree (`--battery quik`) is bad input now, not a
     failed run later."""
-    limits = archive_limits(settings)
-    text = read_root_file(archive, CONFIG_FILE, limits)
+    text, tree_files = root_file_and_names(archive, CONFIG_FILE, archive_limits(settings))
     tree_battery = project.default_battery
     if text is not None:  # without the file the registered fields alone decide, as the worker says
         try:
@@ -102,7 +101,7 @@ def _check_tree_config(archive: bytes, *, settings: Settings, project: Project, 
     # The battery the worker will take (worker.pipeline.prepare): the request's, else the tree's.
     name, origin = (battery, "the request's battery") if battery and battery != project.default_battery \
         else (tree_battery, f"the battery named by the tree's {CONFIG_FILE}" if text else "the project's battery")
-    if name in BUILTIN_BATTERIES or name in file_names(archive, limits):
+    if name in BUILTIN_BATTERIES or name in tree_files:
         return
     close = difflib.get_close_matches(name, [*BUILTIN_BATTERIES], n=1)
     raise BadInputError(

@@ -4,7 +4,7 @@ Starts, in a fresh OPTDRIFT_HOME (SQLite + kombu's filesystem broker + source st
 cache, nothing else), `optdrift serve --no-worker` and one worker: `optdrift worker --gpus all`
 (one Celery worker per GPU, queue gpu.sm<cc>) with --gpus, else a CPU worker (queue cpu). Then it
 acts as CI would: the admin token `serve` wrote creates the project, `optdrift token create
---scope submit` makes CI's token, and every commit goes through the REST API (service.client,
+--scope submit` makes CI's token, and every commit goes through the REST API (service.cli.client,
 httpx) and is polled until its verdict is there.
 
 Commits, one at a time, each submitted once the worker has finished the one before:
@@ -63,7 +63,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import httpx  # noqa: E402
 
-from service.client import FINAL, OptdriftClient  # noqa: E402
+from service.cli.client import FINAL, OptdriftClient  # noqa: E402
 from worker.mutations import copy_tree, decay_after_update  # noqa: E402
 
 PROJECT = "e2e"

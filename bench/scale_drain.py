@@ -34,7 +34,7 @@ from e2e_latency import (  # noqa: E402
 )
 
 sys.path.insert(0, str(REPO_ROOT))
-from service.client import OptdriftClient  # noqa: E402
+from service.cli.client import OptdriftClient  # noqa: E402
 
 
 def start_workers(config: str, env: dict[str, str], logs: Path) -> list:

@@ -84,7 +84,7 @@ from e2e_latency import (  # noqa: E402
 from scale_drain import start_workers, worker_count  # noqa: E402
 
 sys.path.insert(0, str(REPO_ROOT))
-from service.client import FINAL, OptdriftClient  # noqa: E402
+from service.cli.client import FINAL, OptdriftClient  # noqa: E402
 
 RECOVERY_SETTINGS = {  # name -> the bench's value; production defaults in service/settings.py
     "OPTDRIFT_HEARTBEAT_INTERVAL_S": "1",

@@ -9,7 +9,7 @@ import io
 from rich.console import Console
 from sqlalchemy.orm.attributes import flag_modified
 
-from service.cli_report import print_report
+from service.cli.report import print_report
 from service.db.models import Verdict
 from tests.test_verdict_presentation import BASELINE_DISTANCES, MOVED, SAME, _ok, _run_with
 

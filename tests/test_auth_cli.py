@@ -73,7 +73,7 @@ def test_first_start_bootstrap_writes_0600_files_once(tmp_path: Path) -> None:
 
 
 def test_client_token_sources_in_order(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
-    from service.client import OptdriftClient, resolve_token
+    from service.cli.client import OptdriftClient, resolve_token
 
     for key in ("OPTDRIFT_TOKEN", "OPTDRIFT_TOKEN_FILE"):
         monkeypatch.delenv(key, raising=False)

@@ -164,7 +164,7 @@ def test_not_a_repository_and_server_down(history, tmp_path) -> None:
 
 
 def test_local_on_cuda_without_a_gpu_is_exit_2(history) -> None:
-    from service.cli import _cuda_visible
+    from service.cli.main import _cuda_visible
 
     if _cuda_visible():
         pytest.skip("a GPU is visible here: --device cuda is valid")

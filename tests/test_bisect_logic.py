@@ -11,9 +11,9 @@ import random
 import pytest
 from rich.console import Console
 
-from service import cli_bisect
+from service.cli import bisect as cli_bisect
 from service.domain.bisection import Bisection, collapse_unchanged, select_cases, tree_groups
-from service.git_history import HistoryCommit
+from service.cli.git_history import HistoryCommit
 from service.core.results import CaseComparison, CaseResult, CaseSpec, Trajectory
 
 

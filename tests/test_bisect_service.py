@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from service.cli import app
-from service.client import OptdriftClient
+from service.cli.client import OptdriftClient
 from tests.service_fixtures import (
     create_database, drop_database, flush_redis, free_port, shared_build_cache, start_process, stop_process,
     wait_http,
@@ -93,7 +93,7 @@ def test_bisect_through_the_service_then_again_from_stored_runs(service, short_h
     # 6 candidate commits: at most ceil(log2 6) = 3 midpoints per change, sharing the first.
     assert document["candidate_commits"] == 6
     assert len(tested) - 2 <= 2 * 3 - 1, document["tested"]
-    # Progress while it waited: the CI-log lines of service.cli_report (no terminal here).
+    # Progress while it waited: the CI-log lines of service.cli.report (no terminal here).
     assert "round 1:" in result.stderr and re.search(r"^run \d+: (queued|running|done)", result.stderr, re.M)
 
     # Again, narrowed to Adam's case: the service has a run of every commit it asks for.

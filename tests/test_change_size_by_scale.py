@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from service.cli_report import print_report
+from service.cli.report import print_report
 from service.dashboard.wording import size_sentence
 from service.domain.dashboard_queries import ChangedCase
 from service.core.results import CaseResult, GradientStreamSpec, RunResult, Trajectory

@@ -175,7 +175,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
 
 def _project(server: dict, name: str) -> None:
-    from service.client import OptdriftClient
+    from service.cli.client import OptdriftClient
 
     client = OptdriftClient(server["url"], token=(server["home"] / "admin-token").read_text().strip())
     client.ensure_project(name)
@@ -425,7 +425,7 @@ def test_ack_refuses_a_run_with_nothing_to_acknowledge(server: dict, tmp_path: P
     """Only a flagging verdict can be declared intended: `ack` of an unchanged or no-baseline run is
     a 409 whose detail says why, and the CLI's exit 2; the run stays unacknowledged. A changed run
     of the same commit, and the commit route, still acknowledge what flags."""
-    from service.client import OptdriftClient
+    from service.cli.client import OptdriftClient
 
     project = f"ack-{outcome}"
     _project(server, project)

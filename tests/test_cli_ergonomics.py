@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from service.cli_report import ProgressLines, make_console, print_report
-from service.client import ApiError, OptdriftClient
+from service.cli.report import ProgressLines, make_console, print_report
+from service.cli.client import ApiError, OptdriftClient
 from service.settings import Settings
 from tests.service_fixtures import REPO_ROOT, free_port
 from tests.test_metrics import _project, make_run
@@ -96,7 +96,7 @@ def _wait_for_url_line(server: subprocess.Popen) -> str:
 
 
 def test_a_second_serve_on_the_same_home_refuses_and_leaves_the_first_alone(tmp_path: Path) -> None:
-    """One serve per OPTDRIFT_HOME (service/serve_lock.py): the second says which serve holds the
+    """One serve per OPTDRIFT_HOME (service/cli/serve_lock.py): the second says which serve holds the
     home and exits 2 without touching its api-url file; a serve killed outright leaves no stale lock."""
     import signal
 

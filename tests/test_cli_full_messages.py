@@ -5,7 +5,7 @@ not-applicable reason — follows them in full, each reason once with its case c
 
 from __future__ import annotations
 
-from service.cli_report import CELL_CHARS, full_messages, make_console, print_report
+from service.cli.report import CELL_CHARS, full_messages, make_console, print_report
 
 IMPORT_ERROR = ("adapter 'myproject_optdrift': importing module myproject_optdrift failed: ModuleNotFoundError: "
                 "No module named 'myproject_native' (at /src/tools/myproject_optdrift.py:12)")

@@ -26,7 +26,7 @@ import psycopg
 import pytest
 import yaml
 
-from service.client import OptdriftClient
+from service.cli.client import OptdriftClient
 from tests.service_fixtures import (
     PG_ADMIN_URL, REPO_ROOT, drop_database, flush_redis, free_port, shared_build_cache, wait_http,
 )

@@ -229,7 +229,7 @@ def test_the_speed_table_fits_80_columns_and_cuts_nothing() -> None:
     error in full below the table; from 110 columns the baseline's median is added."""
     from rich.console import Console
 
-    from service.cli_speed import speed_table
+    from service.cli.speed import speed_table
 
     timed = dict(kernel="ademamix/8bit_blockwise", param_dtype="bfloat16", size=1 << 26, error=None, ratio=1.0123,
                  ratio_low=0.9987, ratio_high=1.0245, median_s=1234.456e-6, spread_s=1.2e-6,

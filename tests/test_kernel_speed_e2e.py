@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from service.client import OptdriftClient
+from service.cli.client import OptdriftClient
 from tests.service_fixtures import REPO_ROOT, free_port, shared_build_cache, start_process, stop_process, wait_http
 
 BATTERY = {"name": "tiny", "version": 1, "groups": [{"optimizers": ["adam"], "sizes": [64], "steps": 2}]}

@@ -28,7 +28,7 @@ def test_the_api_app_imports_neither_torch_nor_the_worker() -> None:
 
 
 def test_the_cli_imports_neither_until_a_worker_command_runs() -> None:
-    assert _imported("import service.cli, service.client") == []
+    assert _imported("import service.cli.main, service.cli.client") == []
 
 
 def test_the_probe_sees_an_import_when_there_is_one() -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from service.client import OptdriftClient
+from service.cli.client import OptdriftClient
 from tests.service_fixtures import (
     E2E_REDIS, REPO_ROOT, create_database, drop_database, flush_redis, free_port,
     shared_build_cache, start_process, stop_process, wait_http,

@@ -1,5 +1,5 @@
 """No name is used that is not defined: pyflakes over service/ and worker/, undefined names only (a
-moved helper that one module still calls, as `make_console` was after service/cli_common.py took
+moved helper that one module still calls, as `make_console` was after service/cli/common.py took
 the commands' shared code, fails here and not in the one command that used it)."""
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def _session(server: dict):  # noqa: ANN202
 
 
 def _client(server: dict):  # noqa: ANN202
-    from service.client import OptdriftClient
+    from service.cli.client import OptdriftClient
 
     return OptdriftClient(server["url"], token=(server["home"] / "admin-token").read_text().strip())
 
@@ -226,7 +226,7 @@ def test_help_names_the_flag_that_skips_the_detail(command: str) -> None:
 
 @pytest.mark.slow
 def test_submit_wait_of_the_decay_commit_through_a_real_worker_fills_every_changed_row(tmp_path: Path) -> None:
-    from service.client import OptdriftClient
+    from service.cli.client import OptdriftClient
     from worker.mutations import copy_tree, decay_after_update
 
     port, home = free_port(), tmp_path / "home"

@@ -41,7 +41,7 @@ export PYTHONPATH=/tmp/site:$PWD
   # Celery worker import (torch is imported only by the kernel host).
   python3 -c "
 import fastapi, starlette, uvicorn, sqlalchemy, alembic, celery, kombu, pydantic, pydantic_settings, typer, rich, httpx, multipart, jinja2, prometheus_client
-import service.api.main, service.cli, service.client, service.db.migrate, worker.celery_app, worker.tasks, worker.gpu_workers
+import service.api.main, service.cli, service.cli.client, service.db.migrate, worker.celery_app, worker.tasks, worker.gpu_workers
 print('imports ok: fastapi', fastapi.__version__, 'sqlalchemy', sqlalchemy.__version__, 'celery', celery.__version__, 'pydantic', pydantic.VERSION)
 "
 } 2>&1 | tee -a "$OUT/env.txt"

@@ -1,6 +1,6 @@
 """Which commit first changed each case: bisection along a first-parent history.
 
-Pure logic: no git, no HTTP, no torch. The caller (service/cli_bisect.py) walks the history, runs
+Pure logic: no git, no HTTP, no torch. The caller (service/cli/bisect.py) walks the history, runs
 commits (through the service or locally) and feeds their results here.
 
 Commits are indexed 0..n along the first-parent line, 0 the good commit and n the bad one. A case

@@ -1,7 +1,7 @@
 """`optdrift bisect`: for each case that changed between a good and a bad commit, the first commit
 that changed it.
 
-The history is bad's first-parent line back to good (service/git_history.py); commits that leave
+The history is bad's first-parent line back to good (service/cli/git_history.py); commits that leave
 the source folder's tree as their parent had it are not candidates (same tree, same build, same
 bits). The search is service/domain/bisection.py: each tested commit answers every case still open
 at it, so cases that changed together cost one search. A commit is tested through the service
@@ -30,11 +30,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from service.cli_report import make_console
+from service.cli.report import make_console
 from service.domain.bisection import (
     Bisection, Finding, case_results_from_api, collapse_unchanged, compare_with_good, differs, select_cases,
 )
-from service.git_history import GitError, HistoryCommit, check_repository, export_tree, first_parent_chain, resolve
+from service.cli.git_history import GitError, HistoryCommit, check_repository, export_tree, first_parent_chain, resolve
 from service.core.results import CaseResult
 
 BISECT_EXIT_CODES = ("Exit codes: 0 an answer (each changed case located, or none changed); 2 bad input "
@@ -146,7 +146,7 @@ class ServiceTester:
     def _get(self, path: str, *, missing_ok: bool = False) -> dict | None:
         """GET path's JSON; a 4xx/5xx raises ApiError (the CLI's one-line errors), a 404 with
         `missing_ok` gives None."""
-        from service.client import ApiError
+        from service.cli.client import ApiError
 
         response = self.client.http.get(path)
         if missing_ok and response.status_code == 404:
@@ -176,7 +176,7 @@ class ServiceTester:
         return runs[0], answer["created"]
 
     def test(self, commits: list[HistoryCommit]) -> dict[str, Tested]:
-        from service.cli_report import wait_with_progress
+        from service.cli.report import wait_with_progress
 
         runs: dict[str, tuple[int, str, bool]] = {}
         for commit in commits:
@@ -350,7 +350,7 @@ def bisect(
 ) -> None:
     """Find, for each case that changed between --good and --bad, the first commit that changed it
     (about log2(n) builds; commits whose source folder is unchanged are never built)."""
-    from service import cli_common as cli
+    from service.cli import common as cli
 
     cli.check_format(output)
     console = cli.console if output == "text" else make_console(stderr=True)
@@ -381,7 +381,7 @@ def bisect(
                 tester = LocalTester(repo=root, source=source, battery=battery, device=device, workdir=Path(tmp),
                                      say=say)
             else:
-                from service.client import OptdriftClient
+                from service.cli.client import OptdriftClient
 
                 tester = ServiceTester(client=OptdriftClient(url), project=project, repo=root, source=source,
                                        battery=battery, environment=environment, workdir=Path(tmp),

@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from service.cli_report import make_console
+from service.cli.report import make_console
 
 EXIT_CODES = ("Exit codes: 0 every defect caught, no refactor flagged; 1 a defect escaped or a refactor "
               "flagged; 2 bad input; 3 a mutant (or the unmutated tree) does not build.")
@@ -46,7 +46,7 @@ def sensitivity(
 ) -> None:
     """Apply each catalogued mutant, build it, run the battery against the unmutated build, and print
     the detection matrix, the catch rate per class, the false positives and the escaped mutants."""
-    from service.cli_common import ENGINE_MODULES, needs_extra as _needs_extra
+    from service.cli.common import ENGINE_MODULES, needs_extra as _needs_extra
 
     _needs_extra("sensitivity", "worker", ENGINE_MODULES)
     if output not in ("text", "json"):

@@ -244,7 +244,7 @@ def wait_with_progress(client, run_ids: list[int], console: Console) -> list[dic
 
 def detail_phase(run: dict) -> str | None:
     """What a run's co-run detail waits for, in words, or None when it is complete or none comes."""
-    from service.client import corun_detail
+    from service.cli.client import corun_detail
 
     state = corun_detail(run)
     if state is None or state.complete:
@@ -275,7 +275,7 @@ def wait_for_detail_with_progress(client, runs: list[dict], console: Console,  #
 
         lines(runs)
         return client.wait_for_detail(runs, on_update=lines, timeout_s=timeout_s)
-    from service.client import corun_detail
+    from service.cli.client import corun_detail
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
@@ -298,7 +298,7 @@ def wait_for_detail_with_progress(client, runs: list[dict], console: Console,  #
 
 def detail_still_coming(run: dict, *, timeout_s: float, dashboard_url: str) -> str:
     """The message for a run whose co-run detail did not arrive within the bound."""
-    from service.client import corun_detail
+    from service.cli.client import corun_detail
 
     state = corun_detail(run)
     got = (f"{state.with_diffs} of {state.changed} changed cases have their per-step |commit − baseline|"

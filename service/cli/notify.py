@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from service.cli_common import DEFAULT_URL
+from service.cli.common import DEFAULT_URL
 
 notify_app = typer.Typer(help="GitHub check runs and PR comments, webhooks (docs/INTEGRATIONS.md); admin token",
                          no_args_is_help=True)
@@ -23,7 +23,7 @@ UrlOption = Annotated[str, typer.Option("--url", help="the optdrift API (env OPT
 
 
 def _cli():  # noqa: ANN202
-    from service import cli_common  # imports rich's console: only where a command runs
+    from service.cli import common as cli_common  # imports rich's console: only where a command runs
 
     return cli_common
 
@@ -45,7 +45,7 @@ def _secret(*, env: str, path: Optional[Path], what: str, option: str) -> str:
 
 
 def _call(url: str, method: str, path: str, body: dict | None = None) -> dict | None:
-    from service.client import OptdriftClient
+    from service.cli.client import OptdriftClient
 
     cli = _cli()
     client = OptdriftClient(url)

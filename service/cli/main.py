@@ -37,13 +37,13 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from service.cli_report import make_console
-from service.cli_common import (  # noqa: F401  (the names the commands below use)
+from service.cli.report import make_console
+from service.cli.common import (  # noqa: F401  (the names the commands below use)
     DEFAULT_URL, ENGINE_MODULES, EXIT_BROKEN, EXIT_CHANGED, EXIT_NONDETERMINISTIC, EXIT_OK, EXIT_OPTDRIFT_ERROR,
     EXIT_USAGE, SERVER_EXIT_CODES, SERVER_MODULES, VERDICT_EXIT_CODES, WORKER_MODULES, _EXIT_PRECEDENCE, console,
 )
-from service.cli_common import check_format as _format, cuda_visible as _cuda_visible  # noqa: F401
-from service.cli_common import expected_failures as _expected_failures, fail as _fail, needs_extra as _needs_extra
+from service.cli.common import check_format as _format, cuda_visible as _cuda_visible  # noqa: F401
+from service.cli.common import expected_failures as _expected_failures, fail as _fail, needs_extra as _needs_extra
 
 app = typer.Typer(help="optdrift: did this commit change a training trajectory?", no_args_is_help=True)
 UrlOption = Annotated[str, typer.Option("--url", help="the optdrift API (env OPTDRIFT_URL)")]
@@ -158,11 +158,11 @@ def serve(
                      WORKER_MODULES)
     if demo:
         _needs_bundled_kernels("serve --demo")
-    from service.serve_lock import ServeAlreadyRunning, ServeLock
+    from service.cli.serve_lock import ServeAlreadyRunning, ServeLock
     from service.settings import get_settings
 
     public_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    # One serve per OPTDRIFT_HOME (service/serve_lock.py), held until this process ends.
+    # One serve per OPTDRIFT_HOME (service/cli/serve_lock.py), held until this process ends.
     try:
         home_lock = ServeLock(get_settings().home, public_url).acquire()
     except ServeAlreadyRunning as running:
@@ -414,8 +414,8 @@ def _demo(url: str) -> None:
 
 def watch_demo(url: str, run_ids: list[int]) -> None:
     """Progress lines (the first build takes minutes on a small machine), then the verdicts."""
-    from service.cli_report import ProgressLines
-    from service.client import OptdriftClient
+    from service.cli.report import ProgressLines
+    from service.cli.client import OptdriftClient
 
     client = OptdriftClient(url)
     lines = ProgressLines(lambda text: print(text, flush=True), interval_s=15.0, prefix="demo: ")
@@ -431,7 +431,7 @@ def load_demo(url: str, project: str = "bundled") -> list[dict]:
     a comment-only change (unchanged)."""
     import tempfile
 
-    from service.client import OptdriftClient
+    from service.cli.client import OptdriftClient
     from worker.mutations import comment_only, copy_tree, decay_after_update
 
     client = OptdriftClient(url)
@@ -485,7 +485,7 @@ def wait_and_report(client, run_ids: list[int], *, output: str = "text", detail:
     """Progress while the runs go (a bar at a terminal, lines in a log, stderr for `--format
     json`); with `detail`, then the co-run detail of changed verdicts (at most `detail_timeout_s`);
     then the verdict tables or the JSON document. Returns the exit code (the detail never changes it)."""
-    from service.cli_report import (detail_still_coming, json_report, print_report, wait_for_detail_with_progress,
+    from service.cli.report import (detail_still_coming, json_report, print_report, wait_for_detail_with_progress,
                                     wait_with_progress)
 
     progress_console = make_console(stderr=True) if output == "json" else console
@@ -530,7 +530,7 @@ def submit(
     detail_timeout: DetailTimeoutOption = DEFAULT_DETAIL_TIMEOUT_S,
 ) -> None:
     """CI: submit a commit. With --wait, show progress and exit with the verdict's code."""
-    from service.client import OptdriftClient
+    from service.cli.client import OptdriftClient
     from service.core.archives import ArchiveError
 
     _format(output)
@@ -554,7 +554,7 @@ def submit(
             raise typer.Exit(wait_and_report(client, run_ids, output=output, detail=detail,
                                              detail_timeout_s=detail_timeout))
         if output == "json":
-            from service.cli_report import json_report
+            from service.cli.report import json_report
 
             print(json_report(answer["runs"], EXIT_OK, created=answer["created"],
                               dashboard_urls={run_id: client.dashboard_url(run_id) for run_id in run_ids}))
@@ -579,7 +579,7 @@ def verify(
     detail_timeout: DetailTimeoutOption = DEFAULT_DETAIL_TIMEOUT_S,
 ) -> None:
     """A contributor without a GPU: run your tree (or patch) on the service's workers against --base."""
-    from service.client import OptdriftClient
+    from service.cli.client import OptdriftClient
     from service.core.archives import ArchiveError
 
     _format(output)
@@ -603,7 +603,7 @@ def verify(
             raise typer.Exit(wait_and_report(client, [run["id"]], output=output, detail=detail,
                                              detail_timeout_s=detail_timeout))
         if output == "json":
-            from service.cli_report import json_report
+            from service.cli.report import json_report
 
             print(json_report([run], EXIT_OK, dashboard_urls={run["id"]: client.dashboard_url(run["id"])}))
 
@@ -617,7 +617,7 @@ def retry(
     detail_timeout: DetailTimeoutOption = DEFAULT_DETAIL_TIMEOUT_S,
 ) -> None:
     """Re-queue a run whose status is `error` (optdrift failed, not the commit)."""
-    from service.client import OptdriftClient
+    from service.cli.client import OptdriftClient
 
     client = OptdriftClient(url)
     with _expected_failures(url):
@@ -638,7 +638,7 @@ def ack(
 ) -> None:
     """A maintainer (admin token) acknowledges a changed verdict as intended: CI then exits 0 for
     it and later commits compare with this run."""
-    from service.client import OptdriftClient
+    from service.cli.client import OptdriftClient
 
     if not note.strip():
         raise _fail("--note is empty; say why the change is intended", EXIT_USAGE)
@@ -688,25 +688,22 @@ def check(
     raise typer.Exit(code)
 
 
-from service import cli_speed  # noqa: E402  (the kernels' own speed of a run; it imports this module lazily)
+from service.cli import speed as cli_speed  # noqa: E402  (the kernels' own speed of a run; it imports this module lazily)
 
 app.command("speed", epilog=cli_speed.EXIT_CODES)(cli_speed.speed)
 
-from service import cli_bisect  # noqa: E402  (`optdrift bisect`: the first commit that changed each case)
+from service.cli import bisect as cli_bisect  # noqa: E402  (`optdrift bisect`: the first commit that changed each case)
 
 app.command("bisect", epilog=cli_bisect.BISECT_EXIT_CODES)(cli_bisect.bisect)
 
-from service import cli_sensitivity  # noqa: E402  (`optdrift sensitivity`: the mutation catalogue against a battery)
+from service.cli import sensitivity as cli_sensitivity  # noqa: E402  (`optdrift sensitivity`: the mutation catalogue against a battery)
 
 app.command("sensitivity", epilog=cli_sensitivity.EXIT_CODES)(cli_sensitivity.sensitivity)
 
-from service import cli_adapter_check  # noqa: E402  (`optdrift adapter-check`: both engines on an adapter)
+from service.cli import adapter_check as cli_adapter_check  # noqa: E402  (`optdrift adapter-check`: both engines on an adapter)
 
 app.command("adapter-check", epilog=cli_adapter_check.EXIT_CODES)(cli_adapter_check.adapter_check)
 
-from service import cli_notify  # noqa: E402  (`optdrift notify`: GitHub checks and comments, webhooks)
+from service.cli import notify as cli_notify  # noqa: E402  (`optdrift notify`: GitHub checks and comments, webhooks)
 
 app.add_typer(cli_notify.notify_app, name="notify")
-
-if __name__ == "__main__":
-    app()

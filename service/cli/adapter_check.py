@@ -41,8 +41,8 @@ def adapter_check(
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
 ) -> None:
     """Run a few cases of BATTERY through both engines with ADAPTER and compare every digest."""
-    from service.cli_common import ENGINE_MODULES, EXIT_USAGE
-    from service.cli_common import fail as _fail, needs_extra as _needs_extra
+    from service.cli.common import ENGINE_MODULES, EXIT_USAGE
+    from service.cli.common import fail as _fail, needs_extra as _needs_extra
 
     _needs_extra("adapter-check", "worker", ENGINE_MODULES)
     import torch

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import typer
 
-from service.cli_report import make_console
+from service.cli.report import make_console
 
 # At a terminal its width; in a CI log full-width lines (rich would cut tables at 80 columns).
 console = make_console()
@@ -68,7 +68,7 @@ def expected_failures(url: str) -> Iterator[None]:
     """Turn the failures a user can act on into one line and the right exit code."""
     import httpx
 
-    from service.client import ApiError
+    from service.cli.client import ApiError
 
     try:
         yield

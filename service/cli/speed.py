@@ -74,9 +74,9 @@ def speed(
 ) -> None:
     """A run's kernel speed against its baseline's: per kernel median, spread, bandwidth as a
     fraction of a same-bytes copy, the ratio of medians with its bootstrap interval, the verdict."""
-    from service.cli_common import EXIT_USAGE, console
-    from service.cli_common import expected_failures as _expected_failures, fail as _fail
-    from service.client import OptdriftClient
+    from service.cli.common import EXIT_USAGE, console
+    from service.cli.common import expected_failures as _expected_failures, fail as _fail
+    from service.cli.client import OptdriftClient
 
     if output not in ("text", "json"):
         raise _fail(f"--format {output!r}: use text or json", EXIT_USAGE)

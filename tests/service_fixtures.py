@@ -142,6 +142,35 @@ def api(db_session, api_settings, admin_token):
         yield client
 
 
+@pytest.fixture
+def live_api(db_session, api_settings):  # noqa: ANN001, ANN201
+    """The real app on a port (uvicorn in a thread) over the test's database session, for commands
+    that speak HTTP: yields its URL."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from service.api.main import create_app
+    from service.db.session import get_session
+    from service.settings import get_settings
+
+    app = create_app()
+    app.dependency_overrides[get_session] = lambda: db_session
+    app.dependency_overrides[get_settings] = lambda: api_settings
+    port = free_port()
+    # One worker thread at a time uses the test's session (uvicorn serves requests in turn here).
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
 # ----------------------------------------------------------------------------- processes
 def free_port() -> int:
     with socket.socket() as sock:

@@ -7,9 +7,10 @@ from typing import Any, Literal
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.domain.errors import BadInputError
+from service.domain.project_configuration import EffectiveConfiguration
 from service.domain.submission_rules import check_battery
 
 
@@ -17,23 +18,49 @@ from service.domain.submission_rules import check_battery
 EnvironmentName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
 
+def _battery_allowed(value: str) -> str:
+    try:
+        return check_battery(value)
+    except BadInputError as exc:  # pydantic turns a ValueError into the field's 422
+        raise ValueError(str(exc)) from exc
+
+
+ProjectName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+BuildKind = Annotated[str, Field(pattern=r"^(torch-extension|command)$")]
+BatteryName = Annotated[str, AfterValidator(_battery_allowed)]
+_REGISTERED_NOTE = ("registered defaults: a tree's optdrift.toml overrides each of them for its own runs "
+                    "(GET /api/v1/projects/{project} shows what the newest commit's runs use)")
+
+
 class ProjectCreate(BaseModel):
-    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    build_kind: str = Field("torch-extension", pattern=r"^(torch-extension|command)$")
+    model_config = ConfigDict(extra="forbid")
+    name: ProjectName
+    build_kind: BuildKind = Field("torch-extension", description=_REGISTERED_NOTE)
     build_command: str | None = None
     adapter: str = "bundled"
-    default_battery: str = "quick"
+    default_battery: BatteryName = "quick"
     # Registered environments: submissions may only name these (each is a run and a worker queue).
     environments: list[EnvironmentName] = Field(default_factory=lambda: ["cpu"], min_length=1,
                                                 max_length=32)
 
-    @field_validator("default_battery")
-    @classmethod
-    def _battery_allowed(cls, value: str) -> str:
-        try:
-            return check_battery(value)
-        except BadInputError as exc:  # pydantic turns a ValueError into the field's 422
-            raise ValueError(str(exc)) from exc
+
+class ProjectUpdate(BaseModel):
+    """The registered fields to change; those left out stay as they are."""
+
+    model_config = ConfigDict(extra="forbid")
+    build_kind: BuildKind | None = None
+    build_command: str | None = None
+    adapter: str | None = Field(None, min_length=1)
+    default_battery: BatteryName | None = None
+    environments: list[EnvironmentName] | None = Field(None, min_length=1, max_length=32)
+
+    @model_validator(mode="after")
+    def _only_build_command_may_be_cleared(self) -> "ProjectUpdate":
+        cleared = sorted(name for name in self.model_fields_set
+                         if getattr(self, name) is None and name != "build_command")
+        if cleared:
+            raise ValueError(f"{', '.join(cleared)} cannot be null; leave a field out to keep it")
+        return self
 
 
 class ProjectPublic(BaseModel):
@@ -46,6 +73,12 @@ class ProjectPublic(BaseModel):
     default_battery: str
     environments: list[str]
     created_at: datetime
+
+
+class ProjectDetail(ProjectPublic):
+    """One project, with what its runs are really configured with."""
+
+    configuration: EffectiveConfiguration
 
 
 class ProjectsPublic(BaseModel):

@@ -707,3 +707,7 @@ app.command("adapter-check", epilog=cli_adapter_check.EXIT_CODES)(cli_adapter_ch
 from service.cli import notify as cli_notify  # noqa: E402  (`optdrift notify`: GitHub checks and comments, webhooks)
 
 app.add_typer(cli_notify.notify_app, name="notify")
+
+from service.cli import project as cli_project  # noqa: E402  (`optdrift project`: register a project, show what its runs use)
+
+app.add_typer(cli_project.project_app, name="project")

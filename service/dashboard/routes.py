@@ -18,11 +18,11 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from service.api.deps import SessionDep
+from service.api.deps import SessionDep, SettingsDep
 from service.api.params import Page, RunIdPath, RunIdQuery
 from service.dashboard import release_matrix, speed_pages, wording
 from service.db.models import FINAL_STATUSES
-from service.domain import attribution_view
+from service.domain import attribution_view, project_configuration
 from service.domain import dashboard_queries as queries
 from service.domain.errors import NotFoundError
 
@@ -48,11 +48,12 @@ def projects_page(request: Request, session: SessionDep) -> HTMLResponse:
 
 
 @router.get("/projects/{project}", response_class=HTMLResponse)
-def overview_page(request: Request, project: str, session: SessionDep, ref: str | None = None,
-                  verdict: str | None = None, page: Page = 1) -> HTMLResponse:
+def overview_page(request: Request, project: str, session: SessionDep, settings: SettingsDep,
+                  ref: str | None = None, verdict: str | None = None, page: Page = 1) -> HTMLResponse:
     data = queries.overview(session=session, project_name=project, ref=ref or None,
                             verdict=verdict or None, page=page)
-    return _page(request, "overview.html", data=data, project=data.project,
+    configuration = project_configuration.effective(session=session, settings=settings, project=data.project)
+    return _page(request, "overview.html", data=data, project=data.project, configuration=configuration,
                  verdict_filters=queries.VERDICT_FILTERS,
                  speeds=speed_pages.speed_column(session=session, run_ids=[row.run_id for row in data.rows]))
 

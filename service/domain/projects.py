@@ -43,6 +43,21 @@ def create(
     return project
 
 
+_UPDATABLE = ("build_kind", "build_command", "adapter", "default_battery", "environments")
+
+
+def update(*, session: Session, name: str, **fields) -> Project:  # noqa: ANN003
+    """Set the registered `fields` (any of build_kind, build_command, adapter, default_battery,
+    environments) of the project `name`."""
+    project = get_by_name(session=session, name=name)
+    unknown = set(fields) - set(_UPDATABLE)
+    if unknown:
+        raise ValueError(f"not a registered field: {sorted(unknown)}")
+    for field, value in fields.items():
+        setattr(project, field, value)
+    return project
+
+
 def ensure(*, session: Session, name: str, **fields) -> Project:  # noqa: ANN003
     """The project, created with `fields` if it does not exist (the demo and tests use this)."""
     existing = session.scalar(select(Project).where(Project.name == name))

@@ -29,6 +29,7 @@ from service.domain.errors import NotFoundError
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=HERE / "templates")
 templates.env.filters["sci"] = wording.sci
+templates.env.filters["number"] = wording.number
 templates.env.filters["when"] = wording.when
 templates.env.globals["group_label"] = release_matrix.group_label
 

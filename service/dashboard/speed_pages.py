@@ -18,6 +18,7 @@ from service.domain import kernel_speed, projects, runs
 
 templates = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")
 templates.env.filters["sci"] = wording.sci
+templates.env.filters["number"] = wording.number
 templates.env.filters["when"] = wording.when
 
 router = APIRouter(tags=["dashboard"], include_in_schema=False)

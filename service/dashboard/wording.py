@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from datetime import datetime, timezone
 
+from service.core.wording import number
 from service.domain.dashboard_queries import ChangedCase, RunPage
 from service.core.verdicts import change_size_by_scale
 
 
-def sci(value: float | None, digits: int = 3) -> str:
-    """Scientific notation for display (the JSON/CSV links carry the full-precision values)."""
-    if value is None:
-        return "—"
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("+inf" if value > 0 else "−inf")
-    return f"{value:.{digits}e}"
+# The dashboard's number filter is the one formatter (service.core.wording.number); `sci` is its
+# older filter name, kept so templates written with it show the same text.
+sci = number
 
 
 def when(moment: datetime | None) -> str:

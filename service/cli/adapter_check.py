@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -32,15 +32,47 @@ def pick_cases(cases: list, limit: int) -> list:  # noqa: ANN001
     return picked
 
 
+def one_engine_families(cases: list, families) -> list[str]:  # noqa: ANN001
+    """The families of `cases` that declare `fast_engine = False`: the fast engine hands their cases
+    to the one-case engine, so for them the check compares that engine with itself."""
+    return sorted({case.family for case in cases if not getattr(families.get(case.family), "fast_engine", True)})
+
+
+def _from_tree(source: Path, battery: str | None, device: str) -> tuple[str, str, list[str], list, str]:
+    """(adapter, library, adapter folders, cases, battery name) of the project tree `source`, built
+    as a run builds it (its optdrift.toml: build, adapter, adapter_path, battery)."""
+    from service.cli.common import EXIT_USAGE, fail
+    from service.core.project_config import ProjectConfigError
+    from worker import pipeline
+    from worker.battery import BatteryError
+
+    try:
+        job = pipeline.prepare(source, requested_battery=battery, local_battery_file=True)
+    except (ProjectConfigError, BatteryError) as error:
+        raise fail(f"adapter-check: {error}", EXIT_USAGE) from error
+    typer.echo(f"adapter-check: building {source} as its optdrift.toml says ({job.config.build.kind})")
+    built = pipeline.build(job, pipeline.Policy(device=device, cuda_archs=[] if device == "cpu" else None))
+    if not built.ok:
+        raise fail(f"adapter-check: {source} does not build:\n{built.error}", EXIT_USAGE)
+    return job.config.adapter, str(built.library_path), [str(p) for p in job.adapter_folders], job.cases, \
+        job.battery.name
+
+
 def adapter_check(
-    adapter: Annotated[str, typer.Option(help="built-in adapter name or importable module")],
-    library: Annotated[str, typer.Option(help="what the adapter loads: a built .so, a folder, or 'installed'")],
+    source: Annotated[Optional[Path], typer.Option(
+        help="the project's tree: built as a run builds it, with its optdrift.toml's adapter, adapter_path "
+             "and battery (the options below override them)")] = None,
+    adapter: Annotated[Optional[str], typer.Option(help="built-in adapter name or importable module "
+                                                        "(default: the tree's)")] = None,
+    library: Annotated[Optional[str], typer.Option(help="what the adapter loads: a built .so, a folder, or "
+                                                        "'installed' (default: the tree's build)")] = None,
     adapter_path: Annotated[list[Path], typer.Option(help="folder to import the adapter from; repeatable")] = [],  # noqa: B006
-    battery: Annotated[str, typer.Option(help="a built-in battery name or a battery JSON file")] = "quick",
+    battery: Annotated[Optional[str], typer.Option(help="a built-in battery name or a battery JSON file "
+                                                        "(default: the tree's, else quick)")] = None,
     max_cases: Annotated[int, typer.Option(min=2, help="cases to run through both engines")] = 12,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
 ) -> None:
-    """Run a few cases of BATTERY through both engines with ADAPTER and compare every digest."""
+    """Run a few cases of the battery through both engines with the adapter and compare every digest."""
     from service.cli.common import ENGINE_MODULES, EXIT_USAGE
     from service.cli.common import fail as _fail, needs_extra as _needs_extra
 
@@ -52,22 +84,44 @@ def adapter_check(
     from worker.battery import load_battery
     from worker.engine.conformance import check_adapter
 
-    sys.path[:0] = [str(folder.resolve()) for folder in adapter_path]
+    cases, folders = None, [str(folder.resolve()) for folder in adapter_path]
+    if source is not None:
+        if not source.is_dir():
+            raise _fail(f"adapter-check: --source {source} is not a folder; pass the project's tree", EXIT_USAGE)
+        tree_adapter, built_library, tree_folders, cases, battery = _from_tree(source, battery, device)
+        adapter, library, folders = adapter or tree_adapter, library or built_library, folders + tree_folders
+    if adapter is None or library is None:
+        raise _fail("adapter-check: give --source (the project's tree, built here) or both --adapter and "
+                    "--library", EXIT_USAGE)
+    sys.path[:0] = folders
     try:
         project = get_adapter(adapter)
         project.load(library)
-        spec = load_battery(battery)
+        if cases is None:
+            cases = load_battery(battery or "quick").expand()
     except (AdapterError, ValueError, OSError) as error:  # ValueError: an unknown or invalid battery
         raise _fail(f"adapter-check: {error}", EXIT_USAGE) from error
     target = torch.device(device)
-    runnable = [c for c in spec.expand() if project.unsupported(c, target) is None]
+    runnable = [c for c in cases if project.unsupported(c, target) is None]
     if not runnable:
-        raise _fail(f"adapter-check: adapter {adapter} supports none of battery {battery}'s cases on {device}; "
-                    "name a battery with cases it runs (--battery)", EXIT_USAGE)
-    cases = pick_cases(runnable, max_cases)
+        raise _fail(f"adapter-check: adapter {adapter} supports none of battery {battery or 'quick'}'s cases on "
+                    f"{device}; name a battery with cases it runs (--battery)", EXIT_USAGE)
+    picked = pick_cases(runnable, max_cases)
+    families = project.families()
     try:
-        check_adapter(adapter, cases, target, project.families())
+        check_adapter(adapter, picked, target, families)
     except AdapterContractError as error:
         raise _fail(f"adapter-check: {error}", EXIT_CHANGED) from error
-    typer.echo(f"adapter-check: {adapter}: both engines agree on all {len(cases)} cases "
-               f"({len({c.hyper.get('beta1') for c in cases})} betas, {sum(c.steps for c in cases)} steps)")
+    alone = one_engine_families(picked, families)
+    compared = [c for c in picked if c.family not in alone]
+    if not compared:
+        typer.echo(f"adapter-check: {adapter}: only ONE engine could be checked: its famil"
+                   f"{'y' if len(alone) == 1 else 'ies'} {', '.join(alone)} declare fast_engine = False, so the "
+                   f"fast engine runs their cases one at a time too; the {len(picked)} cases reproduced themselves "
+                   "on it, which says nothing about cases open side by side")
+        return
+    note = (f"; {len(picked) - len(compared)} more of famil{'y' if len(alone) == 1 else 'ies'} {', '.join(alone)} "
+            "(fast_engine = False) ran on the one-case engine only") if alone else ""
+    typer.echo(f"adapter-check: {adapter}: both engines agree on all {len(compared)} cases "
+               f"({len({c.hyper.get('beta1') for c in compared})} betas, {sum(c.steps for c in compared)} steps)"
+               + note)

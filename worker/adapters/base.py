@@ -32,6 +32,12 @@ open at once with their steps interleaved):
   library itself: its state tensors and its internal scalars (step counters, bias-correction
   powers) as 0-d tensors, the same number, dtypes and shapes at every step, no two open cases
   sharing memory. The engines digest `[param, *state_for_digest(handle)]` after every step.
+  A library-owned state is read as it is: entries may be tensor subclasses (torchao's quantized
+  states, DTensor), DTensor-like wrappers, or dicts / lists / tuples of tensors; the engines
+  digest their plain inner tensors (worker.engine.digest.plain_tensors), no adapter code needed.
+* `declared_state(case)` (optional) says what the case's state must be (dtype of the codes,
+  block size, `StateDeclaration`); a state that is not (a silent fp32 fallback) makes the case
+  `not_applicable` with the reason (`StateNotAsDeclared`).
 * Where the state lives (`states_movable`):
     - True ("handed over"): state_for_digest returns a dict of plain tensors the adapter hands
       to the engine; the fast engine copies them into its state arenas and calls
@@ -77,6 +83,33 @@ class AdapterContractError(RuntimeError):
     cases share, state whose layout changed): the run cannot trust its trajectories."""
 
 
+class StateNotAsDeclared(RuntimeError):
+    """A case's state is not what its adapter declared (`FamilyAdapter.declared_state`): a library
+    that silently fell back (fp32 states where 8-bit was claimed, another block size). The engines
+    report the case `not_applicable` with this message; it is never run as the family it claims."""
+
+
+@dataclass(frozen=True)
+class StateDeclaration:
+    """What a case's quantized state must be, checked by the engines on what state_for_digest
+    returns (read as it is: tensor subclasses and containers count as their plain inner tensors,
+    worker.engine.digest.plain_tensors) after open and after every step.
+
+    * `family`: the state family the case claims ("8bit_blockwise", "4bit_blockwise", "fp8_e4m3"),
+      named in the message when the state is not that;
+    * `code_dtype`: the dtype of the codes ("uint8", "int8", "float8_e4m3fn"): every checked
+      entry must hold a tensor of it;
+    * `block_size`: parameter elements per scale (None: not checked): the entry's other floating
+      tensors together hold ceil(case.size / block_size) values;
+    * `states`: the state_for_digest entries to check; None: every entry that is not a scalar (a
+      step counter)."""
+
+    family: str
+    code_dtype: str
+    block_size: int | None = None
+    states: tuple[str, ...] | None = None
+
+
 class FamilyAdapter(ABC):
     """One kernel family of a project, driven through the per-case lifecycle (module docstring)."""
 
@@ -99,6 +132,12 @@ class FamilyAdapter(ABC):
     def state_for_digest(self, handle: Any) -> "Sequence[torch.Tensor] | Mapping[str, torch.Tensor]":
         """Every tensor the library updates between steps, read from the library (internal
         scalars such as step counters as 0-d tensors), in a fixed order; digested after each step."""
+
+    def declared_state(self, case: "CaseSpec") -> StateDeclaration | None:
+        """What this case's state must be (StateDeclaration), or None: not checked (the default).
+        Declare it where the library may silently fall back to another state than the family
+        claims: such a case reads `not_applicable` with the reason instead of running."""
+        return None
 
     def close(self, handle: Any) -> None:
         """Tear the case down (free library objects). Always called once per opened handle, also

@@ -21,6 +21,12 @@ generators", OOPSLA 2014). Why this shape:
   * the salt depends on the element's index and its tensor's slot, so moving or swapping values
     changes the digest.
 
+What is digested is plain tensors. `plain_tensors` reads a state as it is (issue 37): a tensor
+subclass (anything with `__tensor_flatten__`: torchao's quantized states, DTensor) is its inner
+tensors in the order its `__tensor_flatten__` names them, recursively; a wrapper that is not a
+tensor but has `to_local()` (DTensor-like) is its local tensor; a dict, list or tuple is its
+entries in order. A plain tensor is itself, so every digest of plain tensors is what it was.
+
 `digest_tensors` is the straightforward form (one case, one host copy of two integers per step);
 worker.engine.fast computes the same lanes for many cases at once over a padded [cases, width]
 layout, masking the padding, and copies them to the host once per case group.
@@ -115,8 +121,39 @@ def format_digest_series(lane_a: torch.Tensor, lane_b: torch.Tensor) -> list[lis
             for row in range(cases)]
 
 
+def is_plain(value: object) -> bool:
+    """A tensor whose elements are its own storage (torch.Tensor or nn.Parameter), not a wrapper."""
+    return isinstance(value, torch.Tensor) and not hasattr(type(value), "__tensor_flatten__")
+
+
+def plain_tensors(value: object, name: str = "") -> list[tuple[str, torch.Tensor]]:
+    """(name, plain tensor) leaves of a state as it is (module doc), depth first, in order.
+    Inner names join with ".": a quantized state "exp_avg" gives "exp_avg.codes", "exp_avg.scale".
+    Raises TypeError for anything else (a float, None), naming where it is."""
+    if is_plain(value):
+        return [(name, value)]
+    if isinstance(value, torch.Tensor):  # a tensor subclass: its inner tensors as it names them
+        inner, _context = value.__tensor_flatten__()
+        return [leaf for attr in inner for leaf in plain_tensors(getattr(value, attr), _join(name, attr))]
+    if callable(getattr(value, "to_local", None)):  # a DTensor-like wrapper that is not a tensor
+        return plain_tensors(value.to_local(), name)
+    if isinstance(value, dict):
+        return [leaf for key, item in value.items() for leaf in plain_tensors(item, _join(name, str(key)))]
+    if isinstance(value, (list, tuple)):
+        return [leaf for index, item in enumerate(value) for leaf in plain_tensors(item, _join(name, str(index)))]
+    raise TypeError(f"state {name or '(top)'} is a {type(value).__name__}, not a tensor, a tensor subclass, "
+                    "a dict, a list or a tuple of them (expose scalars as 0-d tensors)")
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
 def digest_lanes(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The two lanes of one case as a 2-element int64 tensor on the tensors' device (no sync)."""
+    """The two lanes of one case as a 2-element int64 tensor on the tensors' device (no sync).
+    Tensor subclasses and containers among `tensors` count as their plain leaves (plain_tensors)."""
+    if not all(is_plain(t) for t in tensors):
+        tensors = [leaf for _, leaf in plain_tensors(list(tensors))]
     total_a = total_b = None
     for slot, tensor in enumerate(tensors):
         bits = element_bits(tensor).reshape(-1)

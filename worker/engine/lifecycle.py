@@ -19,7 +19,9 @@ from typing import Any
 import torch
 
 from service.core.results import CaseSpec
-from worker.adapters.base import AdapterContractError, FamilyAdapter, HandedOverStates
+from worker.adapters.base import (AdapterContractError, FamilyAdapter, HandedOverStates, StateDeclaration,
+                                  StateNotAsDeclared)
+from worker.engine.digest import is_plain, plain_tensors
 
 
 def adapter_name(family: object) -> str:
@@ -76,26 +78,27 @@ _VALUE_TYPES = (int, str, bytes, tuple)
 class _Handles:
     """One family adapter's handles, looked up in O(1): objects by id while they are alive (a weak
     reference: a dead object's address may be reused by a new one, legitimately), value handles
-    (an int key, a tuple) by value, each with the case it was given to and whether it is open.
+    (an int key, a tuple) by value, each with the case it was given to (its CaseSpec: what
+    digest_states checks a declared state against) and whether it is open.
     An object that cannot be weakly referenced (a dict) is tracked while open only."""
 
     def __init__(self) -> None:
-        self.objects: dict[int, tuple[Any, str, bool]] = {}
-        self.values: dict[Any, tuple[str, bool]] = {}
+        self.objects: dict[int, tuple[Any, CaseSpec, bool]] = {}
+        self.values: dict[Any, tuple[CaseSpec, bool]] = {}
 
-    def holder(self, handle: Any) -> tuple[str, bool] | None:
+    def holder(self, handle: Any) -> tuple[CaseSpec, bool] | None:
         if isinstance(handle, _VALUE_TYPES):
             return self.values.get(handle)
         entry = self.objects.get(id(handle))
         if entry is None:
             return None
-        ref, case_id, is_open = entry
+        ref, case, is_open = entry
         alive = ref() if isinstance(ref, weakref.ref) else ref
-        return (case_id, is_open) if alive is handle else None
+        return (case, is_open) if alive is handle else None
 
-    def record(self, handle: Any, case_id: str, is_open: bool) -> None:
+    def record(self, handle: Any, case: CaseSpec, is_open: bool) -> None:
         if isinstance(handle, _VALUE_TYPES):
-            self.values[handle] = (case_id, is_open)
+            self.values[handle] = (case, is_open)
             return
         key = id(handle)
         try:
@@ -105,7 +108,7 @@ class _Handles:
                 self.objects.pop(key, None)
                 return
             ref = handle
-        self.objects[key] = (ref, case_id, is_open)
+        self.objects[key] = (ref, case, is_open)
 
     def _forget(self, key: int, dead: weakref.ref) -> None:
         if self.objects.get(key, (None,))[0] is dead:
@@ -132,10 +135,10 @@ def open_case(family: FamilyAdapter, case: CaseSpec, param: torch.Tensor, device
         state = "still open" if is_open else "closed: a handle is never reused"
         raise AdapterContractError(
             f"adapter {adapter_name(family)} returned the same handle for case {case.case_id} as for "
-            f"case {other} ({state}): every case needs its own handle (its own library optimizer and "
+            f"case {other.case_id} ({state}): every case needs its own handle (its own library optimizer and "
             "state), or one case steps another's. Create the per-case objects in open() and keep them "
             "in the handle; never look them up by id(param) or a data pointer (docs/PROJECTS.md)")
-    registry.record(handle, case.case_id, True)
+    registry.record(handle, case, True)
     return handle
 
 
@@ -163,14 +166,69 @@ def close_all(opened: list[tuple[FamilyAdapter, Any]]) -> None:
 
 # ----------------------------------------------------------------------------- digested state
 def digest_states(family: FamilyAdapter, handle: Any) -> list[tuple[str, torch.Tensor]]:
-    """(name, tensor) of state_for_digest(handle), in its order; names are positions for a list."""
+    """(name, plain tensor) of state_for_digest(handle), in its order, read as it is: an entry that
+    is a tensor subclass, a DTensor-like wrapper or a container counts as its plain leaves
+    ("exp_avg.codes", ...; worker.engine.digest.plain_tensors); names are positions for a list.
+    A plain entry is itself, so plain states read (and digest) as they always did. When the
+    handle's case has a declared state (FamilyAdapter.declared_state), it is checked here, so
+    both engines refuse a state that is not the declared one (StateNotAsDeclared)."""
     states = family.state_for_digest(handle)
-    items = list(states.items()) if isinstance(states, Mapping) else [(str(i), t) for i, t in enumerate(states)]
-    for name, tensor in items:
-        if not isinstance(tensor, torch.Tensor):
-            raise AdapterContractError(f"adapter {adapter_name(family)}: state_for_digest entry {name!r} is a "
-                                       f"{type(tensor).__name__}, not a tensor (expose scalars as 0-d tensors)")
+    entries = list(states.items()) if isinstance(states, Mapping) else [(str(i), t) for i, t in enumerate(states)]
+    items = []
+    for name, value in entries:
+        try:
+            items.extend(plain_tensors(value, str(name)))
+        except TypeError as error:
+            raise AdapterContractError(f"adapter {adapter_name(family)}: state_for_digest entry {name!r}: "
+                                       f"{error}") from None
+    if family.states_movable and not all(is_plain(value) for _, value in entries):
+        raise AdapterContractError(f"adapter {adapter_name(family)} hands its states over (states_movable) but "
+                                   "state_for_digest holds tensor subclasses or containers: handed-over states "
+                                   "are plain tensors (or leave states_movable False: library-owned)")
+    holder = _registry(family).holder(handle)
+    declare = getattr(family, "declared_state", None)
+    declaration = declare(holder[0]) if holder is not None and declare is not None else None
+    if declaration is not None and entries:
+        check_declared_state(declaration, holder[0], entries, adapter_name(family))
     return items
+
+
+def check_declared_state_now(family: FamilyAdapter, handle: Any) -> None:
+    """Where the handle's case has a declared state, read and check it now (digest_states does);
+    otherwise nothing is read, so an adapter whose state appears only at its first step is not
+    asked for it before then."""
+    holder = _registry(family).holder(handle)
+    declare = getattr(family, "declared_state", None)
+    if holder is not None and declare is not None and declare(holder[0]) is not None:
+        digest_states(family, handle)
+
+
+def check_declared_state(declaration: StateDeclaration, case: CaseSpec, entries: list[tuple[str, Any]],
+                         adapter: str) -> None:
+    """Raise StateNotAsDeclared unless every checked entry holds codes of the declared dtype and,
+    with a block size, ceil(size / block_size) scales (its other floating-point values)."""
+    wanted = declaration.states
+    claim = f"{adapter} declares {declaration.family} state for case {case.case_id}"
+    present = {str(name) for name, _ in entries}
+    for name in wanted or ():
+        if name not in present:
+            raise StateNotAsDeclared(f"{claim}, but it has no state {name!r} (it has {sorted(present)})")
+    for name, value in entries:
+        leaves = [tensor for _, tensor in plain_tensors(value, str(name))]
+        if wanted is None and all(t.dim() == 0 for t in leaves) or wanted is not None and str(name) not in wanted:
+            continue
+        layout = ", ".join(f"{str(t.dtype).removeprefix('torch.')}[{t.numel()}]" for t in leaves)
+        if not any(str(t.dtype).removeprefix("torch.") == declaration.code_dtype for t in leaves):
+            raise StateNotAsDeclared(
+                f"{claim}, but state {name!r} is {layout}, with no {declaration.code_dtype} codes: the library "
+                f"fell back to another state (n={case.size}); not run as {declaration.family}")
+        if declaration.block_size:
+            scales = sum(t.numel() for t in leaves if t.is_floating_point())
+            expected = -(-case.size // declaration.block_size)
+            if scales != expected:
+                raise StateNotAsDeclared(
+                    f"{claim} with blocks of {declaration.block_size} ({expected} scales for n={case.size}), but "
+                    f"state {name!r} is {layout}: {scales} scale values; not run as {declaration.family}")
 
 
 def check_unshared(family_of_case: Mapping[int, FamilyAdapter], states_of_case: Mapping[int, list],

@@ -25,6 +25,7 @@ import torch
 
 from service.core.results import CaseResult, CaseSpec, Trajectory
 from worker.adapters.base import FamilyAdapter  # noqa: F401 - re-exported: the engines' family type
+from worker.adapters.base import StateNotAsDeclared
 from worker.engine import lifecycle
 from worker.engine.digest import digest_tensors
 from worker.engine.gradients import GradientStream, initial_parameters
@@ -62,8 +63,17 @@ def _start(case: CaseSpec, device: torch.device, families: Mapping[str, FamilyAd
 
 
 def _digested(family: FamilyAdapter, handle, param: torch.Tensor) -> list[torch.Tensor]:  # noqa: ANN001
-    """What the digest covers: the parameter, then what the library updates (state_for_digest)."""
+    """What the digest covers: the parameter, then what the library updates (state_for_digest,
+    read as it is: tensor subclasses and containers as their plain inner tensors), checked
+    against the case's declared state (lifecycle.digest_states)."""
     return [param, *(tensor for _, tensor in lifecycle.digest_states(family, handle))]
+
+
+def _not_as_declared(case: CaseSpec, error: StateNotAsDeclared, started: float) -> CaseResult:
+    """A state that is not the declared one (a silent fallback): set aside, never judged as the
+    family it claims. Both engines end here (the fast engine hands a case that raised to run_case)."""
+    return CaseResult(case=case, status="not_applicable", message=str(error),
+                      duration_s=time.perf_counter() - started)
 
 
 def run_params(case: CaseSpec, device: torch.device, params_out: BinaryIO, *,
@@ -77,10 +87,13 @@ def run_params(case: CaseSpec, device: torch.device, params_out: BinaryIO, *,
     handle = lifecycle.open_case(family, case, param, device)
     try:
         digests = []
+        lifecycle.check_declared_state_now(family, handle)  # a state made at open is checked before step 1
         for step in range(1, case.steps + 1):
             family.step(handle, param, stream.kernel_gradient(step, param), step)
             digests.append(digest_tensors(_digested(family, handle, param)))
             params_out.write(param.detach().to(torch.float32).cpu().numpy().tobytes())
+    except StateNotAsDeclared as error:
+        return _not_as_declared(case, error, started)
     finally:
         lifecycle.close_all([(family, handle)])
     trajectory = Trajectory(ref64_max_abs=[], ref64_max_rel=[], nonfinite_count=[], digests=digests)
@@ -102,6 +115,7 @@ def run_case(case: CaseSpec, device: torch.device, params_out: BinaryIO | None =
     abs64, rel64, abs_same, nonfinite, digests = [], [], [], [], []
     handle = lifecycle.open_case(family, case, param, device)
     try:
+        lifecycle.check_declared_state_now(family, handle)  # a state made at open is checked before step 1
         for step in range(1, case.steps + 1):
             grad = stream.kernel_gradient(step, param)
             family.step(handle, param, grad, step)
@@ -119,6 +133,8 @@ def run_case(case: CaseSpec, device: torch.device, params_out: BinaryIO | None =
             nonfinite.append(_nonfinite(digested))
             if params_out is not None:
                 params_out.write(param.detach().to(torch.float32).cpu().numpy().tobytes())
+    except StateNotAsDeclared as error:
+        return _not_as_declared(case, error, started)
     finally:
         lifecycle.close_all([(family, handle)])
 

@@ -186,7 +186,7 @@ def test_a_sandboxed_host_answers_known_series_by_key_and_a_false_key_breaks_onl
     (the parent holds its digests and metrics) and the results equal the cold run's, bit for
     bit. A host (it runs submitted code) naming a key it was not told of gets that case broken
     as a protocol violation; every other case stands."""
-    from worker.engine import host as host_module
+    from worker.engine.host import client as host_module  # the module whose run_many resolves known series
 
     cases = load_battery("quick").expand()[:12]
     cache = ReferenceCache(tmp_path, writable=True)

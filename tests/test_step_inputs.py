@@ -155,7 +155,7 @@ def test_a_spare_sets_its_waves_up_ahead_and_a_warm_run_takes_them_bit_for_bit(k
     them: every case's digests form its known series (so each is answered by its key alone) and
     every result equals a cold run's. A request with other cases leaves them (they were made for
     those cases only) and sets its own up."""
-    from worker.engine import host as host_module
+    from worker.engine.host import client as host_module  # the module whose run_many resolves known series
 
     cases = QUICK  # three waves (1, 10 and 20 steps)
     cache = reference_cache.ReferenceCache(tmp_path / "references", writable=True)

@@ -138,7 +138,7 @@ class _KernelsOnlyWave(fast._Wave):
 
 class ReadyWaves:
     """The kernels-only waves of `cases`, set up before any build is loaded: a spare kernel host's
-    for the cases its parent expects (worker/engine/host.py `_prepare_inputs`). Each wave has its
+    for the cases its parent expects (worker/engine/host/spare.py). Each wave has its
     arenas, initial parameters, every case opened by `families` with its states laid out, its
     observation and (CUDA) its gradient graphs; only the binding of each step to the build
     (`_Wave.bind_steps`) is left. A warm
@@ -299,7 +299,7 @@ def run_request(request: dict, cases: list[CaseSpec], runnable: list[int], devic
                 families: Mapping[str, FamilyAdapter], emit: OnResult,
                 profile: dict[str, float] | None = None, emit_known: OnKnown | None = None,
                 ready: ReadyWaves | None = None) -> dict[str, float]:
-    """The kernel host's `run_many` (worker/engine/host.py) on the `runnable` indices of `cases`:
+    """The kernel host's `run_many` (worker/engine/host/batch.py) on the `runnable` indices of `cases`:
     with "params_out" (a file in the host's scratch) the co-run's kernels-only run writing it; with
     "known" ({case index: [series keys]}) the reference cache's two passes; else the fast engine.
     Returns, for a co-run's request, where its parameter writing went (run_kernels_only's

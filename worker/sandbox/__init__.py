@@ -55,7 +55,7 @@ ALLOWED_ENV = (
     "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "CC", "CXX", "CUDAHOSTCXX", "NVCC_PREPEND_FLAGS",
     "NVCC_APPEND_FLAGS", "TORCH_CUDA_ARCH_LIST", "MAX_JOBS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
     "PYTHONPATH", "VIRTUAL_ENV", "OPTDRIFT_CUDA_ARCHS", "BNB_CUDA_VERSION",
-    # test-only fault injection of the kernel host (worker/engine/host.py); carries no secret
+    # test-only fault injection of the kernel host (worker/engine/host/faults.py); carries no secret
     "OPTDRIFT_TEST_HOST_FAULT",
 )
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from service.domain import attribution_view
+from service.core import attribution_view
 from service.core.verdicts import compare_runs
 from worker.attribution.analysis import MATCH_ULPS_PER_STEP, ROUNDING_ULPS_PER_STEP
 from worker.attribution.record import attribute_changed

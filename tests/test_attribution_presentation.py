@@ -41,15 +41,15 @@ def test_api_run_page_and_cli_show_the_kind_of_change(api, db_session, api_setti
     verdict = api.get(f"/api/v1/runs/{run.id}").json()["verdict"]
     by_case = {a["case_id"]: a for a in verdict["attribution"]}
     assert by_case["decayed"]["kind"] == "semantic" and by_case["decayed"]["variant"] == "decay_after_update"
-    assert by_case["decayed"]["text"] == ("semantic: weight decay applied after the update — 9.7e-06 from that "
-                                          "variant, 0.013 from the reference (next best 5.1e+04x worse)")
-    assert by_case["reorder"]["text"] == "rounding-level: 2 ulp at the first divergent step, 4 ulp at most"
+    assert by_case["decayed"]["text"] == ("semantic: weight decay applied after the update — 9.650e-06 from that "
+                                          "variant, 1.255e-02 from the reference (next best ×5.081e+04 worse)")
+    assert by_case["reorder"]["text"] == "rounding-level: 2.000e+00 ulp at the first divergent step, 4.000e+00 ulp at most"
     assert by_case["reorder"]["first_step_ulps"] == 2.0
     # The headline ranks by the change relative to the case's own scale: the 8-bit case's huge
     # absolute change (its quantization error) does not lead it.
     assert verdict["attribution_summary"] == (
         "attribution: semantic — looks like weight decay applied after the update (2), rounding-level (1); "
-        "largest change 1.39e+03x the baseline's own distance to float64 (decayed)")
+        "largest change ×1.391e+03 the baseline's own distance to float64 (decayed)")
 
     page = api.get("/projects/p/commits/b").text
     assert 'id="attribution-summary"' in page and "looks like weight decay applied after the update (2)" in page
@@ -57,16 +57,16 @@ def test_api_run_page_and_cli_show_the_kind_of_change(api, db_session, api_setti
     order = [page.index(f'<tr data-case-id="{name}">') for name in ("decayed", "reorder", "eightbit")]
     assert order == sorted(order)
     row = page.split('<tr data-case-id="reorder">')[1].split("</tr>")[0]
-    assert "2 / 4 ulp" in row and "kind-rounding-level" in row
+    assert "2.000e+00 / 4.000e+00 ulp" in row and "kind-rounding-level" in row
     row = page.split('<tr data-case-id="decayed">')[1].split("</tr>")[0]
-    assert "2.68e+05 / 3.22e+05 ulp" in row and "1.39e+03×" in row and "weight decay applied after the update" in row
+    assert "2.684e+05 / 3.223e+05 ulp" in row and "1.391e+03×" in row and "weight decay applied after the update" in row
 
     run_json = api.get(f"/api/v1/runs/{run.id}").json()
     out = io.StringIO()
     print_report(Console(file=out, width=1000), [run_json])
     text = out.getvalue()
-    assert "ulp first / peak" in text and "2.68e+05 / 3.22e+05" in text
-    assert "semantic: weight decay applied after the update" in text and "rounding-level: 2 ulp" in text
+    assert "ulp first / peak" in text and "2.684e+05 / 3.223e+05" in text
+    assert "semantic: weight decay applied after the update" in text and "rounding-level: 2.000e+00 ulp" in text
     assert f"run {run.id}: attribution: semantic — looks like weight decay applied after the update (2)" in text
 
 
@@ -85,7 +85,7 @@ def test_a_failed_attribution_is_said_and_changes_nothing(api, db_session, api_s
 def test_a_precision_change_reads_as_precision_with_its_variant():
     """A named precision variant (an intermediate's precision, beyond a rounding) is worded and
     counted as precision, not as semantic."""
-    from service.domain.attribution_view import by_case, headline
+    from service.core.attribution_view import by_case, headline
 
     detail = {"attribution": {"adam.a": {"class": "precision", "variant": "bias_correction_float32_powers",
                                          "label": "the bias corrections from float32 powers of beta",
@@ -94,7 +94,7 @@ def test_a_precision_change_reads_as_precision_with_its_variant():
                               "adam.b": {"class": "rounding-level", "variant": None, "first_step_ulps": 1.0,
                                          "peak_ulps": 1.0}}}
     cases = by_case(detail)
-    assert cases["adam.a"].text.startswith("precision: the bias corrections from float32 powers of beta — 1e-07")
+    assert cases["adam.a"].text.startswith("precision: the bias corrections from float32 powers of beta — 1.000e-07")
     line = headline(detail)
     assert "precision — looks like the bias corrections from float32 powers of beta (1)" in line
     assert "semantic" not in line and "rounding-level (1)" in line

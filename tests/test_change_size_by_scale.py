@@ -17,6 +17,7 @@ from service.dashboard.wording import size_sentence
 from service.domain.dashboard_queries import ChangedCase
 from service.core.results import CaseResult, GradientStreamSpec, RunResult, Trajectory
 from service.core.verdicts import case_scale, change_size_by_scale, compare_runs
+from service.core.wording import scale_label
 from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case
 
 FP32 = (9.0e-06, 1.3e-02)        # peak distance to float64, baseline → commit
@@ -54,9 +55,9 @@ def test_the_summary_gives_each_family_and_dtype_its_own_figures() -> None:
     fp32 = [line for line in lines if "32bit float32 (2 cases)" in line and "8bit" not in line]
     eight = [line for line in lines if "8bit_blockwise float32 (2 cases)" in line]
     assert len(fp32) == 1 and len(eight) == 1, comparison.summary
-    assert "peak distance to float64 9.00e-06 → 1.30e-02, ×1.44e+03 (2 farther)" in fp32[0]
-    assert "largest |commit - baseline| 1.25e-02" in fp32[0]
-    assert "peak distance to float64 3.66e+04 → 3.61e+04, unchanged in scale (×0.986)" in eight[0]
+    assert "peak distance to float64 9.000e-06 → 1.300e-02, ×1.444e+03 (2 farther)" in fp32[0]
+    assert "largest |commit - baseline| 1.250e-02" in fp32[0]
+    assert "peak distance to float64 3.660e+04 → 3.610e+04, unchanged in scale (×9.863e-01)" in eight[0]
     assert "quantization error, large by design" in eight[0]
     # No line carries a figure of the other scale: the 8-bit distance and |Δ| never stand for the fp32 cases.
     for line in lines:
@@ -73,12 +74,12 @@ def test_the_cli_tables_give_each_family_and_dtype_its_own_figures() -> None:
     console = Console(width=400, record=True)
     print_report(console, [run])
     text = console.export_text()
-    assert "32bit float32: 9e-06 → 0.013" in text and "8bit_blockwise float32: 3.66e+04 → 3.61e+04" in text
-    assert "32bit float32: 0.0125" in text and "8bit_blockwise float32: 300" in text  # max |Δ| per group
-    assert "run 7: 8bit_blockwise float32 (2 cases): peak distance to float64 3.66e+04 → 3.61e+04" in text
+    assert "32bit float32: 9.000e-06 → 1.300e-02" in text and "8bit_blockwise float32: 3.660e+04 → 3.610e+04" in text
+    assert "32bit float32: 1.250e-02" in text and "8bit_blockwise float32: 3.000e+02" in text  # max |Δ| per group
+    assert "run 7: 8bit_blockwise float32 (2 cases): peak distance to float64 3.660e+04 → 3.610e+04" in text
     # The run row never shows a bare figure: each one is labelled with its family and dtype.
     row = next(line for line in text.splitlines() if "│ decay " in line)
-    assert "3.66e+04 → 3.61e+04" not in row.replace("8bit_blockwise float32: 3.66e+04 → 3.61e+04", ""), row
+    assert "3.660e+04 → 3.610e+04" not in row.replace("8bit_blockwise float32: 3.660e+04 → 3.610e+04", ""), row
 
 
 def test_the_dashboard_sentence_gives_each_family_and_dtype_its_own_figures() -> None:
@@ -89,8 +90,8 @@ def test_the_dashboard_sentence_gives_each_family_and_dtype_its_own_figures() ->
                            message=None, commit_peak=after, baseline_peak=before)
 
     sentence = size_sentence([changed("32bit", *FP32), changed("8bit_blockwise", *EIGHT_BIT)])
-    assert "32bit float32, 1 case: 9.00e-06 → 1.30e-02, ×1.44e+03" in sentence
-    assert ("8bit_blockwise float32, 1 case: 3.66e+04 → 3.61e+04, unchanged in scale (×0.986) (with 8-bit states "
+    assert "32bit float32, 1 case: 9.000e-06 → 1.300e-02, ×1.444e+03" in sentence
+    assert ("8bit_blockwise float32, 1 case: 3.660e+04 → 3.610e+04, unchanged in scale (×9.863e-01) (with 8-bit states "
             "the distance to float64 is their quantization error") in sentence
 
 
@@ -104,5 +105,5 @@ def test_verdicts_stored_before_the_scale_was_recorded_are_grouped_by_their_case
          "commit_peak_ref64_distance": EIGHT_BIT[1]},
         {"case_id": fp32.case_id, "verdict": "changed", "baseline_peak_ref64_distance": FP32[0],
          "commit_peak_ref64_distance": FP32[1]}])
-    assert [(g.label, g.baseline_peak, g.commit_peak) for g in groups] == [
+    assert [(scale_label(g), g.baseline_peak, g.commit_peak) for g in groups] == [
         ("32bit float32", *FP32), ("8bit_blockwise float32", *EIGHT_BIT)]

@@ -203,7 +203,7 @@ def test_verdict_tables_in_a_log_are_full_width_with_the_change_size(capsys, mon
     text = capsys.readouterr().out
     assert LONG_CASE in text and "unchang…" not in text and "…" not in text
     assert FINAL_RUN["verdict"]["summary"] in text
-    assert "1.9e-06" in text and "1.25e-05 → 0.015" in text  # max |Δ|, float64 distance before → after
+    assert "1.900e-06" in text and "1.250e-05 → 1.500e-02" in text  # max |Δ|, float64 distance before → after
 
 
 def test_progress_lines_say_cases_phase_and_elapsed() -> None:

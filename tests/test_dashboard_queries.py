@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from service.domain.dashboard_queries import badge, direction_counts
 from service.core.results import CaseComparison, RunResult
-from service.core.verdicts import summarize
+from service.core.verdicts import compare_runs, figures
+from service.db.models import DONE, Commit, Project, Run, SourceArchive, Verdict
+from service.domain import dashboard_queries
+from service.domain.dashboard_queries import badge
 
 
 def _changed(case_id: str, direction: str) -> CaseComparison:
@@ -14,32 +16,67 @@ def _changed(case_id: str, direction: str) -> CaseComparison:
                           direction=direction)
 
 
-def test_direction_counts_read_the_summary_that_service_verdicts_writes() -> None:
-    # The overview reads directions from the summary line instead of every case of the detail; if
-    # summarize changes its wording, this fails instead of every badge silently losing its direction.
-    cases = [_changed("a", "farther"), _changed("b", "farther"), _changed("c", "closer"), _changed("d", "same"),
-             CaseComparison(case_id="e", optimizer="lion", verdict="unchanged")]
-    run = RunResult(battery_name="quick", battery_version=1, battery_digest="x")
-    summary = summarize("changed", cases, run, run)
-    assert direction_counts(summary) == {"farther": 2, "closer": 1, "same": 1}
-    assert direction_counts("UNCHANGED: 5 unchanged of 5 cases") == {}
-    assert direction_counts(None) == {}
+CASES = [_changed("a", "farther"), _changed("b", "farther"), _changed("c", "closer"), _changed("d", "same"),
+         CaseComparison(case_id="e", optimizer="lion", verdict="unchanged")]
+
+
+def test_direction_counts_are_a_field_of_the_comparison() -> None:
+    counted = figures(CASES)
+    assert counted.directions == {"farther": 2, "closer": 1, "same": 1}
+    assert (counted.changed, counted.unchanged, counted.judged, counted.first_divergent_step) == (4, 1, 5, 1)
+    # Stored with the verdict: compare_runs puts the figures on the comparison it returns.
+    empty = RunResult(battery_name="quick", battery_version=1, battery_digest="x")
+    assert compare_runs(empty, empty).figures.directions == {"closer": 0, "farther": 0, "same": 0}
 
 
 def test_badges_say_the_verdict_in_words() -> None:
-    farther = "CHANGED: 1 changed of 2 cases\nvs float64 reference: 1 farther (final distance commit/baseline from 2x to 2x)"
-    closer = "CHANGED: 1 changed\nvs float64 reference: 3 closer"
-    mixed = "CHANGED\nvs float64 reference: 3 closer, 2 farther, 1 same"
-    assert badge(status="done", outcome="changed", summary=farther).text == "changed → farther"
-    assert badge(status="done", outcome="changed", summary=closer).text == "changed → closer"
-    assert badge(status="done", outcome="changed", summary=mixed).text == "changed → mixed: 2 farther, 3 closer"
-    assert badge(status="done", outcome="changed", summary=closer, acknowledged=True).text == \
+    farther, closer = {"farther": 1, "closer": 0}, {"closer": 3}
+    mixed = {"closer": 3, "farther": 2, "same": 1}
+    assert badge(status="done", outcome="changed", directions=farther).text == "changed → farther"
+    assert badge(status="done", outcome="changed", directions=closer).text == "changed → closer"
+    assert badge(status="done", outcome="changed", directions=mixed).text == "changed → mixed: 2 farther, 3 closer"
+    assert badge(status="done", outcome="changed", directions=closer, acknowledged=True).text == \
         "changed → closer (acknowledged)"
+    assert badge(status="done", outcome="changed").text == "changed → same distance"
     assert badge(status="done", outcome="unchanged").text == "unchanged"
     assert badge(status="done", outcome="no-baseline").text == "no baseline"
     assert badge(status="failed", outcome="broken").text == "broken"
     assert badge(status="running", outcome=None, cases_done=3, cases_total=81).text == "running 3/81"
     assert badge(status="queued", outcome=None).text == "queued"
+
+
+def _changed_run(session, project: Project, sha: str, detail: dict) -> None:  # noqa: ANN001
+    commit = Commit(project_id=project.id, sha=sha, parents=[], source_digest="0" * 64)
+    session.add(commit)
+    session.flush()
+    run = Run(project_id=project.id, commit_id=commit.id, source_digest="0" * 64, battery="quick",
+              battery_hash="b" * 64, environment="cpu", status=DONE)
+    session.add(run)
+    session.flush()
+    session.add(Verdict(run_id=run.id, outcome="changed", flagged=True, changed_cases=4, first_divergent_step=1,
+                        detail=detail))
+    session.flush()
+
+
+def test_the_overview_badge_reads_the_stored_figures_never_the_summary_text(db_session) -> None:
+    project = Project(name="figures", environments=["cpu"])
+    db_session.add(project)
+    if db_session.get(SourceArchive, "0" * 64) is None:
+        db_session.add(SourceArchive(digest="0" * 64, size_bytes=1, member_count=1))
+    db_session.flush()
+    cases = [c.model_dump(mode="json") for c in CASES]
+    # A summary whose words say otherwise: a badge that parsed them would read "closer".
+    lying = "CHANGED: 4 changed of 5 cases\nvs float64 reference: 9 closer"
+    # Stored with figures: the field wins (its counts differ from the cases' on purpose).
+    _changed_run(db_session, project, "new", {"summary": lying, "cases": cases,
+                                               "figures": figures(CASES[2:]).model_dump(mode="json")})
+    # Stored before the figures were: counted from the stored cases.
+    _changed_run(db_session, project, "old", {"summary": lying, "cases": cases})
+
+    rows = {row.sha: row.badge.text for row in
+            dashboard_queries.overview(session=db_session, project_name="figures").rows}
+
+    assert rows == {"new": "changed → closer", "old": "changed → mixed: 2 farther, 1 closer"}
 
 
 def test_pages_answer_404_and_422_with_what_to_do(api) -> None:

@@ -182,7 +182,7 @@ def test_a_change_that_wanders_off_and_comes_back_reads_farther_not_same():
     # The summary counts the trajectory's direction and says where the final step alone disagrees.
     assert "vs float64 reference: 1 farther (" in comparison.summary
     assert "final step alone reads otherwise for 1 case:" in comparison.summary
-    assert "farther over the trajectory (peak 5.000e-06 -> 6.800e-04), same at the final step" in comparison.summary
+    assert "farther over the trajectory (peak 5.000e-06 → 6.800e-04), same at the final step" in comparison.summary
 
 
 def test_a_change_that_stays_closer_until_the_last_step_reads_closer():

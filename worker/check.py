@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from service.core.results import RunComparison
+from service.core.wording import number
 
 EXIT_OK, EXIT_CHANGED, EXIT_BAD_INPUT, EXIT_BROKEN, EXIT_ERROR, EXIT_NONDETERMINISTIC = 0, 1, 2, 3, 4, 5
 EXIT_BY_VERDICT = {"unchanged": EXIT_OK, "no-baseline": EXIT_OK, "changed": EXIT_CHANGED,
@@ -23,11 +24,11 @@ EXIT_BY_VERDICT = {"unchanged": EXIT_OK, "no-baseline": EXIT_OK, "changed": EXIT
 
 
 def _fmt(value: float | None) -> str:
-    return "" if value is None else f"{value:.3e}"
+    return number(value, missing="")
 
 
 def _short(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3g}"
+    return number(value, missing="-")
 
 
 def print_verdict(comparison: RunComparison, console: Console, *, show_unchanged: bool = False) -> None:
@@ -54,10 +55,10 @@ def print_verdict(comparison: RunComparison, console: Console, *, show_unchanged
 
 
 def print_attribution(attribution: dict, console: Console) -> None:
-    """What kind of change each changed case is (service/domain/attribution_view.py words it, as the
+    """What kind of change each changed case is (service/core/attribution_view.py words it, as the
     service's CLI table and run page do): its size in ulps of its own scale, relative to the
     baseline's distance to float64, and rounding-level or which semantic change it looks like."""
-    from service.domain.attribution_view import attribution_error, by_case, headline, order_by_relative_change
+    from service.core.attribution_view import attribution_error, by_case, headline, order_by_relative_change
 
     detail = {"attribution": attribution}
     if attribution_error(detail):

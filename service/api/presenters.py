@@ -13,7 +13,7 @@ from service.api.schemas import (
     TrajectoryPublic, VerdictPublic,
 )
 from service.db.models import ERROR, FAILED, Commit, Run, Trajectory, Verdict
-from service.domain import attribution_view
+from service.core import attribution_view
 from service.domain.trajectories import unpack_series
 from service.domain.workers import waiting_for
 from service.core.results import CaseVerdict

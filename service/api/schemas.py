@@ -118,7 +118,7 @@ class DirectionDisagreement(BaseModel):
 
 
 class CaseAttributionPublic(BaseModel):
-    """What kind of change a changed case shows (issue 17; service/domain/attribution_view.py)."""
+    """What kind of change a changed case shows (issue 17; service/core/attribution_view.py)."""
 
     case_id: str
     kind: str = Field(description="semantic | precision (an intermediate's precision, beyond a rounding) | "

@@ -18,6 +18,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from service.core.results import ComparisonFigures, ScaleGroup
+from service.core.verdicts import figures_of
+from service.core.wording import before_after, number, scale_label, scale_line
+
 # A CI log line: at most one per run this often, sooner when the run changes phase.
 LINE_INTERVAL_S = 10.0
 # Wide enough for any case id and summary line; no terminal means nothing to fit.
@@ -35,7 +39,8 @@ def make_console(*, stderr: bool = False) -> Console:
 
 
 def _number(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3g}"
+    # The one formatter (service.core.wording); "-" marks a missing figure in a terminal table.
+    return number(value, missing="-")
 
 
 def run_phase(run: dict) -> str:
@@ -50,35 +55,40 @@ def run_phase(run: dict) -> str:
     return status
 
 
-def change_size_cells(cases: list[dict]) -> tuple[str, str]:
-    """The run table's size cells, one line per (kernel family, dtype) of its changed cases
-    (service.core.verdicts.change_size_by_scale: never one figure across scales): the largest
+def size_cells(groups: list[ScaleGroup]) -> tuple[str, str]:
+    """The run table's size cells, one line per (kernel family, dtype) of its changed cases (the
+    verdict's figures.scales: never one figure across scales): the largest
     |commit - baseline| of any step (once the co-run has filled it in), and the largest peak
     distance to the float64 reference before (baseline) → after (commit)."""
-    from service.core.verdicts import change_size_by_scale
-
-    groups = change_size_by_scale(cases)
     if not groups:
         return "-", "-"
     if len(groups) == 1:  # one scale: the figures alone
         return _number(groups[0].largest_diff), _distance_text(groups[0].baseline_peak, groups[0].commit_peak)
-    return ("\n".join(f"{g.label}: {_number(g.largest_diff)}" for g in groups),
-            "\n".join(f"{g.label}: {_distance_text(g.baseline_peak, g.commit_peak)}" for g in groups))
+    return ("\n".join(f"{scale_label(g)}: {_number(g.largest_diff)}" for g in groups),
+            "\n".join(f"{scale_label(g)}: {_distance_text(g.baseline_peak, g.commit_peak)}" for g in groups))
 
 
 def size_lines(run: dict) -> list[str]:
     """The size of a run's change per (kernel family, dtype), in words (8-bit distances explained)."""
-    from service.core.verdicts import change_size_by_scale
-
-    return [f"run {run['id']}: {group.text}" for group in change_size_by_scale(_cases(run))]
+    return [f"run {run['id']}: {scale_line(group)}" for group in _figures(run).scales]
 
 
 def _distance_text(before: float | None, after: float | None) -> str:
-    return "-" if before is None and after is None else f"{_number(before)} → {_number(after)}"
+    return before_after(before, after, missing="-")
+
+
+def _detail(run: dict) -> dict:
+    return (run.get("verdict") or {}).get("detail") or {}
+
+
+def _figures(run: dict) -> ComparisonFigures:
+    """The verdict's stored figures (service.core.verdicts.figures_of: derived from its cases for
+    verdicts stored before them)."""
+    return figures_of(_detail(run))
 
 
 def _cases(run: dict) -> list[dict]:
-    return (run.get("verdict") or {}).get("detail", {}).get("cases", [])
+    return _detail(run).get("cases", [])
 
 
 def verdict_table(runs: list[dict]) -> Table:
@@ -90,7 +100,7 @@ def verdict_table(runs: list[dict]) -> Table:
         verdict = run.get("verdict") or {}
         outcome = verdict.get("outcome", "-")
         style = "red" if verdict.get("flagged") else ("green" if outcome == "unchanged" else "")
-        largest_diff, distance = change_size_cells(_cases(run))
+        largest_diff, distance = size_cells(_figures(run).scales)
         text = verdict.get("summary") or run.get("error") or ""
         table.add_row(str(run["id"]), run.get("commit_sha") or f"verify vs {run.get('base_sha')}",
                       run["environment"], run["status"], f"[{style}]{outcome}[/]" if style else outcome,

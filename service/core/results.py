@@ -158,9 +158,63 @@ class CaseComparison(_Model):
     repeat_check: RepeatCheck | None = None
 
 
+# Families whose states are quantized: their distance to float64 is the quantization error, by design.
+QUANTIZED_FAMILY_PREFIX = "8bit"
+# A group whose every case's peak distance to float64 moved by less than this factor either way has
+# not changed in scale (what an 8-bit case's quantization-sized distance can say).
+SAME_SCALE_FACTOR = 2.0
+
+
+class ScaleGroup(_Model):
+    """The changed cases of one (kernel family, parameter dtype): one scale, so one figure
+    (service.core.verdicts.change_size_by_scale)."""
+
+    family: str
+    dtype: str
+    cases: int
+    baseline_peak: float | None = Field(None, description="the group's largest peak distance to float64, baseline")
+    commit_peak: float | None = Field(None, description="... and commit")
+    ratio_low: float | None = Field(None, description="per case: commit's peak distance / baseline's, smallest")
+    ratio_high: float | None = Field(None, description="... and largest")
+    largest_diff: float | None = Field(None, description="the largest per-step |commit - baseline| (co-run)")
+    directions: dict[str, int] = Field({}, description="changed cases per direction, only those that occur")
+
+    @property
+    def quantized(self) -> bool:
+        """8-bit states: the distance to float64 is their quantization error, large by design."""
+        return self.family.startswith(QUANTIZED_FAMILY_PREFIX)
+
+    @property
+    def same_scale(self) -> bool:
+        """Every case's peak distance to float64 moved by less than SAME_SCALE_FACTOR either way."""
+        return (self.ratio_low is not None and self.ratio_high is not None
+                and 1 / SAME_SCALE_FACTOR <= self.ratio_low and self.ratio_high <= SAME_SCALE_FACTOR)
+
+
+class ComparisonFigures(_Model):
+    """Every figure a surface shows about a comparison (dashboard, CLI, notifier, check runs), as
+    fields: read from here, never parsed back from the summary's words."""
+
+    judged: int = Field(description="cases judged (all but not_applicable)")
+    changed: int = Field(description="cases whose verdict is changed")
+    unchanged: int
+    directions: dict[str, int] = Field(description="changed cases per direction over the trajectory: "
+                                                   "closer, farther, same (zeros included)")
+    final_disagreeing: int = Field(description="changed cases whose final-step direction reads otherwise")
+    first_divergent_step: int | None = Field(None, description="the earliest over the changed cases")
+    first_steps: dict[int, int] = Field({}, description="changed cases per first divergent step")
+    final_ratio_low: float | None = Field(None, description="commit's final distance to float64 / "
+                                                            "baseline's, smallest over the changed cases")
+    final_ratio_high: float | None = None
+    scales: list[ScaleGroup] = Field([], description="the size of the change per family and dtype")
+
+
 class RunComparison(_Model):
     verdict: RunVerdictName
     summary: str = Field(description="a few lines a person reads in ten seconds")
+    # None in verdicts stored before the figures were (service.core.verdicts.figures_of derives them
+    # from the stored cases).
+    figures: ComparisonFigures | None = None
     battery_digest: str
     commit_build_digest: str | None = None
     baseline_build_digest: str | None = None

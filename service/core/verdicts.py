@@ -27,10 +27,12 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from service.core.results import CaseComparison, CaseResult, RunComparison, RunResult
+from service.core import wording
+from service.core.results import (
+    CaseComparison, CaseResult, ComparisonFigures, RunComparison, RunResult, ScaleGroup,
+)
 
 # Reference distances (final, peak or mean) within this relative margin of each other are "same": a one-ulp
 # change moves the distance by far less, a real algorithmic change (the decay ordering) by a factor.
@@ -208,78 +210,12 @@ def compare_runs(commit: RunResult, baseline: RunResult | None,
         verdict = "changed"
     else:
         verdict = "unchanged"
-    comparison = RunComparison(verdict=verdict, counts=dict(counts), cases=cases,
-                               summary=summarize(verdict, cases, commit, baseline), **head)
-    return comparison
+    figured = figures(cases)
+    other_battery = baseline is not None and baseline.battery_digest != commit.battery_digest
+    return RunComparison(verdict=verdict, counts=dict(counts), cases=cases, figures=figured,
+                         summary=wording.summary(verdict, cases, figured, other_battery=other_battery), **head)
 
 
-def _listed(items: list[str], shown: int = 3) -> str:
-    return "; ".join(items[:shown]) + (f" (+{len(items) - shown} more)" if len(items) > shown else "")
-
-
-def _cases(count: int) -> str:
-    return f"{count} case" + ("" if count == 1 else "s")
-
-
-def _first_line(text: str | None) -> str:
-    return text.splitlines()[0] if text else ""
-
-
-def summarize(verdict: str, cases: list[CaseComparison], commit: RunResult, baseline: RunResult | None) -> str:
-    total = len(cases)
-    counts = Counter(c.verdict for c in cases)
-    lines = [f"{verdict.upper()}: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) + f" of {total} cases"]
-    if baseline is not None and baseline.battery_digest != commit.battery_digest:
-        lines.append("warning: the baseline ran a different battery; only shared case ids are compared")
-    broken = [c for c in cases if c.verdict == "broken"]
-    if broken:
-        lines.append("broken: " + _listed([f"{c.case_id}: {_first_line(c.message)}" for c in broken]))
-    unsteady = [c for c in cases if c.verdict == "nondeterministic"]
-    if unsteady:
-        lines.append("nondeterministic (repeats on the same build differ; not a change against the baseline): "
-                     + _listed([f"{c.case_id}: {c.repeat_check.differing} of {c.repeat_check.runs - 1} repeats "
-                                f"differ from step {c.repeat_check.first_divergent_step}" for c in unsteady]))
-    not_applicable = [c for c in cases if c.verdict == "not_applicable"]
-    if not_applicable:
-        # Grouped by reason: an adapter gives one reason for a whole family of cases (no bf16 kernel).
-        reasons = Counter(_first_line(c.message) or "no reason given" for c in not_applicable)
-        lines.append(f"not applicable on this device, not judged: {_cases(len(not_applicable))} — "
-                     + _listed([f"{reason} ({n})" for reason, n in reasons.most_common()]))
-    changed = [c for c in cases if c.verdict == "changed"]
-    if changed:
-        by_optimizer = Counter(c.optimizer for c in changed)
-        lines.append("changed: " + ", ".join(f"{o} {n}" for o, n in sorted(by_optimizer.items())))
-        steps = Counter(c.first_divergent_step for c in changed)
-        lines.append("first divergent step: " + ", ".join(f"step {s} ({n} cases)" for s, n in sorted(steps.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))[:4]))
-        groups = change_size_by_scale(changed)
-        if groups:
-            lines.append("size, per family and dtype (each in its own scale, never compared across them):")
-            lines += [f"  {group.text}" for group in groups]
-        directions = Counter(c.direction for c in changed if c.direction)
-        ratios = [(c.commit_final_ref64_distance / c.baseline_final_ref64_distance, c.case_id) for c in changed
-                  if c.commit_final_ref64_distance is not None and c.baseline_final_ref64_distance]
-        # service.domain.dashboard_queries.direction_counts reads the counts before the parenthesis.
-        text = "vs float64 reference: " + ", ".join(f"{n} {d}" for d, n in sorted(directions.items()))
-        text += " (peak and mean distance over the steps that differ"
-        if ratios:
-            low, high = min(ratios), max(ratios)
-            text += f"; final distance commit/baseline from {low[0]:.3g}x to {high[0]:.3g}x"
-        lines.append(text + ")")
-        disagreeing = [c for c in changed if c.final_direction and c.direction != c.final_direction]
-        if disagreeing:
-            lines.append(f"final step alone reads otherwise for {_cases(len(disagreeing))}: " + _listed([
-                f"{c.case_id}: {c.direction} over the trajectory (peak {c.baseline_peak_ref64_distance:.3e} -> "
-                f"{c.commit_peak_ref64_distance:.3e}), {c.final_direction} at the final step "
-                f"({c.baseline_final_ref64_distance:.3e} -> {c.commit_final_ref64_distance:.3e})"
-                for c in disagreeing]))
-    return "\n".join(lines)
-
-
-# Families whose states are quantized: their distance to float64 is the quantization error, by design.
-QUANTIZED_FAMILY_PREFIX = "8bit"
-# A group whose every case's peak distance to float64 moved by less than this factor either way has
-# not changed in scale (what an 8-bit case's quantization-sized distance can say).
-SAME_SCALE_FACTOR = 2.0
 _DTYPE_BY_SHORT = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 _FAMILIES = ("32bit", "8bit_blockwise")
 
@@ -299,68 +235,6 @@ def case_scale(case: Mapping[str, Any]) -> tuple[str, str]:
 
 def _finite(value: Any) -> float | None:  # noqa: ANN401
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
-
-
-def _sci(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2e}"
-
-
-@dataclass(frozen=True)
-class ScaleGroup:
-    """The changed cases of one (kernel family, parameter dtype): one scale, so one figure."""
-
-    family: str
-    dtype: str
-    cases: int
-    baseline_peak: float | None     # the group's largest peak distance to float64, before (baseline)
-    commit_peak: float | None       # ... and after (commit)
-    ratio_low: float | None         # per case: commit's peak distance / baseline's, smallest and largest
-    ratio_high: float | None
-    largest_diff: float | None      # the group's largest per-step |commit − baseline| (after the co-run)
-    directions: tuple[tuple[str, int], ...]
-
-    @property
-    def label(self) -> str:
-        return f"{self.family} {self.dtype}"
-
-    @property
-    def quantized(self) -> bool:
-        return self.family.startswith(QUANTIZED_FAMILY_PREFIX)
-
-    @property
-    def same_scale(self) -> bool:
-        return (self.ratio_low is not None and self.ratio_high is not None
-                and 1 / SAME_SCALE_FACTOR <= self.ratio_low and self.ratio_high <= SAME_SCALE_FACTOR)
-
-    @property
-    def distance_text(self) -> str:
-        """'9.00e-06 → 1.30e-02' (the group's peak distance to float64, before → after)."""
-        if self.baseline_peak is None and self.commit_peak is None:
-            return "-"
-        return f"{_sci(self.baseline_peak)} → {_sci(self.commit_peak)}"
-
-    @property
-    def scale_text(self) -> str:
-        """The move in the cases' own scale: 'unchanged in scale (×0.99)' or '×1.4e+03'."""
-        if self.ratio_low is None or self.ratio_high is None:
-            return "no distance to compare"
-        spread = (f"×{self.ratio_low:.3g}" if f"{self.ratio_low:.3g}" == f"{self.ratio_high:.3g}"
-                  else f"×{self.ratio_low:.3g} to ×{self.ratio_high:.3g} per case")
-        return f"unchanged in scale ({spread})" if self.same_scale else spread
-
-    @property
-    def text(self) -> str:
-        """One line: '32bit float32 (12 cases): peak distance to float64 9.00e-06 → 1.30e-02, ×1.44e+03
-        (12 farther); largest |commit - baseline| 1.25e-02'."""
-        moves = ", ".join(f"{n} {d}" for d, n in self.directions)
-        text = (f"{self.label} ({_cases(self.cases)}): peak distance to float64 {self.distance_text}, "
-                f"{self.scale_text}" + (f" ({moves})" if moves else ""))
-        if self.largest_diff is not None:
-            text += f"; largest |commit - baseline| {self.largest_diff:.2e}"
-        if self.quantized:
-            text += ("; with 8-bit states this distance is their quantization error, large by design: "
-                     "only its change in scale says something")
-        return text
 
 
 def change_size_by_scale(cases: Iterable[CaseComparison | Mapping[str, Any]]) -> list[ScaleGroup]:
@@ -388,5 +262,39 @@ def change_size_by_scale(cases: Iterable[CaseComparison | Mapping[str, Any]]) ->
             family=family, dtype=dtype, cases=len(rows), baseline_peak=max(before) if before else None,
             commit_peak=max(after) if after else None, ratio_low=min(ratios) if ratios else None,
             ratio_high=max(ratios) if ratios else None, largest_diff=max(diffs) if diffs else None,
-            directions=tuple(sorted(directions.items()))))
+            directions=dict(sorted(directions.items()))))
     return result
+
+
+def _rows(cases: Iterable[CaseComparison | Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [case.model_dump() if isinstance(case, CaseComparison) else case for case in cases]
+
+
+def figures(cases: Iterable[CaseComparison | Mapping[str, Any]]) -> ComparisonFigures:
+    """Every figure the surfaces show about a comparison, from its cases (CaseComparison objects or
+    their stored JSON): counts, directions, first steps, final-distance ratios, sizes per scale."""
+    rows = _rows(cases)
+    changed = [row for row in rows if row.get("verdict") == "changed"]
+    directions = Counter(row.get("direction") for row in changed if row.get("direction"))
+    steps = Counter(step for row in changed if (step := row.get("first_divergent_step")))
+    ratios = [a / b for row in changed
+              if (b := _finite(row.get("baseline_final_ref64_distance")))
+              and (a := _finite(row.get("commit_final_ref64_distance"))) is not None]
+    return ComparisonFigures(
+        judged=sum(1 for row in rows if row.get("verdict") != "not_applicable"), changed=len(changed),
+        unchanged=sum(1 for row in rows if row.get("verdict") == "unchanged"),
+        directions={name: directions.get(name, 0) for name in ("closer", "farther", "same")},
+        final_disagreeing=sum(1 for row in changed if row.get("final_direction")
+                              and row.get("final_direction") != row.get("direction")),
+        first_divergent_step=min(steps) if steps else None, first_steps=dict(sorted(steps.items())),
+        final_ratio_low=min(ratios) if ratios else None, final_ratio_high=max(ratios) if ratios else None,
+        scales=change_size_by_scale(changed))
+
+
+def figures_of(detail: Mapping[str, Any] | None) -> ComparisonFigures:
+    """The figures of a stored verdict (its `detail`, RunComparison's JSON): the stored field, or
+    for verdicts stored before it was, derived from the stored cases the same way."""
+    stored = (detail or {}).get("figures")
+    if stored:
+        return ComparisonFigures.model_validate(stored)
+    return figures((detail or {}).get("cases", []))

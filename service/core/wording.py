@@ -20,6 +20,9 @@ give the same text on a table of values.
 from __future__ import annotations
 
 import math
+from collections import Counter
+
+from service.core.results import CaseComparison, ComparisonFigures, ScaleGroup
 
 # Four significant digits tell 1.255e-02 from 1.256e-02 (a one-ulp move at float32 scale is not
 # visible at any figure; a change of the algorithm moves the first digit or the exponent).
@@ -50,3 +53,168 @@ def ratio(value: float | None, digits: int = SIGNIFICANT_DIGITS, missing: str = 
 def size(value: float | None, unit: str, digits: int = SIGNIFICANT_DIGITS, missing: str = MISSING) -> str:
     """A figure with its unit: 3.000e+00 ulp."""
     return missing if value is None else f"{number(value, digits)} {unit}"
+
+
+def plural(count: int, word: str) -> str:
+    """'1 case', '3 cases', '2 trajectories'."""
+    if count == 1:
+        return f"1 {word}"
+    return f"{count} {word[:-1] + 'ies' if word.endswith('y') else word + 's'}"
+
+
+def listed(items: list[str], shown: int = 3) -> str:
+    return "; ".join(items[:shown]) + (f" (+{len(items) - shown} more)" if len(items) > shown else "")
+
+
+def first_line(text: str | None) -> str:
+    return text.splitlines()[0] if text else ""
+
+
+def before_after(before: float | None, after: float | None, missing: str = MISSING) -> str:
+    """'9.000e-06 → 1.300e-02' (a distance before, in the baseline, → after, in the commit)."""
+    if before is None and after is None:
+        return missing
+    return f"{number(before, missing=missing)} → {number(after, missing=missing)}"
+
+
+# ----------------------------------------------------------------------------- sizes per scale
+def scale_label(group: ScaleGroup) -> str:
+    return f"{group.family} {group.dtype}"
+
+
+def scale_move(group: ScaleGroup) -> str:
+    """The move in the cases' own scale: 'unchanged in scale (×9.861e-01)' or '×1.444e+03' or
+    '×1.000e+00 to ×1.444e+03 per case'."""
+    if group.ratio_low is None or group.ratio_high is None:
+        return "no distance to compare"
+    low, high = ratio(group.ratio_low), ratio(group.ratio_high)
+    spread = low if low == high else f"{low} to {high} per case"
+    return f"unchanged in scale ({spread})" if group.same_scale else spread
+
+
+def scale_line(group: ScaleGroup) -> str:
+    """One line: '32bit float32 (12 cases): peak distance to float64 9.000e-06 → 1.300e-02,
+    ×1.444e+03 (12 farther); largest |commit - baseline| 1.250e-02'."""
+    moves = ", ".join(f"{n} {d}" for d, n in sorted(group.directions.items()))
+    text = (f"{scale_label(group)} ({plural(group.cases, 'case')}): peak distance to float64 "
+            f"{before_after(group.baseline_peak, group.commit_peak, '-')}, {scale_move(group)}"
+            + (f" ({moves})" if moves else ""))
+    if group.largest_diff is not None:
+        text += f"; largest |commit - baseline| {number(group.largest_diff)}"
+    if group.quantized:
+        text += ("; with 8-bit states this distance is their quantization error, large by design: "
+                 "only its change in scale says something")
+    return text
+
+
+def scale_sentence(groups: list[ScaleGroup]) -> str:
+    """The dashboard's sentence: every group in its own scale, never one figure across them."""
+    if not groups:
+        return ""
+    parts = []
+    for group in groups:
+        text = (f"{scale_label(group)}, {plural(group.cases, 'case')}: "
+                f"{before_after(group.baseline_peak, group.commit_peak)}, {scale_move(group)}")
+        if group.quantized:
+            text += " (with 8-bit states the distance to float64 is their quantization error, large by design)"
+        parts.append(text)
+    return "Peak distance to float64 per family and dtype, each in its own scale: " + "; ".join(parts) + "."
+
+
+# ----------------------------------------------------------------------------- the stored summary
+def summary(verdict: str, cases: list[CaseComparison], figures: ComparisonFigures, *,
+            other_battery: bool = False) -> str:
+    """The verdict's few lines (RunComparison.summary): what a person reads in ten seconds. Every
+    figure in it is also a field of `figures` or of a case; nothing reads these words back."""
+    counts = Counter(c.verdict for c in cases)
+    lines = [f"{verdict.upper()}: " + ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
+             + f" of {len(cases)} cases"]
+    if other_battery:
+        lines.append("warning: the baseline ran a different battery; only shared case ids are compared")
+    for name, part in (("broken", _broken_line), ("nondeterministic", _nondeterministic_line),
+                       ("not_applicable", _not_applicable_line)):
+        line = part([c for c in cases if c.verdict == name])
+        if line:
+            lines.append(line)
+    changed = [c for c in cases if c.verdict == "changed"]
+    if changed:
+        lines += _changed_lines(changed, figures)
+    return "\n".join(lines)
+
+
+def _broken_line(cases: list[CaseComparison]) -> str:
+    return "broken: " + listed([f"{c.case_id}: {first_line(c.message)}" for c in cases]) if cases else ""
+
+
+
+def _nondeterministic_line(cases: list[CaseComparison]) -> str:
+    if not cases:
+        return ""
+    return ("nondeterministic (repeats on the same build differ; not a change against the baseline): "
+            + listed([f"{c.case_id}: {c.repeat_check.differing} of {c.repeat_check.runs - 1} repeats "
+                      f"differ from step {c.repeat_check.first_divergent_step}" for c in cases]))
+
+
+
+def _not_applicable_line(cases: list[CaseComparison]) -> str:
+    if not cases:
+        return ""
+    # Grouped by reason: an adapter gives one reason for a whole family of cases (no bf16 kernel).
+    reasons = Counter(first_line(c.message) or "no reason given" for c in cases)
+    return (f"not applicable on this device, not judged: {plural(len(cases), 'case')} — "
+            + listed([f"{reason} ({n})" for reason, n in reasons.most_common()]))
+
+
+
+def _changed_lines(changed: list[CaseComparison], figures: ComparisonFigures) -> list[str]:
+    by_optimizer = Counter(c.optimizer for c in changed)
+    lines = ["changed: " + ", ".join(f"{o} {n}" for o, n in sorted(by_optimizer.items())),
+             "first divergent step: " + ", ".join(f"step {s} ({n} cases)"
+                                                  for s, n in sorted(figures.first_steps.items())[:4])]
+    if figures.scales:
+        lines.append("size, per family and dtype (each in its own scale, never compared across them):")
+        lines += [f"  {scale_line(group)}" for group in figures.scales]
+    moves = ", ".join(f"{n} {d}" for d, n in sorted(figures.directions.items()) if n)
+    text = f"vs float64 reference: {moves} (peak and mean distance over the steps that differ"
+    if figures.final_ratio_low is not None:
+        text += (f"; final distance commit/baseline from {ratio(figures.final_ratio_low)} "
+                 f"to {ratio(figures.final_ratio_high)}")
+    lines.append(text + ")")
+    disagreeing = [c for c in changed if c.final_direction and c.direction != c.final_direction]
+    if disagreeing:
+        lines.append(f"final step alone reads otherwise for {plural(len(disagreeing), 'case')}: "
+                     + listed([_disagreement(c) for c in disagreeing]))
+    return lines
+
+
+def _disagreement(case: CaseComparison) -> str:
+    return (f"{case.case_id}: {case.direction} over the trajectory (peak "
+            f"{before_after(case.baseline_peak_ref64_distance, case.commit_peak_ref64_distance)}), "
+            f"{case.final_direction} at the final step "
+            f"({before_after(case.baseline_final_ref64_distance, case.commit_final_ref64_distance)})")
+
+
+# ----------------------------------------------------------------------------- the changed verdict in prose
+def direction_moves(directions: dict[str, int]) -> str:
+    """'3 moved farther from the float64 reference; 1 moved closer to it' (capitalized), '' for none."""
+    words = {"farther": "moved farther from the float64 reference", "closer": "moved closer to it",
+             "same": "stayed at the same distance"}
+    moves = [f"{directions[d]} {words[d]}" for d in ("farther", "closer", "same") if directions.get(d)]
+    return "; ".join(moves).capitalize()
+
+
+def changed_sentence(figures: ComparisonFigures, against: str | None) -> str:
+    """The dashboard's and the notifier's sentence for a changed verdict, from its figures."""
+    first = figures.first_divergent_step
+    parts = [f"Changed: {plural(figures.changed, 'trajectory')} of {figures.judged} differ from {against}'s"
+             + (f", first at step {first}" if first else "") + "."]
+    moves = direction_moves(figures.directions)
+    if moves:
+        parts.append(moves + " (over the steps that differ).")
+    sizes = scale_sentence(figures.scales)
+    if sizes:
+        parts.append(sizes)
+    if figures.final_disagreeing:
+        parts.append(f"The final step alone reads otherwise for {plural(figures.final_disagreeing, 'case')} "
+                     "(marked below).")
+    return " ".join(parts)

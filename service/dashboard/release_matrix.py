@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.core.wording import number
 from service.db.models import DONE, Commit, Run, Trajectory
 from service.domain.dashboard_queries import get_project
 
@@ -58,7 +59,7 @@ class Cell:
 
     @property
     def text(self) -> str:
-        return "no data" if self.value is None else f"{self.value:.2e}"
+        return number(self.value, missing="no data")
 
 
 @dataclass

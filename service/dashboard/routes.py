@@ -22,7 +22,8 @@ from service.api.deps import SessionDep, SettingsDep
 from service.api.params import Page, RunIdPath, RunIdQuery
 from service.dashboard import release_matrix, speed_pages, wording
 from service.db.models import FINAL_STATUSES
-from service.domain import attribution_view, project_configuration
+from service.core import attribution_view
+from service.domain import project_configuration
 from service.domain import dashboard_queries as queries
 from service.domain.errors import NotFoundError
 

@@ -23,7 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.db.models import Commit, Run, Trajectory, Verdict
-from service.domain import attribution_view
+from service.core import attribution_view
 from service.domain.bisection import DIFFERING_VERDICTS
 from service.domain.dashboard_queries import get_project
 from service.domain.errors import NotFoundError
@@ -61,7 +61,7 @@ class HistoryPoint:
     # What the run's verdict recorded for this case at a change point (e.g. the largest
     # |commit - baseline| from the co-run, and any scale-relative figures), verbatim.
     verdict_fields: dict[str, Any] = field(default_factory=dict)
-    # The change relative to the case's own scale (service/domain/attribution_view.py, once the
+    # The change relative to the case's own scale (service/core/attribution_view.py, once the
     # co-run has attributed it): kind, ulps at the first divergent step and at the peak, the change
     # over the baseline's own distance to float64, and the line the run page shows.
     attribution: dict[str, Any] | None = None

@@ -7,7 +7,7 @@ the commit page loads series only for the one case it plots first.
 
 from __future__ import annotations
 
-import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -15,6 +15,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from service.core.results import ComparisonFigures
+from service.core.verdicts import figures, figures_of
 from service.db.models import ERROR, FINAL_STATUSES, Commit, Project, Run, Trajectory, Verdict
 from service.domain.errors import BadInputError, NotFoundError
 from service.domain.trajectories import unpack_series
@@ -25,20 +27,6 @@ VERDICT_FILTERS = ("unchanged", "changed", "broken", "nondeterministic", "no-bas
                    "flagged")
 PAGE_SIZE = 50
 
-# service.core.verdicts.summarize writes "vs float64 reference: 3 closer, 5 farther ..."; the overview
-# reads the direction counts from that one line instead of parsing every case of `detail`.
-_DIRECTION_LINE = re.compile(r"^vs float64 reference:(.*)$", re.MULTILINE)
-_DIRECTION_COUNT = re.compile(r"(\d+) (closer|farther|same)\b")
-
-
-def direction_counts(summary: str | None) -> dict[str, int]:
-    line = _DIRECTION_LINE.search(summary or "")
-    if line is None:
-        return {}
-    head = line.group(1).split("(")[0]  # the ratio note in parentheses holds no counts
-    return {name: int(count) for count, name in _DIRECTION_COUNT.findall(head)}
-
-
 @dataclass(frozen=True)
 class Badge:
     """What a verdict badge says (in words: colour only repeats it) and its CSS class."""
@@ -48,8 +36,9 @@ class Badge:
     title: str = ""
 
 
-def badge(*, status: str, outcome: str | None, summary: str | None = None, acknowledged: bool = False,
-          cases_done: int | None = None, cases_total: int | None = None) -> Badge:
+def badge(*, status: str, outcome: str | None, directions: Mapping[str, int] | None = None,
+          acknowledged: bool = False, cases_done: int | None = None, cases_total: int | None = None) -> Badge:
+    """`directions`: a changed verdict's cases per direction (its figures.directions)."""
     if outcome is None:
         if status in ("queued", "building", "running"):
             progress = f" {cases_done}/{cases_total}" if status == "running" and cases_total else ""
@@ -63,8 +52,7 @@ def badge(*, status: str, outcome: str | None, summary: str | None = None, ackno
             return Badge("cancelled", "neutral", "the run was cancelled")
         return Badge("awaiting baseline", "neutral", "finished; the verdict waits for its baseline run")
     if outcome == "changed":
-        counts = direction_counts(summary)
-        closer, farther = counts.get("closer", 0), counts.get("farther", 0)
+        closer, farther = (directions or {}).get("closer", 0), (directions or {}).get("farther", 0)
         if farther and closer:
             text = f"changed → mixed: {farther} farther, {closer} closer"
             css = "changed-farther"
@@ -157,7 +145,6 @@ def overview(*, session: Session, project_name: str, ref: str | None = None, ver
     if page < 1:
         raise BadInputError(f"page {page} does not exist; pages start at 1")
     project = get_project(session=session, name=project_name)
-    summary = Verdict.detail["summary"].as_string()
     # Two numbers from the verdict's counts, not its case list (hundreds of cases).
     not_applicable = Verdict.detail["counts"]["not_applicable"].as_integer()
     nondeterministic = Verdict.detail["counts"]["nondeterministic"].as_integer()
@@ -185,18 +172,14 @@ def overview(*, session: Session, project_name: str, ref: str | None = None, ver
         query.order_by(Commit.created_at.desc(), Commit.id.desc(), Run.id)
         .limit(page_size).offset((page - 1) * page_size)
     ).all()
-    # Summaries (for the direction) only for the changed verdicts shown on this page.
-    changed_runs = [row[6] for row in rows if row[11] == "changed"]
-    summaries = dict(session.execute(
-        select(Verdict.run_id, summary).where(Verdict.run_id.in_(changed_runs))
-    ).all()) if changed_runs else {}
+    directions = _direction_counts(session, [row[6] for row in rows if row[11] == "changed"])
     out = []
     for (sha, message, commit_ref, release_tag, created_at, _cid, run_id, environment, status, done, total_cases,
          outcome, acknowledged, changed_cases, first_step, _flagged, n_not_applicable, n_nondeterministic) in rows:
         out.append(OverviewRow(
             sha=sha, message=message, ref=commit_ref, release_tag=release_tag, created_at=created_at,
             run_id=run_id, environment=environment, status=status,
-            badge=badge(status=status or "queued", outcome=outcome, summary=summaries.get(run_id),
+            badge=badge(status=status or "queued", outcome=outcome, directions=directions.get(run_id),
                         acknowledged=bool(acknowledged), cases_done=done, cases_total=total_cases)
             if run_id is not None else Badge("no run", "neutral"),
             changed_cases=changed_cases, first_divergent_step=first_step,
@@ -209,6 +192,21 @@ def overview(*, session: Session, project_name: str, ref: str | None = None, ver
     pages = max(1, -(-total // page_size))
     return Overview(project=project, rows=out, total=total, page=page, pages=pages, refs=refs,
                     ref=ref, verdict=verdict)
+
+
+def _direction_counts(session: Session, run_ids: list[int]) -> dict[int, dict[str, int]]:
+    """run id -> its verdict's changed cases per direction: the stored figures' field, or for verdicts
+    stored before the figures were, counted from their stored cases (only those rows load them)."""
+    if not run_ids:
+        return {}
+    stored = dict(session.execute(
+        select(Verdict.run_id, Verdict.detail["figures"]["directions"]).where(Verdict.run_id.in_(run_ids))).all())
+    older = [run_id for run_id in run_ids if not stored.get(run_id)]
+    if older:
+        for run_id, cases in session.execute(
+                select(Verdict.run_id, Verdict.detail["cases"]).where(Verdict.run_id.in_(older))).all():
+            stored[run_id] = figures(cases or []).directions
+    return stored
 
 
 # ----------------------------------------------------------------------------- run / commit page
@@ -263,6 +261,7 @@ class RunPage:
     summary: str
     changed: list[ChangedCase]
     counts: dict[str, int]
+    figures: ComparisonFigures
     sibling_runs: list[tuple[int, str, str]] = field(default_factory=list)
     not_applicable: list[SetAsideCase] = field(default_factory=list)
     nondeterministic: list[SetAsideCase] = field(default_factory=list)
@@ -317,6 +316,7 @@ def run_page(*, session: Session, run_id: int) -> RunPage:
             family=spec.get("family"), reason=case.get("message"), runs=repeats.get("runs"),
             differing=repeats.get("differing"), first_divergent_step=repeats.get("first_divergent_step")))
     counts = detail.get("counts", {})
+    figured = figures_of(detail)
     baseline_run = session.get(Run, verdict.baseline_run_id) if verdict and verdict.baseline_run_id else None
     siblings = []
     if run.commit_id is not None:
@@ -327,10 +327,10 @@ def run_page(*, session: Session, run_id: int) -> RunPage:
         baseline_commit_sha=baseline_run.commit.sha if baseline_run and baseline_run.commit else None,
         verdict=verdict,
         badge=badge(status=run.status, outcome=verdict.outcome if verdict else None,
-                    summary=detail.get("summary"), acknowledged=bool(verdict and verdict.acknowledged),
+                    directions=figured.directions, acknowledged=bool(verdict and verdict.acknowledged),
                     cases_done=run.cases_done, cases_total=run.cases_total),
         summary=detail.get("summary") or run.error or "", changed=changed,
-        counts=counts, sibling_runs=siblings, not_applicable=aside["not_applicable"],
+        counts=counts, figures=figured, sibling_runs=siblings, not_applicable=aside["not_applicable"],
         nondeterministic=aside["nondeterministic"],
         side_notes=side_notes(outcome=verdict.outcome if verdict else None,
                               not_applicable=counts.get("not_applicable"),

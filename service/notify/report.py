@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from service.core.wording import number
 from service.domain.dashboard_queries import ChangedCase, RunPage
 from service.notify.conclusions import Conclusion
 
@@ -22,11 +23,6 @@ def comment_marker(project: str) -> str:
     """The hidden line that identifies our comment on a PR (one per project), so a later run edits
     it instead of adding another."""
     return f"<!-- optdrift:pr-comment project={project} -->"
-
-
-def _number(value: float | None) -> str:
-    # Display only (the stored values keep full precision); 3 significant digits tell 1e-7 from 1e-2.
-    return "–" if value is None else f"{value:.3g}"
 
 
 def _direction(case: ChangedCase) -> str:
@@ -64,7 +60,7 @@ def changed_tables(page: RunPage, dashboard_url: str) -> str:
                   "|---|---|---:|---:|---|"]
         for case in group.cases[:MAX_CASES_PER_GROUP]:
             lines.append(f"| `{case.case_id}` | {case.verdict} | {case.first_divergent_step or '–'} "
-                         f"| {_number(case.max_abs_diff)} | {_direction(case)} |")
+                         f"| {number(case.max_abs_diff, missing='–')} | {_direction(case)} |")
         if len(group.cases) > MAX_CASES_PER_GROUP:
             lines.append(f"| … {len(group.cases) - MAX_CASES_PER_GROUP} more on "
                          f"[the run page]({dashboard_url}) | | | | |")

@@ -29,6 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from standardwebhooks import Webhook as StandardWebhook
 
+from service.core.wording import number
 from service.db.notify_models import PAYLOAD_SLACK, Webhook, WebhookDelivery
 from service.domain.dashboard_queries import RunPage
 from service.domain.redaction import scrub
@@ -139,7 +140,7 @@ def slack_payload(document: dict[str, Any]) -> dict[str, Any]:
     text = f"{head}: {document['run']['url']}"
     lines = [f"• `{c['case_id']}` ({c['optimizer']} · {c['family']}): from step "
              f"{c['first_divergent_step'] or '–'}, max |Δ| "
-             f"{'–' if c['max_abs_diff'] is None else format(c['max_abs_diff'], '.3g')}, "
+             f"{number(c['max_abs_diff'], missing='–')}, "
              f"{c['direction'] or '–'}" for c in document["changed_cases"][:10]]
     blocks: list[dict[str, Any]] = [
         {"type": "section", "text": {"type": "mrkdwn", "text": head}},

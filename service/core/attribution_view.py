@@ -1,5 +1,5 @@
 """The attribution of changed cases (worker/attribution, stored as verdict.detail["attribution"]) in
-words, for the CLI, the API and the dashboard. No torch, no worker imports.
+words, for the CLI, the API, the dashboard and `optdrift check`; numbers through service.core.wording.
 
 A change is shown relative to the case's own scale: in ulps of the parameter (the largest |p| the
 element has had) at the first divergent step and at its peak, and relative to the baseline's own
@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
+
+from service.core.wording import number, ratio, size
 
 
 @dataclass(frozen=True)
@@ -42,16 +44,16 @@ class CaseAttribution:
         text = f"{self.kind}: {self.looks_like} — {_number(self.distance_to_variant)} from that variant, " \
                f"{_number(self.distance_to_reference)} from the reference"
         if self.next_best_ratio is not None and math.isfinite(self.next_best_ratio):
-            text += f" (next best {_number(self.next_best_ratio)}x worse)"
+            text += f" (next best {ratio(self.next_best_ratio)} worse)"
         return text
 
 
 def _number(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2g}"
+    return number(value, missing="-")
 
 
 def _ulps(value: float | None) -> str:
-    return "- ulp" if value is None else f"{value:.3g} ulp"
+    return size(value, "ulp", missing="- ulp")
 
 
 def _float(value) -> float | None:  # noqa: ANN001
@@ -116,8 +118,8 @@ def headline(detail: dict | None) -> str | None:
     relative = [(a.change_vs_baseline_distance, a.case_id) for a in cases.values()
                 if a.change_vs_baseline_distance is not None and math.isfinite(a.change_vs_baseline_distance)]
     if relative:
-        ratio, where = max(relative)
-        text += f"; largest change {ratio:.3g}x the baseline's own distance to float64 ({where})"
+        largest, where = max(relative)
+        text += f"; largest change {ratio(largest)} the baseline's own distance to float64 ({where})"
     return text
 
 
@@ -130,7 +132,7 @@ def order_by_relative_change(rows: list, detail: dict | None) -> None:
         return
 
     def key(row) -> float:  # noqa: ANN001
-        ratio = cases[row.case_id].change_vs_baseline_distance if row.case_id in cases else None
-        return -ratio if ratio is not None and not math.isnan(ratio) else math.inf
+        relative = cases[row.case_id].change_vs_baseline_distance if row.case_id in cases else None
+        return -relative if relative is not None and not math.isnan(relative) else math.inf
 
     rows.sort(key=key)

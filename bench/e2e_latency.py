@@ -30,7 +30,7 @@ the build (or its cache hit), starting the kernel host, the battery, storing eve
 computing the verdict. The phases beside it come from the run's own timestamps (created, started,
 finished, verdict created) and from the client seeing the status turn `running` (polling every
 --poll-s, so phases are good to about that). After a flagged verdict the worker goes on to co-run
-the baseline for the changed cases (worker/baseline_diffs.py); that comes after the verdict, is
+the baseline for the changed cases (worker/jobs/corun.py); that comes after the verdict, is
 reported as "after verdict" (not in the total), and the next commit waits for it so that it never
 queues behind it; after the last commit it is waited for only while --deadline-s allows.
 

@@ -4,7 +4,7 @@ for a GPU as the number of workers and the submission rate grow.
 A discrete-event simulation (seeded, no dependencies) of one environment queue served by W
 workers. Commits arrive as a Poisson process; a run costs a build (a cache hit with probability
 --cache-hit, else --build-s) plus the battery (--battery-s); a flagged run (probability --flagged)
-queues a co-run task (--corun-s) that, like worker/baseline_diffs.py, yields to waiting runs: it
+queues a co-run task (--corun-s) that, like worker/jobs/corun.py, yields to waiting runs: it
 starts only when no run is queued and is put back when one arrives between its cases. The defaults
 are the H200 figures of docs/PERFORMANCE.md (standard battery submit -> verdict with a warm build
 15.8 s; a build after a one-file kernel change 27.5 s, through ccache) and assumptions stated in

@@ -7,7 +7,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from service.db.models import Run
-from service.domain import queueing
+from service.domain import dispatch
 from service.core.archives import pack_directory, sha256_hex
 from tests.service_fixtures import API_TEST_REDIS, make_archive
 
@@ -130,7 +130,7 @@ def test_broker_down_keeps_run_queued_then_dispatcher_sends_it(api, api_settings
     assert run["status"] == "queued" and run["dispatched"] is False
     assert api.get("/readyz").status_code == 503
     api_settings.broker_url = API_TEST_REDIS  # the broker is back
-    sent = queueing.dispatch_pending(session=db_session, settings=api_settings)
+    sent = dispatch.dispatch_pending(session=db_session, settings=api_settings)
     assert sent == [run["id"]]
     assert api.get(f"/api/v1/runs/{run['id']}").json()["dispatched"] is True
     assert db_session.scalar(select(Run.dispatched_at).where(Run.id == run["id"])) is not None

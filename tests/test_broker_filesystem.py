@@ -1,4 +1,4 @@
-"""The embedded default's broker: processes binding to one exchange at once (service/domain/fs_broker.py).
+"""The embedded default's broker: processes binding to one exchange at once (service/broker/filesystem.py).
 
 In CI two workers started together; one exited before it was ready, with a JSONDecodeError in
 kombu's filesystem transport: it had read the `celery.pidbox` exchange table while the other was
@@ -15,11 +15,11 @@ from pathlib import Path
 
 from kombu import Connection, Exchange, Queue
 
-from service.domain import fs_broker
-from service.domain.queueing import celery_config
+from service.broker import filesystem as fs_broker
+from service.broker.queueing import celery_config
 from service.settings import Settings
 
-TRANSPORT = "service.domain.fs_broker:Transport"
+TRANSPORT = "service.broker.filesystem:Transport"
 
 
 def _bind(folder: str, name: str, barrier, errors) -> None:  # noqa: ANN001

@@ -117,7 +117,7 @@ def test_a_chunk_never_exceeds_the_file_a_sandboxed_host_may_write(kernels_build
 
 
 def test_hosts_handed_in_stay_open_when_the_caller_closes_them(kernels_build, decay_build, one_case_corun):
-    """The worker's co-run stores its diffs before its hosts exit (worker/baseline_diffs.py): with
+    """The worker's co-run stores its diffs before its hosts exit (worker/jobs/corun.py): with
     close_hosts=False the hosts it handed in are still running afterwards, and no close is timed."""
     battery, cases, (_, _, slow_diffs) = one_case_corun
     hosts = [KernelHost(build.library_path, device="cpu", case_timeout_s=60) for build in (decay_build, kernels_build)]

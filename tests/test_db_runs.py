@@ -145,10 +145,10 @@ def test_an_optdrift_failure_is_retried_with_backoff_then_error_and_retry_requeu
 
 def test_a_baseline_corun_yields_to_queued_runs_of_its_environment(db_session, api_settings):  # noqa: ANN001
     """issue 14: the co-run (per-step |commit - baseline|) is off the critical path: between cases
-    it asks whether runs wait for its environment (worker/tasks.py), and stops if so."""
+    it asks whether runs wait for its environment (worker/jobs/corun.py), and stops if so."""
     import pytest
 
-    from worker.baseline_diffs import CorunYielded
+    from worker.jobs.corun import CorunYielded
     from worker.battery import load_battery
     from worker.engine.corun import corun_battery
 
@@ -178,13 +178,15 @@ def test_results_are_stored_in_batches_with_their_progress_and_a_lost_run_stops(
     import pytest
 
     from service.db.models import Run
-    from worker.tasks import RunLost, StoredResults
+    from service.run_store import ClaimedRun, RunLost
+    from worker.jobs.run import StoredResults
 
     run = _commit_run(db_session, api_settings, "a", [])
     assert runs.claim(session=db_session, run_id=run.id, worker="w")
     monkeypatch.setattr(StoredResults, "BATCH", 3)
     monkeypatch.setattr(StoredResults, "FLUSH_AFTER_S", 3600.0)  # only a full batch (or flush()) writes
-    stored = StoredResults(session=db_session, run_id=run.id, worker="w", beat=SimpleNamespace(lost=threading.Event()))
+    stored = StoredResults(ClaimedRun(db_session, run_id=run.id, worker="w"),
+                           beat=SimpleNamespace(lost=threading.Event()))
     digests = [f"{i:032x}" for i in range(len(AWKWARD))]
 
     def rows() -> int:

@@ -72,7 +72,7 @@ def three_commit_scenario(url: str, home: Path) -> None:
         if case["case_id"] in must_change:
             assert case["first_divergent_step"] == 1, case
     assert not [c for c in cases if c["verdict"] == "broken"]
-    # The worker then co-runs the baseline build for the changed cases (worker/baseline_diffs.py):
+    # The worker then co-runs the baseline build for the changed cases (worker/jobs/corun.py):
     # the exact per-step |commit - baseline|, one value per step, zero before the first divergent
     # step and non-zero at it.
     deadline = time.monotonic() + 300

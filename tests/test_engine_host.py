@@ -105,7 +105,7 @@ def test_a_host_that_lies_costs_only_its_case(kernels_build, lie, says):
 
 
 def test_no_wait_goes_past_the_run_deadline(kernels_build):
-    """A run's time budget (worker/tasks.py RunBudget) reaches into the host: a hanging case ends at
+    """A run's time budget (worker/jobs/run.py RunBudget) reaches into the host: a hanging case ends at
     the deadline, not after the per-case timeout, and what is asked afterwards is not run."""
     import time
 
@@ -149,7 +149,7 @@ def test_the_params_only_corun_reproduces_run_case_bit_for_bit(kernels_build, tm
 
 def test_run_many_pauses_between_bursts_of_answers(kernels_build):
     """on_pause() comes whenever no answer is ready: between the fast runner's waves, so a caller
-    storing results in batches (worker/tasks.py StoredResults) writes each wave as it ends."""
+    storing results in batches (worker/jobs/run.py StoredResults) writes each wave as it ends."""
     from worker.battery import load_battery
 
     cases = load_battery("quick").expand()

@@ -199,7 +199,7 @@ def test_faults_lose_nothing(tmp_path: Path) -> None:
             _wait(lambda: any(run(i)["status"] == "running" for i in submitted), 600,
                   "no run was running before the PostgreSQL restart")
             # c4 waits in Redis behind the running run (prefetch 1): its task is likely delivered
-            # while the database is down, which is the claim-retry path of worker.tasks.
+            # while the database is down, which is the claim-retry path of worker.jobs.run.
             submit("c4")
             postgres.stop("fast")
             faults.append("postgresql restart (during a run)")

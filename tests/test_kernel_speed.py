@@ -210,6 +210,7 @@ def test_when_a_run_is_timed() -> None:
 
     from service.core.project_config import parse_config
     from service.settings import Settings
+    from worker.jobs import timing
     from worker.speed import record
 
     assert record.budget_s(Settings(worker_device="cuda")) == 120.0
@@ -218,8 +219,8 @@ def test_when_a_run_is_timed() -> None:
     assert record.budget_s(Settings(worker_device="cpu", speed_budget_s=30)) == 30.0
     assert record.plan(Settings(), 30.0) == {"sizes": [1 << 20, 1 << 26], "repeats": 50, "budget_s": 30.0}
     off = SimpleNamespace(config=parse_config('[project]\nkernel_speed = false\n'))
-    # None: not timed, and nothing else touched (no session, build or host is needed to say so)
-    assert record.time_and_store(session=None, run_id=1, job=off, built=None, policy=None,
+    # None: not timed, and nothing else touched (no database, build or host is needed to say so)
+    assert timing.time_and_store(run_id=1, job=off, built=None, policy=None,
                                  settings=Settings(worker_device="cuda")) is None
     assert parse_config("").kernel_speed is True
 
@@ -315,17 +316,17 @@ def test_a_timing_waits_for_waiting_runs_and_for_the_co_run_this_worker_queued(m
     """The H200 run of 2026-12-01 (round 6) stored a flagged commit's co-run detail 2.8 s later
     because an earlier run's re-queued timing ran first. Timings now wait for runs and for a co-run
     this worker process queued (until it starts, for CORUN_FIRST_S at most: another worker may take it)."""
-    from worker import tasks
+    from worker.jobs import follow_ups
 
-    monkeypatch.setattr(tasks, "_corun_sent", {})
-    assert tasks.timing_waits_for(0) is None
-    assert tasks.timing_waits_for(2) == "2 run(s) waiting"
+    monkeypatch.setattr(follow_ups, "_corun_sent", {})
+    assert follow_ups.timing_waits_for(0) is None
+    assert follow_ups.timing_waits_for(2) == "2 run(s) waiting"
     clock = [1000.0]
-    monkeypatch.setattr(tasks.time, "monotonic", lambda: clock[0])
-    tasks._corun_sent[7] = clock[0]  # as _send_corun records it
-    assert tasks.timing_waits_for(0) == "the co-run of run(s) [7] goes first"
-    clock[0] += tasks.CORUN_FIRST_S + 1  # never started here (another worker took it)
-    assert tasks.timing_waits_for(0) is None and tasks._corun_sent == {}
-    tasks._corun_sent[8] = clock[0]
-    tasks._corun_sent.pop(8)  # what the co-run task does when it starts
-    assert tasks.timing_waits_for(0) is None
+    monkeypatch.setattr(follow_ups.time, "monotonic", lambda: clock[0])
+    follow_ups._corun_sent[7] = clock[0]  # as send_corun records it
+    assert follow_ups.timing_waits_for(0) == "the co-run of run(s) [7] goes first"
+    clock[0] += follow_ups.CORUN_FIRST_S + 1  # never started here (another worker took it)
+    assert follow_ups.timing_waits_for(0) is None and follow_ups._corun_sent == {}
+    follow_ups._corun_sent[8] = clock[0]
+    follow_ups.corun_started(8)  # what the co-run task does when it starts
+    assert follow_ups.timing_waits_for(0) is None

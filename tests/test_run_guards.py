@@ -1,4 +1,4 @@
-"""What the worker takes from a submitter, bounded before anything runs (worker/tasks.py,
+"""What the worker takes from a submitter, bounded before anything runs (worker/jobs/run.py,
 worker/battery.py, worker/build/project.py): the battery a run names, the time a tree may ask for,
 and whether a verify run may run at all on a worker that cannot sandbox."""
 
@@ -16,7 +16,7 @@ from service.settings import Settings
 from worker import sandbox
 from worker.battery import BUILTIN_BATTERIES, BatteryError, battery_from_tree
 from worker.build.project import build_project
-from worker.tasks import RunBudget, _refusal
+from worker.jobs.run import RunBudget, _refusal
 
 SECRET = "odt_canary_secret_token_in_a_file_outside_the_tree"
 

@@ -33,7 +33,7 @@ from sqlalchemy import create_engine, func, select, text, update
 
 from service.db.models import QUEUED, RUNNING, Run
 from service.db.token_models import TokenRun
-from service.domain import queueing
+from service.domain import dispatch
 from tests.service_fixtures import (
     API_TEST_REDIS, REPO_ROOT, create_database, drop_database, free_port, make_archive,
     start_process, stop_process, wait_http,
@@ -319,14 +319,14 @@ def test_a_reaped_verify_run_goes_back_on_the_verify_queue(api, broker_settings,
     requeued, _failed = runs.reap_stale(session=db_session, stale_after_s=settings.stale_after_s,
                                         max_attempts=settings.max_attempts)
     assert requeued == [run_id]
-    assert run_id in queueing.dispatch_pending(session=db_session, settings=settings)
+    assert run_id in dispatch.dispatch_pending(session=db_session, settings=settings)
     assert _queued_ids(settings, "cpu.verify") == [run_id]
     assert run_id not in _queued_ids(settings, "cpu")  # (the base commit's run is sent there)
 
 
 def test_a_verify_run_sent_again_after_an_optdrift_failure_keeps_its_queue(api, broker_settings, db_session) -> None:
     from service.domain import auth
-    from worker.tasks import _send_again
+    from service import run_store
 
     settings = broker_settings
     _world(db_session, settings)
@@ -336,7 +336,7 @@ def test_a_verify_run_sent_again_after_an_optdrift_failure_keeps_its_queue(api, 
     _drain(settings)
     db_session.execute(update(Run).where(Run.id == run_id).values(status=QUEUED, dispatched_at=None))
     db_session.flush()
-    _send_again(db_session, settings, run_id, 0.0)
+    run_store.send_again(run_id, settings=settings, delay=0.0, session=db_session)
     assert _queued_ids(settings, "cpu.verify") == [run_id]
     assert _queued_ids(settings, "cpu") == []
 

@@ -1,7 +1,7 @@
 """Issue 33, item 8: a verify token cannot delay CI's commit runs by more than one case. A verify run
 that is already running when a commit run of its environment arrives stops between cases, is
 queued again (its stored cases deleted, its attempt not counted, its page saying why) and starts
-over once the commit run has started (worker/tasks.py CommitRunsFirst).
+over once the commit run has started (worker/jobs/run.py CommitRunsFirst).
 
 Real processes: `optdrift serve --no-worker` and one `optdrift worker`, on PostgreSQL + Redis and on
 the embedded default's SQLite + filesystem broker. The

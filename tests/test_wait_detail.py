@@ -1,7 +1,7 @@
 """`submit --wait` / `verify` wait for the co-run detail of a changed verdict (issue 34, item 3).
 
 After a changed verdict the worker co-runs the baseline build on the changed cases
-(worker/baseline_diffs.py): it stores each changed case's per-step |commit − baseline| into the
+(worker/jobs/corun.py): it stores each changed case's per-step |commit − baseline| into the
 verdict, then the attribution (ulp, kind: worker/attribution/record.py) beside it. `--wait` used to
 return at the verdict, so every changed row read `-` under max |Δ|, ulp and kind.
 
@@ -109,7 +109,7 @@ def _changed_verdict(server: dict, run_id: int, baseline_run_id: int) -> None:
 
 
 def _store_diffs(server: dict, run_id: int) -> None:
-    """What worker/baseline_diffs._store adds: every changed case's per-step |commit − baseline|."""
+    """What worker/jobs/corun._store adds: every changed case's per-step |commit − baseline|."""
     from sqlalchemy import select
 
     from service.db.models import Verdict
@@ -123,7 +123,7 @@ def _store_diffs(server: dict, run_id: int) -> None:
 
 
 def _store_attribution(server: dict, run_id: int) -> None:
-    """What worker/attribution/record.store_attribution adds beside the verdict."""
+    """What worker/jobs/corun.store_attribution adds beside the verdict."""
     from sqlalchemy import select
 
     from service.db.models import Verdict

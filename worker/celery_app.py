@@ -1,4 +1,4 @@
-"""The Celery app of the workers. Its configuration is service.domain.queueing.celery_config (one
+"""The Celery app of the workers. Its configuration is service.broker.queueing.celery_config (one
 module, shared with the API's sender), applied lazily when Celery first reads its config — nothing
 is read from the environment at import.
 
@@ -12,7 +12,7 @@ import os
 
 from celery import Celery
 
-from service.domain.queueing import celery_config, consumed_queues
+from service.broker.queueing import celery_config, consumed_queues
 from service.settings import get_settings
 
 # worker.gpu_workers: the presence beat every worker process writes (signals connected on import).
@@ -27,7 +27,7 @@ def _configure(sender: Celery, **_kwargs) -> None:  # noqa: ANN003
 def worker_argv(*, environment: str, concurrency: int = 1, pool: str = "prefork",
                 loglevel: str = "INFO", name: str | None = None) -> list[str]:
     """argv for `celery worker` consuming one environment's queues, in their order of precedence:
-    commit runs, then verify runs, then co-runs (service.domain.queueing.consumed_queues).
+    commit runs, then verify runs, then co-runs (service.broker.queueing.consumed_queues).
     `name`: this worker's part of the node name, for several workers of one class on one host."""
     # One worker per GPU on a host: the GPU index keeps their node names apart; several CPU
     # workers on a host are told apart by their names (presence rows are keyed by node).

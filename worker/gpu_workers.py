@@ -14,7 +14,7 @@ does not spin), and SIGTERM/SIGINT stop them all.
 
 Presence: every Celery worker process (GPU or CPU) imports this module (worker.celery_app's
 `include`), and on `worker_ready` starts a thread that writes its row in `worker_presence` every
-PRESENCE_INTERVAL_S (service.domain.workers), so the API can tell that a queued run's class has
+PRESENCE_INTERVAL_S (service.run_store), so the API can tell that a queued run's class has
 no live worker.
 """
 
@@ -145,11 +145,9 @@ class PresenceBeat:
         self._thread = threading.Thread(target=self._loop, name="optdrift-presence", daemon=True)
 
     def _beat(self) -> None:
-        from service.db.session import get_sessionmaker
-        from service.domain import workers
+        from service import run_store
 
-        with get_sessionmaker()() as session:
-            workers.beat(session=session, name=self.name, environment=self.environment, detail=self.detail)
+        run_store.presence_beat(name=self.name, environment=self.environment, detail=self.detail)
 
     def _loop(self) -> None:
         while True:
@@ -168,11 +166,9 @@ class PresenceBeat:
         self._stop.set()
         self._thread.join(timeout=5)
         try:
-            from service.db.session import get_sessionmaker
-            from service.domain import workers
+            from service import run_store
 
-            with get_sessionmaker()() as session:
-                workers.leave(session=session, name=self.name)
+            run_store.presence_leave(name=self.name)
         except Exception:  # noqa: BLE001  (it ages out anyway)
             log.exception("could not remove the presence row of %s", self.name)
 
@@ -183,7 +179,7 @@ _presence: PresenceBeat | None = None
 @worker_ready.connect
 def _start_presence(sender=None, **_kwargs) -> None:  # noqa: ANN001, ANN003
     global _presence
-    from service.domain.workers import PRESENCE_INTERVAL_S
+    from service.run_store import PRESENCE_INTERVAL_S
     from service.settings import get_settings
 
     settings = get_settings()

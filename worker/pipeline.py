@@ -1,7 +1,7 @@
 """The one job pipeline: prepare -> build -> run -> compare.
 
-Every way of running optdrift goes through it: the Celery task (worker/tasks.py), the baseline
-co-run (worker/baseline_diffs.py) and `optdrift check` (worker/check.py), so a tree gives the same
+Every way of running optdrift goes through it: the run job (worker/jobs/run.py), the baseline
+co-run (worker/jobs/corun.py) and `optdrift check` (worker/check.py), so a tree gives the same
 verdict whichever way it is run.
 
     job = prepare(tree, project=..., requested_battery=...)   # optdrift.toml, battery, cases
@@ -36,7 +36,7 @@ OnResult = Callable[[int, CaseResult], None]
 
 @dataclass(frozen=True)
 class Policy:
-    """What the operator allows one job (service.settings; worker/tasks.py RunBudget for runs)."""
+    """What the operator allows one job (service.settings; worker/jobs/run.py RunBudget for runs)."""
 
     device: str = "cpu"
     fast_engine: bool = True

@@ -7,7 +7,7 @@ import logging
 import threading
 
 from service.db.session import get_sessionmaker
-from service.domain import queueing, runs
+from service.domain import dispatch, runs
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ def run_once(settings: Settings) -> tuple[list[int], list[int], list[int]]:
             for run_id in failed:
                 verdict_store.evaluate_with_dependants(session=session, run=session.get(Run, run_id))
                 notify_hooks.run_changed(run_id, settings=settings, with_dependants=True)  # issue 16
-        sent = queueing.dispatch_pending(session=session, settings=settings)
+        sent = dispatch.dispatch_pending(session=session, settings=settings)
     return requeued, failed, sent
 
 

@@ -24,7 +24,7 @@ PATCH_LAYOUT_HEADER = "Optdrift-Patch-Layout"
 @dataclass(frozen=True)
 class CorunDetail:
     """How far a finished run's co-run detail has come. The verdict is stored first; the worker
-    then co-runs the baseline build on the changed cases (worker/baseline_diffs.py), which adds
+    then co-runs the baseline build on the changed cases (worker/jobs/corun.py), which adds
     each changed case's per-step |commit − baseline| (all cases at once), and then the attribution
     (ulp, kind: worker/attribution) beside the verdict."""
 
@@ -39,7 +39,7 @@ class CorunDetail:
 
 def corun_detail(run: dict) -> CorunDetail | None:
     """The co-run detail a run's verdict is to receive, or None when none comes: the run has no
-    verdict yet, no baseline to co-run, or no changed case (worker/tasks.py sends a co-run exactly
+    verdict yet, no baseline to co-run, or no changed case (worker/jobs/run.py sends a co-run exactly
     for a done run whose verdict has a baseline and changed cases)."""
     verdict = run.get("verdict") or {}
     if run.get("status") != "done" or verdict.get("baseline_run_id") is None:

@@ -183,7 +183,7 @@ def queued_count(*, session: Session, environment: str, kind: str | None = None,
     """Runs waiting for a worker of `environment` (a baseline co-run yields to them); only those of
     `kind` ("commit", "verify") when given, and only those handed to the broker after
     `dispatched_after` and by `dispatched_before` when given (a running verify run yields to
-    commit runs that came after it started and have waited a moment, worker/tasks.py)."""
+    commit runs that came after it started and have waited a moment, worker/jobs/run.py CommitRunsFirst)."""
     from sqlalchemy import func
 
     query = select(func.count()).select_from(Run).where(

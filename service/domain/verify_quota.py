@@ -10,7 +10,7 @@ patch that inflates costs the API seconds of CPU either way).
 
 Beside the daily quota, a cap on the verify runs a token has queued or running at once
 (OPTDRIFT_VERIFY_MAX_ACTIVE_PER_TOKEN, default 1), checked under the same lock before a slot is
-taken. Verify runs wait behind commit runs (their own queue, service.domain.queueing), and the cap
+taken. Verify runs wait behind commit runs (their own queue, service.broker.queueing), and the cap
 keeps one token from lining up a day's quota of them: at any moment it holds at most that many
 workers. A request refused by the cap spends no daily slot (nothing was processed; the caller
 only has to wait).

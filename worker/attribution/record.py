@@ -1,8 +1,9 @@
-"""The attribution step of a flagged run: after the baseline co-run (worker/baseline_diffs.py), the
+"""The attribution step of a flagged run: after the baseline co-run (worker/jobs/corun.py), the
 changed cases' kernels once more on both builds with every step's parameters kept
 (worker/attribution/pair_run.py), then the analysis in a torch child (worker/attribution/child.py).
-Its result goes beside the verdict (detail["attribution"], case id -> attribution) and never changes
-it: a failure here is logged and recorded as {"error": ...}, the diffs are stored all the same.
+Its result goes beside the verdict (detail["attribution"], case id -> attribution, stored by the
+co-run job, worker/jobs/corun.py) and never changes it: a failure here is logged and recorded as
+{"error": ...}, the diffs are stored all the same.
 """
 
 from __future__ import annotations
@@ -60,24 +61,3 @@ def attribute_or_note(*args, **kwargs) -> dict:  # noqa: ANN002, ANN003
     except Exception as error:  # noqa: BLE001 - attribution never costs a run its verdict or diffs
         log.exception("attribution failed")
         return {"error": f"{type(error).__name__}: {error}"}
-
-
-def store_attribution(*, run_id: int, comparison: RunComparison, baseline: RunResult, cases: list[CaseSpec],
-                      libraries: dict[str, str], settings, adapter: str,  # noqa: ANN001
-                      adapter_paths: tuple[list[Path], list[Path]] = ([], [])) -> None:
-    """The attribution of `run_id`'s changed cases into its verdict's detail (after the co-run stored
-    the diffs; the outcome and every other key stay as they are)."""
-    from sqlalchemy import select
-
-    from service.db.models import Verdict
-    from service.db.session import get_sessionmaker
-
-    attribution = attribute_or_note(comparison, baseline, cases, libraries["commit"], libraries["baseline"],
-                                    device=settings.worker_device, adapter=adapter,
-                                    case_timeout_s=settings.case_timeout_s, adapter_paths=adapter_paths)
-    with get_sessionmaker()() as session:
-        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
-        if verdict is None:
-            return
-        verdict.detail = {**verdict.detail, "attribution": attribution}
-        session.commit()

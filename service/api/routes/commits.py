@@ -15,7 +15,7 @@ from service.api.schemas import (
 )
 from service.api.uploads import ARCHIVE_NOTE_HEADER, read_limited, split_list
 from service.db.models import Commit, Run, Verdict
-from service.domain import projects, queueing, submissions, verdict_store
+from service.domain import dispatch, projects, submissions, verdict_store
 from service.notify import hooks as notify_hooks
 
 router = APIRouter(prefix="/projects/{project}", tags=["commits"])
@@ -51,7 +51,7 @@ def submit_commit(
     )
     session.commit()
     # Only now may a worker see the run ids.
-    queueing.dispatch_runs(session=session, settings=settings, run_ids=submission.to_dispatch)
+    dispatch.dispatch_runs(session=session, settings=settings, run_ids=submission.to_dispatch)
     for run in submission.runs:
         session.refresh(run)
     response.status_code = status.HTTP_201_CREATED if submission.created else status.HTTP_200_OK

@@ -7,7 +7,7 @@ from sqlalchemy import text
 
 from service.api.deps import SessionDep, SettingsDep
 from service.api.metrics import build_registry
-from service.domain.queueing import producer_app
+from service.broker.queueing import producer_app
 
 router = APIRouter(tags=["health"])
 

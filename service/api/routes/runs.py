@@ -12,7 +12,7 @@ from service.api.params import RunIdPath
 from service.domain.auth import SUBMIT
 from service.api.presenters import run_public, trajectory_public, verdict_public
 from service.api.schemas import AcknowledgeRequest, RunPublic, TrajectoriesPublic, TrajectoryPublic, VerdictPublic
-from service.domain import queueing, runs, trajectories, verdict_store
+from service.domain import dispatch, runs, trajectories, verdict_store
 from service.domain.errors import NotFoundError
 from service.notify import hooks as notify_hooks
 
@@ -43,7 +43,7 @@ def retry_run(run_id: RunIdPath, session: SessionDep, settings: SettingsDep,
     """Run again a run that ended in `error` (an optdrift failure, not the commit's); 409 otherwise."""
     principal.require(SUBMIT, project=runs.get(session=session, run_id=run_id).project.name)
     run = runs.retry(session=session, run_id=run_id)
-    queueing.dispatch_runs(session=session, settings=settings, run_ids=[run.id])
+    dispatch.dispatch_runs(session=session, settings=settings, run_ids=[run.id])
     session.refresh(run)
     return run_public(run)
 

@@ -11,7 +11,7 @@ from service.api.deps import SessionDep, SettingsDep
 from service.api.presenters import run_public
 from service.api.schemas import RunPublic
 from service.api.uploads import ARCHIVE_NOTE_HEADER, read_limited
-from service.domain import projects, queueing, submissions, verify_quota
+from service.domain import dispatch, projects, submissions, verify_quota
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
 
 router = APIRouter(prefix="/projects/{project}", tags=["verify"])
@@ -83,7 +83,7 @@ def verify(
                     verify_quota.release_slot(session=session, slot_id=slot_id)
                 session.commit()
         raise
-    queueing.dispatch_runs(session=session, settings=settings, run_ids=submission.to_dispatch)
+    dispatch.dispatch_runs(session=session, settings=settings, run_ids=submission.to_dispatch)
     run = submission.runs[0]
     session.refresh(run)
     if not submission.created:

@@ -1,31 +1,27 @@
-"""The Celery configuration (one module, shared by the worker app and the API's sender) and the
-dispatcher that hands run ids to the broker.
+"""The Celery configuration (one module, shared by the worker app and the API's sender), the
+queue names and `send_run`, which hands one run id to the broker. No database here: the worker
+imports this module (service/domain/dispatch.py marks what the API sent; service/run_store.py what
+the worker sends again).
 
 The service never imports `worker`: it sends tasks by name through a producer-only Celery app.
-A run is dispatched only after its row is committed; if the broker is down the row stays
-`queued` with `dispatched_at` NULL and the maintenance loop sends it when the broker is back.
 """
 
 from __future__ import annotations
 
-import logging
-from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any
 
 from celery import Celery
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session
 
-from service.db.models import QUEUED, Run
 from service.settings import Settings
-
-log = logging.getLogger(__name__)
 
 RUN_TASK_NAME = "optdrift.execute_run"
 
 
 CORUN_TASK_NAME = "optdrift.record_baseline_diffs"
+
+
+TIMING_TASK_NAME = "optdrift.time_kernels"
 
 
 VERIFY_KIND = "verify"
@@ -90,8 +86,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     return {
         "broker_url": settings.resolved_broker_url,
         # kombu's filesystem transport with its exchange tables created atomically: two processes
-        # binding at once could otherwise read a table the other was creating (service/domain/fs_broker.py).
-        "broker_transport": "service.domain.fs_broker:Transport" if settings.uses_filesystem_broker else None,
+        # binding at once could otherwise read a table the other was creating (service/broker/filesystem.py).
+        "broker_transport": "service.broker.filesystem:Transport" if settings.uses_filesystem_broker else None,
         "broker_transport_options": transport_options,
         "broker_connection_retry_on_startup": True,
         "broker_connection_timeout": 3,
@@ -141,33 +137,3 @@ def send_run(*, settings: Settings, run_id: int, environment: str, kind: str,
         retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5,
                        "interval_max": 0.5},
     )
-
-
-def dispatch_runs(*, session: Session, settings: Settings, run_ids: list[int]) -> list[int]:
-    """Send the given queued runs, each on its kind's queue (a re-queued verify run goes back to
-    the verify queue); mark each sent one. Returns the ids the broker accepted."""
-    sent: list[int] = []
-    for run_id in run_ids:
-        run = session.get(Run, run_id)
-        if run is None or run.status != QUEUED:
-            continue
-        try:
-            send_run(settings=settings, run_id=run_id, environment=run.environment, kind=run.kind)
-        except Exception as exc:  # noqa: BLE001  (any broker failure: keep queued, retry later)
-            log.warning("broker did not take run %s (%s); it stays queued and will be re-sent",
-                        run_id, exc)
-            break
-        session.execute(
-            update(Run).where(Run.id == run_id).values(dispatched_at=datetime.now(timezone.utc))
-        )
-        session.commit()
-        sent.append(run_id)
-    return sent
-
-
-def dispatch_pending(*, session: Session, settings: Settings) -> list[int]:
-    """Re-send every queued run the broker never accepted (broker was down, or reaped)."""
-    run_ids = session.scalars(
-        select(Run.id).where(Run.status == QUEUED, Run.dispatched_at.is_(None)).order_by(Run.id)
-    ).all()
-    return dispatch_runs(session=session, settings=settings, run_ids=list(run_ids))

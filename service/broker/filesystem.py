@@ -11,13 +11,13 @@ its TRANSPORT).
 Here a missing table is first created whole, as "[]", by linking a complete temporary file into
 place (a link never replaces an existing file). kombu's bind then always takes its locked
 read-modify-write path. Every process of the embedded default (the API publishing, each worker)
-uses this transport (service.domain.queueing.celery_config), so none ever creates a table the
+uses this transport (service.broker.queueing.celery_config), so none ever creates a table the
 other way.
 
 Queue order: kombu's virtual transports poll a consumer's queues with a FairCycle, which starts
 each poll at the queue after the one it last took from (round robin), so a worker would alternate
 commit and verify runs. Here every poll starts at the first queue, as the Redis transport's
-"priority" strategy does (service.domain.queueing.consumed_queues gives the order): a verify run
+"priority" strategy does (service.broker.queueing.consumed_queues gives the order): a verify run
 is taken only while no commit run waits.
 """
 

@@ -1,4 +1,4 @@
-"""The exact per-step |commit − baseline| of a finished run's changed cases.
+"""The co-run job: the exact per-step |commit − baseline| of a finished run's changed cases.
 
 Digests say *that* a trajectory changed and at which step; the stored float64-reference distances
 say whether it moved closer or farther. How far the commit's parameters are from the baseline's at
@@ -18,22 +18,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sqlalchemy import select
-
-from service.db.models import DONE, Project, Run, Verdict
-from service.db.session import get_sessionmaker
-from service.domain import trajectories
+from service import run_store
+from service.broker.queueing import CORUN_TASK_NAME
 from service.core.project_config import load_project_config
-from service.domain.storage import archive_limits
-from service.settings import Settings
+from service.core.results import CaseSpec, RunComparison, RunResult
 from service.core.verdicts import compare_runs
-from worker.attribution.record import store_attribution
-from worker.source_fetch import fetch_source
+from service.settings import Settings
+from worker import pipeline
+from worker.attribution.record import attribute_or_note
+from worker.identity import worker_name
+from worker.jobs import follow_ups
+from worker.jobs.workspace import Workspace
 
 log = logging.getLogger(__name__)
 
@@ -49,30 +48,21 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
     (`corun_phases`, seconds: load, fetch, build, adopt, hosts, kernels, compare; the rest of
     `corun_seconds` is writing the verdict) and how its kernels phase split (`corun_kernels`:
     chunks, each host's busy seconds, the diffs', which overlap; worker.engine.corun)."""
-    from worker import pipeline
+    # The engine is imported by the task's process when a co-run comes, never by the Celery parent.
     from worker.engine import host_reserve
     from worker.engine.corun import corun_battery
     from worker.engine.host import KernelHost
-    from worker.identity import worker_name
 
     started, started_at = time.monotonic(), datetime.now(timezone.utc)
     phases = _Phases()
-    sessions = get_sessionmaker()
-    with phases("load"), sessions() as session:
-        run = session.get(Run, run_id)
-        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
-        if run is None or verdict is None or verdict.baseline_run_id is None or run.status != DONE:
+    with phases("load"):
+        inputs = run_store.corun_inputs(run_id)
+        if inputs is None:
             return 0
-        changed_ids = {case["case_id"] for case in (verdict.detail or {}).get("cases", [])
-                       if case.get("verdict") == "changed" and not case.get("max_abs_diff_per_step")}
-        if not changed_ids:
-            return 0
-        baseline = session.get(Run, verdict.baseline_run_id)
-        commit_result = trajectories.run_result(session=session, run=run)
-        baseline_result = trajectories.run_result(session=session, run=baseline)
-        project = session.get(Project, run.project_id)
+        run, baseline, project = inputs.run, inputs.baseline, inputs.project
+        changed_ids, commit_result, baseline_result = inputs.changed_ids, inputs.commit_result, inputs.baseline_result
         digests = {"commit": run.source_digest, "baseline": baseline.source_digest}
-        trusted = {"commit": run.kind != "verify", "baseline": baseline.kind != "verify"}
+        untrusted = {"commit": run.kind == "verify", "baseline": baseline.kind == "verify"}
 
     cases = [c.case for c in commit_result.cases if c.case.case_id in changed_ids]
     stored = {c.case.case_id: c for c in commit_result.cases}
@@ -82,29 +72,22 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
     spares = (host_reserve.spares(2, device=settings.worker_device, slot_root=slot_root)
               if settings.resolved_warm_host else [None, None])
     try:
-        with tempfile.TemporaryDirectory(prefix=f"optdrift-diffs-{run_id}-") as tmp:
+        with Workspace(settings, prefix=f"optdrift-diffs-{run_id}-") as workspace:
             sources = {}
             with phases("fetch"):
                 for side, digest in digests.items():
-                    sources[side] = fetch_source(base_url=settings.resolved_public_url, digest=digest,
-                                                 dest=Path(tmp) / side, limits=archive_limits(settings),
-                                                 max_bytes=settings.max_upload_bytes,
-                                                 token=settings.resolved_worker_token())
+                    sources[side] = workspace.fetch(digest, name=side)
             # The same pipeline as the run (worker/pipeline.py): the commit's configuration and battery;
             # the baseline's tree built its own way and run on the commit's cases.
             with phases("build"):
-                job = pipeline.prepare(sources["commit"], project=project, requested_battery=run.battery)
+                job = workspace.prepare(sources["commit"], project=project, battery=run.battery)
                 jobs = {"commit": job, "baseline": pipeline.Job(
                     source_dir=sources["baseline"], config=load_project_config(sources["baseline"], project),
                     battery=job.battery, battery_origin=job.battery_origin, cases=cases)}
                 libraries = {}
                 for side, side_job in jobs.items():
-                    policy = pipeline.Policy(device=settings.worker_device, fast_engine=settings.fast_engine,
-                                             cache_dir=settings.resolved_build_cache_dir,
-                                             cuda_archs=[] if settings.worker_device == "cpu" else None,
-                                             trusted=trusted[side], max_build_s=settings.max_build_s,
-                                             case_timeout_s=settings.case_timeout_s)
-                    build = pipeline.build(side_job, policy)
+                    policy = workspace.policy(untrusted=untrusted[side], case_timeout_s=settings.case_timeout_s)
+                    build = workspace.build(side_job, policy)
                     if not build.ok:
                         log.warning("run %s: the %s no longer builds (%s); no per-step diffs", run_id, side,
                                     build.error)
@@ -177,25 +160,57 @@ class _Phases:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - began
 
 
-def _store(*, run_id: int, commit_result, baseline_result, diffs: dict[str, list[float]],  # noqa: ANN001
+def _store(*, run_id: int, commit_result: RunResult, baseline_result: RunResult, diffs: dict[str, list[float]],
            started: float, started_at: datetime, phases: _Phases, kernels_split: dict[str, float],
-           worker: str):  # noqa: ANN202
+           worker: str) -> RunComparison | None:
     """The verdict recomputed with the diffs, stored with the co-run's time; the comparison, or None
     when it would change the stored outcome (it cannot: the same stored results)."""
     with phases("compare"):
         comparison = compare_runs(commit_result, baseline_result, diffs)
-    with get_sessionmaker()() as session:
-        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
-        if comparison.verdict != verdict.outcome:  # cannot happen: the same stored results
-            log.error("run %s: recomputed verdict %s != stored %s; diffs not stored",
-                      run_id, comparison.verdict, verdict.outcome)
-            return None
-        # corun_seconds: the co-run's own time (fetch, builds, kernels), for /metrics' histogram;
-        # corun_window: when and on which worker it ran (several workers share a queue: issue 19).
-        window = {"worker": worker, "started_at": started_at.isoformat(),
-                  "finished_at": datetime.now(timezone.utc).isoformat()}
-        verdict.detail = {**comparison.model_dump(mode="json"), "corun_seconds": time.monotonic() - started,
-                          "corun_window": window, "corun_phases": dict(phases.seconds),
-                      "corun_kernels": kernels_split}
-        session.commit()
+    # corun_seconds: the co-run's own time (fetch, builds, kernels), for /metrics' histogram;
+    # corun_window: when and on which worker it ran (several workers share a queue: issue 19).
+    window = {"worker": worker, "started_at": started_at.isoformat(),
+              "finished_at": datetime.now(timezone.utc).isoformat()}
+    extra = {"corun_seconds": time.monotonic() - started, "corun_window": window,
+             "corun_phases": dict(phases.seconds), "corun_kernels": kernels_split}
+    if not run_store.store_corun_diffs(run_id, comparison=comparison, extra=extra):
+        return None
     return comparison
+
+
+def store_attribution(*, run_id: int, comparison: RunComparison, baseline: RunResult, cases: list[CaseSpec],
+                      libraries: dict[str, str], settings: Settings, adapter: str,
+                      adapter_paths: tuple[list[Path], list[Path]] = ([], [])) -> None:
+    """The attribution of `run_id`'s changed cases (worker/attribution/record.py) into its verdict's
+    detail, after the co-run stored the diffs; the outcome and every other key stay as they are."""
+    attribution = attribute_or_note(comparison, baseline, cases, libraries["commit"], libraries["baseline"],
+                                    device=settings.worker_device, adapter=adapter,
+                                    case_timeout_s=settings.case_timeout_s, adapter_paths=adapter_paths)
+    run_store.add_attribution(run_id, attribution)
+
+
+def record_and_tell(run_id: int, settings: Settings) -> str:
+    """The co-run task's body: per-step |commit − baseline| for the changed cases. The verdict is
+    already stored and stands without them, so a failure here is logged, never raised. Between
+    cases the co-run yields to runs waiting for this environment: it stops and is queued again."""
+    follow_ups.corun_started(run_id)
+
+    def yield_to_runs() -> None:
+        waiting = run_store.queued_count(environment=settings.worker_environment)
+        if waiting:
+            raise CorunYielded(f"{waiting} run(s) waiting for {settings.worker_environment}")
+
+    try:
+        count = record_baseline_diffs(run_id=run_id, settings=settings, between_cases=yield_to_runs)
+        if count:
+            log.info("run %s: per-step |commit - baseline| stored for %d changed cases", run_id, count)
+            run_store.run_changed(run_id, settings=settings)  # the check and PR comment gain max |Δ|
+        return "stored"
+    except CorunYielded as waiting:
+        log.info("run %s: baseline co-run yields (%s); queued again", run_id, waiting)
+        follow_ups.send_later(CORUN_TASK_NAME, run_id, environment=run_store.run_facts(run_id).environment,
+                              countdown=settings.corun_retry_s)
+        return "yielded"
+    except Exception:  # noqa: BLE001
+        log.exception("run %s: co-running the baseline for per-step diffs failed", run_id)
+        return "failed"

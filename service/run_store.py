@@ -1,0 +1,388 @@
+"""The worker's one door to the database: every read and write a worker makes about a run.
+
+A worker claims a run, beats its heart, stores its results in batches, finishes or fails it,
+gives it back (retry later, a verify run yielding), has it judged, adds the co-run's per-step
+diffs, the attribution and the kernel timings beside it, and says it is alive (presence). It
+reads what a job needs as plain values (RunFacts, ProjectFacts, CorunInputs: pydantic, never a
+row of the ORM). The rules stay in the service's domain modules (runs, trajectories, baselines,
+verdict_store, kernel_speed, workers); this module is what calls them for the worker, and what
+tells the notifier (service.notify.hooks) that a run changed.
+
+Each function opens its own session; `session=` is for tests, which pass their transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+from sqlalchemy import select, update
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.orm import Session
+
+from service.broker.queueing import send_run
+from service.core.archives import ArchiveLimits
+from service.core.results import CaseResult, RunComparison, RunResult
+from service.db.models import CANCELLED, DONE, ERROR, FAILED, RUNNING, Project, Run, Verdict
+from service.db.session import get_sessionmaker
+from service.domain import baselines, kernel_speed, runs, trajectories, verdict_store, workers
+from service.domain.storage import archive_limits as _archive_limits
+from service.notify import hooks as notify
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CANCELLED", "DONE", "ERROR", "FAILED", "RUNNING"]
+
+# A worker beats every PRESENCE_INTERVAL_S (service.domain.workers: three missed beats and it is gone).
+PRESENCE_INTERVAL_S = workers.PRESENCE_INTERVAL_S
+
+# What a database that is restarting or failing over raises.
+DATABASE_DOWN = (OperationalError, InterfaceError)
+
+T = TypeVar("T")
+
+
+def retry_database(action: Callable[[], T], *, what: str, give_up_after_s: float = 300.0) -> T:
+    """`action()`, retried with backoff while the database is unreachable (a restart, a failover)."""
+    delay = 0.5
+    deadline = time.monotonic() + give_up_after_s
+    while True:
+        try:
+            return action()
+        except DATABASE_DOWN as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s: database unavailable (%s); retrying in %.1f s", what,
+                        str(exc).splitlines()[0], delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+
+class RunLost(RuntimeError):
+    """The run is no longer ours (reaped after a missed heartbeat, or cancelled)."""
+
+
+class RunFacts(BaseModel):
+    """A run's row as a job reads it."""
+
+    id: int
+    project_id: int
+    kind: str
+    environment: str
+    source_digest: str
+    battery: str
+    status: str
+    worker: str | None = None
+    started_at: datetime | None = None
+
+
+class ProjectFacts(BaseModel):
+    """A project's registered fields: the defaults of its configuration
+    (service.core.project_config.config_defaults reads these attributes)."""
+
+    name: str
+    build_kind: str
+    build_command: str | None = None
+    adapter: str
+    default_battery: str
+    environments: list[str]
+
+
+class CorunInputs(BaseModel):
+    """What a baseline co-run needs of a judged run (worker/jobs/corun.py)."""
+
+    run: RunFacts
+    baseline: RunFacts
+    project: ProjectFacts
+    changed_ids: set[str]
+    commit_result: RunResult
+    baseline_result: RunResult
+
+
+def _run_facts(run: Run) -> RunFacts:
+    return RunFacts(id=run.id, project_id=run.project_id, kind=run.kind, environment=run.environment,
+                    source_digest=run.source_digest, battery=run.battery, status=run.status, worker=run.worker,
+                    started_at=run.started_at)
+
+
+def _project_facts(project: Project) -> ProjectFacts:
+    return ProjectFacts(name=project.name, build_kind=project.build_kind, build_command=project.build_command,
+                        adapter=project.adapter, default_battery=project.default_battery,
+                        environments=list(project.environments))
+
+
+@contextlib.contextmanager
+def _session(session: Session | None) -> Iterator[Session]:
+    if session is not None:
+        yield session
+        return
+    with get_sessionmaker()() as own:
+        yield own
+
+
+def archive_limits(settings: Settings) -> ArchiveLimits:
+    """The bounds a fetched source archive is unpacked within (the API's upload bounds)."""
+    return _archive_limits(settings)
+
+
+def run_changed(run_id: int, *, settings: Settings, with_dependants: bool = False) -> None:
+    """Tell the notifier (GitHub check, PR comment, webhooks) that the run changed; in a thread of
+    its own, never failing the run (service.notify.hooks)."""
+    notify.run_changed(run_id, settings=settings, with_dependants=with_dependants)
+
+
+# ----------------------------------------------------------------------------- reading
+def run_facts(run_id: int, *, session: Session | None = None) -> RunFacts | None:
+    with _session(session) as session:
+        run = session.get(Run, run_id)
+        return None if run is None else _run_facts(run)
+
+
+def project_facts(project_id: int, *, session: Session | None = None) -> ProjectFacts | None:
+    with _session(session) as session:
+        project = session.get(Project, project_id)
+        return None if project is None else _project_facts(project)
+
+
+def queued_count(*, environment: str, kind: str | None = None, dispatched_after: datetime | None = None,
+                 dispatched_before: datetime | None = None, session: Session | None = None) -> int:
+    """Runs waiting for a worker of `environment` (service.domain.runs.queued_count)."""
+    with _session(session) as session:
+        return runs.queued_count(session=session, environment=environment, kind=kind,
+                                 dispatched_after=dispatched_after, dispatched_before=dispatched_before)
+
+
+# ----------------------------------------------------------------------------- a run's life
+def claim(run_id: int, *, worker: str, session: Session | None = None) -> bool:
+    """queued -> building for `worker`; False when another has it or it is over."""
+    with _session(session) as session:
+        return runs.claim(session=session, run_id=run_id, worker=worker)
+
+
+def heartbeat(run_id: int, *, worker: str, session: Session | None = None) -> bool:
+    """Refresh the run's heartbeat; False when it is no longer this worker's."""
+    with _session(session) as session:
+        return runs.heartbeat(session=session, run_id=run_id, worker=worker)
+
+
+class ClaimedRun:
+    """One claimed run's transaction-by-transaction record, over one session held for the job:
+    its build, its progress and its results in batches, its end. Every write is conditional on
+    the run still being `worker`'s (service.domain.runs)."""
+
+    def __init__(self, session: Session, *, run_id: int, worker: str) -> None:
+        self.session, self.run_id, self.worker = session, run_id, worker
+        run = session.get(Run, run_id)
+        self.run = _run_facts(run)
+        project = session.get(Project, run.project_id)
+        self.project = None if project is None else _project_facts(project)
+
+    def set_status(self, status: str, **values: Any) -> bool:
+        return runs.set_status(session=self.session, run_id=self.run_id, worker=self.worker, status=status,
+                               **values)
+
+    def fail(self, error: str) -> None:
+        """The commit's fault (it does not build, its configuration is wrong): `failed`."""
+        self.set_status(FAILED, error=error)
+
+    def cancel_if_asked(self) -> bool:
+        """True (and the run `cancelled`) when a cancel was asked for."""
+        if not runs.cancel_requested(session=self.session, run_id=self.run_id):
+            return False
+        self.set_status(CANCELLED, error="cancelled on request")
+        return True
+
+    def record(self, **values: Any) -> bool:
+        """Write what the job learnt (build log, digests, environment detail) with a heartbeat;
+        False when the run is no longer ours (then nothing is written)."""
+        return runs.heartbeat(session=self.session, run_id=self.run_id, worker=self.worker, **values)
+
+    def start_cases(self, total: int) -> None:
+        self.set_status(RUNNING, cases_total=total, cases_done=0)
+
+    def store_batch(self, results: list[tuple[int, CaseResult]], *, cases_done: int) -> None:
+        """The results and the progress they make, in one transaction, or (the run was taken
+        away) neither: raises RunLost."""
+        trajectories.store_case_results(session=self.session, run_id=self.run_id, results=results)
+        if not runs.heartbeat(session=self.session, run_id=self.run_id, worker=self.worker, cases_done=cases_done):
+            raise RunLost("the run was taken away while running cases")
+
+    def baseline_digests(self) -> dict[str, list[str]]:
+        """case id -> digests of the run's baseline, if it has finished (the cases that differ
+        from it are repeated before the run ends, worker/pipeline.py); {} otherwise."""
+        run = self.session.get(Run, self.run_id)
+        choice = baselines.choose(session=self.session, run=run)
+        if choice.run is None or choice.pending or choice.run.status != DONE:
+            return {}
+        return {row.case_id: row.digests.split("\n")
+                for row in trajectories.list_rows(session=self.session, run_id=choice.run.id)
+                if row.status == "ok" and row.digests}
+
+    def finish(self, environment_detail: dict) -> None:
+        self.set_status(DONE, environment_detail=environment_detail)
+
+
+@contextlib.contextmanager
+def open_run(run_id: int, *, worker: str) -> Iterator[ClaimedRun]:
+    with get_sessionmaker()() as session:
+        yield ClaimedRun(session, run_id=run_id, worker=worker)
+
+
+def send_again(run_id: int, *, settings: Settings, delay: float, session: Session | None = None) -> None:
+    """Dispatch a re-queued run to start after `delay` s, on its kind's queue; if the broker does
+    not take it now, the API's maintenance loop sends it (it stays queued with no dispatch time)."""
+    with _session(session) as session:
+        run = session.get(Run, run_id)
+        try:
+            send_run(settings=settings, run_id=run_id, environment=run.environment, kind=run.kind,
+                     countdown=delay or None)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("run %s: the broker did not take the retry (%s); the maintenance loop will", run_id, exc)
+            return
+        # When the broker hands it out: a retry's countdown included, so a running verify run does
+        # not yield to a commit run that no worker may take yet (worker/jobs/run.py CommitRunsFirst).
+        handed_out = datetime.now(timezone.utc) + timedelta(seconds=delay)
+        session.execute(update(Run).where(Run.id == run_id).values(dispatched_at=handed_out))
+        session.commit()
+
+
+def retry_later(run_id: int, *, worker: str, error: str, settings: Settings,
+                session: Session | None = None) -> bool:
+    """After an optdrift failure: queued again and sent after its backoff while attempts remain
+    (True), else `error` for good (False). service.domain.runs.retry_later."""
+    with _session(session) as session:
+        delay = runs.retry_later(session=session, run_id=run_id, worker=worker, error=error,
+                                 max_attempts=settings.max_attempts, backoff_s=settings.retry_backoff_s)
+        if delay is None:
+            return False
+        send_again(run_id, settings=settings, delay=delay, session=session)
+        return True
+
+
+def give_way(run_id: int, *, worker: str, note: str, settings: Settings, session: Session | None = None) -> str:
+    """A verify run yields to commit runs: back to `queued` with `note` on its page, its stored
+    cases deleted, its attempt not counted (service.domain.runs.requeue_yielded), and sent again on
+    the verify queue. A cancel asked for meanwhile is honoured instead. Returns "yielded",
+    CANCELLED, or "lost" (the run is no longer ours)."""
+    with _session(session) as session:
+        if not runs.requeue_yielded(session=session, run_id=run_id, worker=worker, note=note):
+            if runs.cancel_requested(session=session, run_id=run_id) and runs.set_status(
+                    session=session, run_id=run_id, worker=worker, status=CANCELLED, error="cancelled on request"):
+                return CANCELLED
+            return "lost"
+        send_again(run_id, settings=settings, delay=0.0, session=session)
+    run_changed(run_id, settings=settings)
+    return "yielded"
+
+
+def judge(run_id: int, *, worker: str, settings: Settings, session: Session | None = None) -> list[int]:
+    """A run that `worker` took to a final status gets its verdict, and so do the runs that
+    waited for it as their baseline (another worker was faster); the notifier is told. Returns
+    the ids of those dependants when the run is `done` (their co-runs are sent from here)."""
+    with _session(session) as session:
+        run = session.get(Run, run_id)
+        waited_for_this: list[int] = []
+        if run.status in (DONE, FAILED, ERROR) and run.worker == worker:
+            if run.status == DONE:
+                waited_for_this = [other.id for other in baselines.dependants(session=session, run=run)]
+            verdict_store.evaluate_with_dependants(session=session, run=run)
+            run_changed(run_id, settings=settings, with_dependants=True)
+        return waited_for_this
+
+
+# ----------------------------------------------------------------------------- beside the verdict
+def corun_environment(run_id: int, *, session: Session | None = None) -> str | None:
+    """The run's environment when its verdict names changed cases against a baseline (a co-run
+    then adds their per-step |commit - baseline|), else None."""
+    with _session(session) as session:
+        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
+        environment = session.get(Run, run_id).environment
+    if verdict is None or not verdict.changed_cases or verdict.baseline_run_id is None:
+        return None
+    return environment
+
+
+def corun_inputs(run_id: int, *, session: Session | None = None) -> CorunInputs | None:
+    """The judged run, its baseline, both results and the changed cases still without per-step
+    diffs; None when there is nothing to co-run."""
+    with _session(session) as session:
+        run = session.get(Run, run_id)
+        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
+        if run is None or verdict is None or verdict.baseline_run_id is None or run.status != DONE:
+            return None
+        changed_ids = {case["case_id"] for case in (verdict.detail or {}).get("cases", [])
+                       if case.get("verdict") == "changed" and not case.get("max_abs_diff_per_step")}
+        if not changed_ids:
+            return None
+        baseline = session.get(Run, verdict.baseline_run_id)
+        return CorunInputs(run=_run_facts(run), baseline=_run_facts(baseline),
+                           project=_project_facts(session.get(Project, run.project_id)), changed_ids=changed_ids,
+                           commit_result=trajectories.run_result(session=session, run=run),
+                           baseline_result=trajectories.run_result(session=session, run=baseline))
+
+
+def store_corun_diffs(run_id: int, *, comparison: RunComparison, extra: dict[str, Any],
+                      session: Session | None = None) -> bool:
+    """The verdict recomputed with the co-run's diffs, stored with `extra` (the co-run's time and
+    window) beside it; False, and nothing stored, when it would change the stored outcome (it
+    cannot: the same stored results are compared)."""
+    with _session(session) as session:
+        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
+        if comparison.verdict != verdict.outcome:
+            log.error("run %s: recomputed verdict %s != stored %s; diffs not stored",
+                      run_id, comparison.verdict, verdict.outcome)
+            return False
+        verdict.detail = {**comparison.model_dump(mode="json"), **extra}
+        session.commit()
+        return True
+
+
+def add_attribution(run_id: int, attribution: dict, *, session: Session | None = None) -> None:
+    """The attribution of the changed cases into the verdict's detail (every other key stays)."""
+    with _session(session) as session:
+        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
+        if verdict is None:
+            return
+        verdict.detail = {**verdict.detail, "attribution": attribution}
+        session.commit()
+
+
+def store_timings(run_id: int, answer: dict, *, session: Session | None = None) -> int:
+    """The kernel host's `time_kernels` answer stored with the run (service.domain.kernel_speed);
+    how many timings. Nothing is stored if it raises."""
+    with _session(session) as session:
+        try:
+            count = kernel_speed.store(session=session, run_id=run_id, answer=answer)
+            session.commit()
+        except Exception:
+            session.rollback()
+            raise
+        return count
+
+
+def note_on_run(run_id: int, key: str, note: str, *, session: Session | None = None) -> None:
+    """One key of the run's environment detail (a finished run's kernel timing note), the rest as
+    it is now (the co-run may have written the run meanwhile)."""
+    with _session(session) as session:
+        run = session.get(Run, run_id)
+        session.refresh(run)
+        run.environment_detail = {**(run.environment_detail or {}), key: note}
+        session.commit()
+
+
+# ----------------------------------------------------------------------------- presence
+def presence_beat(*, name: str, environment: str, detail: dict, session: Session | None = None) -> None:
+    """Insert or refresh this worker process's presence row (service.domain.workers)."""
+    with _session(session) as session:
+        workers.beat(session=session, name=name, environment=environment, detail=detail)
+
+
+def presence_leave(*, name: str, session: Session | None = None) -> None:
+    with _session(session) as session:
+        workers.leave(session=session, name=name)

@@ -1,0 +1,10 @@
+"""The worker's jobs, each over one workspace (workspace.py: fetch -> prepare -> build):
+
+- run.py     a run: claim, build, the battery's cases stored in batches, done, the verdict
+- corun.py   a judged run's changed cases on both builds: per-step |commit - baseline|, attribution
+- timing.py  a finished run's kernels timed
+- follow_ups.py  what a run sends after its verdict (the co-run, the timing), and their order
+
+worker/tasks.py is the Celery face that calls them; every database access goes through
+service.run_store, every task sent through worker.celery_app.
+"""

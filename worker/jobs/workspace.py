@@ -1,0 +1,69 @@
+"""ONE workspace for every job (the run, the co-run, the timing): a private folder, the source
+fetched into it over HTTP (content-addressed, worker/source_fetch.py), prepared and built through
+the pipeline (worker/pipeline.py) under the operator's caps for the run's kind.
+
+The build time limit is the same for every job that builds a run's tree: a verify run's tree (a
+contributor's code, the lowest trust) gets the smaller of OPTDRIFT_VERIFY_MAX_BUILD_S and
+OPTDRIFT_MAX_BUILD_S, a commit run's tree OPTDRIFT_MAX_BUILD_S (build_limit_s).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from service.run_store import archive_limits
+from service.settings import Settings
+from worker import pipeline
+from worker.build import BuildResult
+from worker.source_fetch import fetch_source
+
+
+def build_limit_s(settings: Settings, *, untrusted: bool) -> float:
+    """How long the build of a run's tree may take: a verify run's tree gets the verify cap too."""
+    return min(settings.verify_max_build_s, settings.max_build_s) if untrusted else settings.max_build_s
+
+
+class Workspace:
+    """A job's folder (deleted when the job ends), the trees fetched into it, and their builds."""
+
+    def __init__(self, settings: Settings, *, prefix: str) -> None:
+        self.settings = settings
+        self._folder = tempfile.TemporaryDirectory(prefix=prefix)
+        self.root = Path(self._folder.name)
+
+    def __enter__(self) -> "Workspace":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._folder.cleanup()
+
+    def fetch(self, digest: str, *, name: str = "src") -> Path:
+        """The source archive `digest` from the service, unpacked into the folder `name`."""
+        settings = self.settings
+        return fetch_source(base_url=settings.resolved_public_url, digest=digest, dest=self.root / name,
+                            limits=archive_limits(settings), max_bytes=settings.max_upload_bytes,
+                            token=settings.resolved_worker_token())
+
+    def prepare(self, source_dir: Path, *, project: Any, battery: str | None) -> pipeline.Job:
+        """The tree's configuration and battery (pipeline.prepare; raises the tree's errors)."""
+        return pipeline.prepare(source_dir, project=project, requested_battery=battery)
+
+    def policy(self, *, untrusted: bool, warm: bool = False, **limits: Any) -> pipeline.Policy:
+        """The pipeline's policy for a run of this trust: the worker's device and caches, the build
+        time limit of the run's kind, and `limits` (case_timeout_s, deadline, reference_cache).
+        `warm`: take kernel hosts started ahead where the worker keeps them (host_reserve)."""
+        settings = self.settings
+        warm_hosts = ({"warm_host": settings.resolved_warm_host,
+                       "host_slot_root": settings.resolved_build_cache_dir / "host-slots"} if warm else {})
+        return pipeline.Policy(
+            device=settings.worker_device, fast_engine=settings.fast_engine,
+            cache_dir=settings.resolved_build_cache_dir,
+            cuda_archs=[] if settings.worker_device == "cpu" else None, trusted=not untrusted,
+            max_build_s=build_limit_s(settings, untrusted=untrusted), **warm_hosts, **limits)
+
+    def build(self, job: pipeline.Job, policy: pipeline.Policy) -> BuildResult:
+        """The tree built per its configuration (a digest-cache hit when built before); never
+        raises for a failed build."""
+        return pipeline.build(job, policy)

@@ -47,7 +47,7 @@ from service.cli.common import expected_failures as _expected_failures, fail as 
 
 app = typer.Typer(help="optdrift: did this commit change a training trajectory?", no_args_is_help=True)
 UrlOption = Annotated[str, typer.Option("--url", help="the optdrift API (env OPTDRIFT_URL)")]
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]  # service/cli/main.py -> the checkout
 
 
 

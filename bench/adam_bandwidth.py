@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from worker.engine import kernel_ops  # noqa: E402
+from worker.adapters import bundled_ops  # noqa: E402
 
 ADAM_BYTES_PER_PARAM = 28
 COPY_BYTES_PER_ELEMENT = 8
@@ -59,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device")
-    kernel_ops.load_build(args.library or build_library())
+    bundled_ops.load_build(args.library or build_library())
 
     numel = 1 << args.log2_numel
     device = torch.device("cuda")
@@ -71,7 +71,7 @@ def main() -> None:
 
     def adam_step():
         step[0] += 1
-        kernel_ops.adam_step(param, grad, exp_avg, exp_avg_sq, step=step[0], lr=1e-3,
+        bundled_ops.adam_step(param, grad, exp_avg, exp_avg_sq, step=step[0], lr=1e-3,
                              weight_decay=1e-2)
 
     copy_source, copy_target = torch.randn(numel, device=device), torch.empty(numel, device=device)

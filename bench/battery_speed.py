@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from worker.engine import kernel_ops  # noqa: E402
+from worker.adapters import bundled_ops  # noqa: E402
 from worker.battery import load_battery  # noqa: E402
 from worker.build import build_extension  # noqa: E402
 from worker.engine.environment import fingerprint, resolve_device  # noqa: E402
@@ -74,7 +74,7 @@ def main() -> int:
     if not build.ok:
         print(f"build failed:\n{build.error}", file=sys.stderr)
         return 1
-    kernel_ops.load_build(build.library_path)
+    bundled_ops.load_build(build.library_path)
     battery = load_battery(args.battery)
     cases = battery.expand()
     total_steps = sum(c.steps for c in cases)

@@ -44,14 +44,14 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: the floors are GPU figures", file=sys.stderr)
         return 2
-    from worker.engine import kernel_ops
+    from worker.adapters import bundled_ops
     from worker.build import build_extension
 
     build = build_extension(args.source)
     if not build.ok:
         print(f"build failed:\n{build.error}", file=sys.stderr)
         return 1
-    kernel_ops.load_build(build.library_path)
+    bundled_ops.load_build(build.library_path)
     device = torch.device("cuda")
     rows = []
 

@@ -21,7 +21,7 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from service.core.results import GradientStreamSpec  # noqa: E402
-from worker.engine import kernel_ops  # noqa: E402
+from worker.adapters import bundled_ops  # noqa: E402
 from worker.battery import OPTIMIZER_HYPER_DEFAULTS, make_case  # noqa: E402
 from worker.build import build_extension  # noqa: E402
 from worker.engine.trajectory import run_case  # noqa: E402
@@ -43,7 +43,7 @@ def main() -> None:
     build = build_extension(args.source, cuda_archs=archs)
     if not build.ok:
         raise SystemExit(f"build failed:\n{build.error}")
-    kernel_ops.load_build(build.library_path)
+    bundled_ops.load_build(build.library_path)
     device = torch.device(args.device)
 
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"

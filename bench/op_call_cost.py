@@ -3,7 +3,7 @@
     python bench/op_call_cost.py [--device cuda] [--calls 20000]
 
 The warm battery's kernel-call phase is ~87,000 calls of the bundled ops, one per case and step,
-each through the op's Python API as the fast engine binds it (worker.engine.kernel_ops.bind_step).
+each through the op's Python API as the fast engine binds it (worker.adapters.bundled_ops.bind_step).
 This times N back-to-back calls on the host clock (the device is synchronised before and after;
 every kernel here runs for a few microseconds, so the device never holds the host back) for:
 
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from worker.build import build_extension  # noqa: E402
-from worker.engine import kernel_ops  # noqa: E402
+from worker.adapters import bundled_ops  # noqa: E402
 from worker.references.quant_map import dynamic_map  # noqa: E402
 
 
@@ -63,17 +63,17 @@ def main() -> int:
     build = build_extension(Path(__file__).resolve().parents[1] / "csrc", cuda_archs=[] if device.type == "cpu" else None)
     if not build.ok:
         raise SystemExit(f"the bundled kernels do not build: {build.error}")
-    kernel_ops.load_build(build.library_path)
+    bundled_ops.load_build(build.library_path)
 
     one = torch.zeros(1, device=device)
     param, grad = torch.zeros(args.size, device=device), torch.zeros(args.size, device=device)
-    states = {name: torch.zeros(args.size, device=device) for name in kernel_ops.OPTIMIZER_STATES["adam"]}
+    states = {name: torch.zeros(args.size, device=device) for name in bundled_ops.OPTIMIZER_STATES["adam"]}
     hyper = {"lr": 1e-3, "weight_decay": 0.01}
-    bound = kernel_ops.bind_step("adam", param, grad, states, hyper=hyper)
+    bound = bundled_ops.bind_step("adam", param, grad, states, hyper=hyper)
     signed, unsigned = dynamic_map(signed=True, device=device), dynamic_map(signed=False, device=device)
     param8 = torch.zeros(args.size, device=device)
-    states8 = kernel_ops.new_states_8bit("adam", param8, signed, unsigned)
-    bound8 = kernel_ops.bind_step_8bit("adam", param8, torch.zeros_like(param8), states8, hyper=hyper,
+    states8 = bundled_ops.new_states_8bit("adam", param8, signed, unsigned)
+    bound8 = bundled_ops.bind_step_8bit("adam", param8, torch.zeros_like(param8), states8, hyper=hyper,
                                       signed_map=signed, unsigned_map=unsigned)
     packet = torch.ops.optdrift.adam_step
     aten_add = torch.ops.aten.add_.Scalar

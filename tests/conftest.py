@@ -90,10 +90,10 @@ def harness_loaded(harness_library):
 @pytest.fixture(scope="session")
 def kernels(kernels_build):
     """The kernel build loaded into this test process (one build per process)."""
-    from worker.engine import kernel_ops
+    from worker.adapters import bundled_ops
 
-    kernel_ops.load_build(kernels_build.library_path)
-    return kernel_ops
+    bundled_ops.load_build(kernels_build.library_path)
+    return bundled_ops
 
 
 # The files that take longest (minutes: whole services, the mutation catalogue, nvcc), run first.

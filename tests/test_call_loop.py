@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worker.engine import call_loop, kernel_ops
+from worker.adapters import bundled_ops
+from worker.engine import call_loop
 from worker.engine.fast import run_cases_fast
 from worker.engine.trajectory import run_case
 from tests.test_fast_engine import GROUPED, _assert_identical
@@ -33,10 +34,10 @@ def test_fast_engine_with_the_call_loop_equals_run_case(harness_loaded, kernels,
     _assert_identical([run_case(c, torch.device(device)) for c in cases], looped)
 
 
-def _adam(n: int, **hyper: float) -> tuple[kernel_ops.BoundOp, torch.Tensor]:
+def _adam(n: int, **hyper: float) -> tuple[bundled_ops.BoundOp, torch.Tensor]:
     param = torch.linspace(-1, 1, n)
-    states = {name: torch.zeros(n) for name in kernel_ops.OPTIMIZER_STATES["adam"]}
-    bound = kernel_ops.bind_step("adam", param, torch.full((n,), 0.5), states,
+    states = {name: torch.zeros(n) for name in bundled_ops.OPTIMIZER_STATES["adam"]}
+    bound = bundled_ops.bind_step("adam", param, torch.full((n,), 0.5), states,
                                  hyper={"lr": 0.1, "weight_decay": 0.1, **hyper})
     return bound, param
 

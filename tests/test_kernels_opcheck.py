@@ -1,6 +1,6 @@
 """torch.library.opcheck on every bundled 32-bit op, every parameter dtype: the schema's in-place
 annotations match what the kernels do, the fake (meta) implementations registered by
-worker.engine.kernel_ops.load_build agree with the real kernels, and the ops trace under AOT dispatch."""
+worker.adapters.bundled_ops.load_build agree with the real kernels, and the ops trace under AOT dispatch."""
 
 from __future__ import annotations
 

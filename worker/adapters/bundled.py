@@ -1,5 +1,5 @@
 """The bundled csrc kernels (torch.ops.optdrift.*), built by worker.build, and their families: the
-32-bit ops through worker.engine.kernel_ops.step (`ThirtyTwoBitAdapter`) and the 8-bit blockwise ops
+32-bit ops through worker.adapters.bundled_ops.step (`ThirtyTwoBitAdapter`) and the 8-bit blockwise ops
 (worker/adapters/bundled_8bit.py). The engines default to these families.
 """
 
@@ -18,28 +18,28 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class ThirtyTwoBitAdapter(HandedOverStates):
-    """fp32 states, one op call per step (worker.engine.kernel_ops over torch.ops.optdrift.*)."""
+    """fp32 states, one op call per step (worker.adapters.bundled_ops over torch.ops.optdrift.*)."""
 
     def init_states(self, case: "CaseSpec", param: "torch.Tensor") -> dict[str, "torch.Tensor"]:
         import torch
 
-        from worker.engine import kernel_ops
+        from worker.adapters import bundled_ops
 
         return {name: torch.zeros(param.shape, dtype=torch.float32, device=param.device)
-                for name in kernel_ops.OPTIMIZER_STATES[case.optimizer]}
+                for name in bundled_ops.OPTIMIZER_STATES[case.optimizer]}
 
     def step_states(self, case: "CaseSpec", param: "torch.Tensor", grad: "torch.Tensor",
              states: dict[str, "torch.Tensor"], step: int) -> None:
-        from worker.engine import kernel_ops
+        from worker.adapters import bundled_ops
 
-        kernel_ops.step(case.optimizer, param, grad, states, step=step, hyper=dict(case.hyper))
+        bundled_ops.step(case.optimizer, param, grad, states, step=step, hyper=dict(case.hyper))
 
     def bind_states(self, case: "CaseSpec", param: "torch.Tensor", grad: "torch.Tensor",
              states: dict[str, "torch.Tensor"]) -> Callable[[int], None]:
         """`step` on these exact tensors, checked once; the fast runner calls it every step."""
-        from worker.engine import kernel_ops
+        from worker.adapters import bundled_ops
 
-        return kernel_ops.bind_step(case.optimizer, param, grad, states, hyper=dict(case.hyper))
+        return bundled_ops.bind_step(case.optimizer, param, grad, states, hyper=dict(case.hyper))
 
 
 FAMILIES: dict[str, object] = {"32bit": ThirtyTwoBitAdapter(), "8bit_blockwise": EightBitBlockwiseAdapter()}
@@ -52,10 +52,10 @@ class BundledAdapter(ProjectAdapter):
         self._library: str | None = None
 
     def load(self, library: str) -> None:
-        from worker.engine import kernel_ops
+        from worker.adapters import bundled_ops
 
         try:
-            kernel_ops.load_build(library)
+            bundled_ops.load_build(library)
         except FileNotFoundError as error:
             raise AdapterError(str(error)) from error
         self._library = library

@@ -33,32 +33,32 @@ class EightBitBlockwiseAdapter(HandedOverStates):
         return self._maps[key]
 
     def init_states(self, case: CaseSpec, param: torch.Tensor) -> dict[str, torch.Tensor]:
-        from worker.engine import kernel_ops
+        from worker.adapters import bundled_ops
 
         signed_map, unsigned_map = self.maps(param.device)
         flat: dict[str, torch.Tensor] = {}
-        for name, (codes, absmax) in kernel_ops.new_states_8bit(case.optimizer, param, signed_map, unsigned_map).items():
+        for name, (codes, absmax) in bundled_ops.new_states_8bit(case.optimizer, param, signed_map, unsigned_map).items():
             flat[f"{name}_codes"] = codes
             flat[f"{name}_absmax"] = absmax
         return flat
 
     def step_states(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
              states: dict[str, torch.Tensor], step: int) -> None:
-        from worker.engine import kernel_ops
+        from worker.adapters import bundled_ops
 
         signed_map, unsigned_map = self.maps(param.device)
         pairs = {name: (states[f"{name}_codes"], states[f"{name}_absmax"])
-                 for name in kernel_ops.OPTIMIZER_STATES[case.optimizer]}
-        kernel_ops.step_8bit(case.optimizer, param, grad, pairs, step=step, hyper=dict(case.hyper),
+                 for name in bundled_ops.OPTIMIZER_STATES[case.optimizer]}
+        bundled_ops.step_8bit(case.optimizer, param, grad, pairs, step=step, hyper=dict(case.hyper),
                              signed_map=signed_map, unsigned_map=unsigned_map)
 
     def bind_states(self, case: CaseSpec, param: torch.Tensor, grad: torch.Tensor,
              states: dict[str, torch.Tensor]) -> Callable[[int], None]:
         """`step` on these exact tensors, checked once (worker.engine.fast)."""
-        from worker.engine import kernel_ops
+        from worker.adapters import bundled_ops
 
         signed_map, unsigned_map = self.maps(param.device)
         pairs = {name: (states[f"{name}_codes"], states[f"{name}_absmax"])
-                 for name in kernel_ops.OPTIMIZER_STATES[case.optimizer]}
-        return kernel_ops.bind_step_8bit(case.optimizer, param, grad, pairs, hyper=dict(case.hyper),
+                 for name in bundled_ops.OPTIMIZER_STATES[case.optimizer]}
+        return bundled_ops.bind_step_8bit(case.optimizer, param, grad, pairs, hyper=dict(case.hyper),
                                          signed_map=signed_map, unsigned_map=unsigned_map)

@@ -1,9 +1,9 @@
 """The engine: cases run on one build in a kernel host.
 
-    host.py             the kernel host subprocess (one build, JSON lines over pipes) and its parent
+    host/               the kernel host: child (the subprocess: one build, JSON lines over pipes),
+                        client (KernelHost, its parent), protocol (the lines)
     fast.py             the fast battery runner (waves of padded arenas, CUDA graphs)
     trajectory.py       one case the straightforward way (and the co-run's kernels-only path)
-    kernel_ops.py       the bundled kernels' ops, loaded from a build
     gradients.py        deterministic gradient streams
     digest.py           the per-step od2 digest
     environment.py      the environment fingerprint

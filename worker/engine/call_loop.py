@@ -2,7 +2,7 @@
 harness_csrc/call_loop.cpp) over the cases' bound ops.
 
 The fast engine calls each case's kernel once per step through its project's op. For the bundled
-kernels that op call is a kernel_ops.BoundOp; from Python each such call parses its arguments
+kernels that op call is a bundled_ops.BoundOp; from Python each such call parses its arguments
 against the op's schema again, which costs the host more than the launch itself
 (bench/op_call_cost.py measures it). PreparedCalls converts and checks each
 case's arguments once and then makes the same calls, in the same order, through the same
@@ -36,11 +36,11 @@ class WaveCalls:
 def prepare(bound: Sequence[Callable[[int], None] | None], last_steps: Sequence[int],
             skip: set[int], *, below_autograd: bool | None = None) -> WaveCalls | None:
     """The calls of `bound` (a wave's step functions; None and `skip` left out) in C++, when the
-    harness is loaded and switched on and every one is a kernel_ops.BoundOp; else None (the wave
+    harness is loaded and switched on and every one is a bundled_ops.BoundOp; else None (the wave
     calls them from Python, as before). `below_autograd` (default: on unless
     OPTDRIFT_CALL_LOOP_BELOW_AUTOGRAD=0): the calls enter the dispatcher below its autograd layer,
     which a bundled op has no kernel in (call_loop.cpp)."""
-    from worker.engine.kernel_ops import BoundOp
+    from worker.adapters.bundled_ops import BoundOp
 
     module = harness.module()
     if module is None or not harness.switched_on("OPTDRIFT_CALL_LOOP"):

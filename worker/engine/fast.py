@@ -22,7 +22,7 @@ Why the bits stay run_case's:
 
 * **The kernel under test is called per case**, with exactly run_case's op and arguments
   (the adapter's `bind`, which checks once and then makes the same call), on a tensor of the
-  case's own length; where every bound call is a registered op (kernel_ops.BoundOp), the
+  case's own length; where every bound call is a registered op (bundled_ops.BoundOp), the
   harness's C++ loop makes those same calls (worker.engine.call_loop). Nothing about the
   kernel is assumed, so a kernel whose result depends on the length, blocks or tail sees the
   same length, blocks and tail as in run_case.

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
     args = parser.parse_args(argv)
 
-    from worker.engine import kernel_ops
+    from worker.adapters import bundled_ops
     from worker.build import build_extension
 
     cache = Path(os.environ.get("OPTDRIFT_BUILD_CACHE", Path(__file__).resolve().parents[2] / ".optdrift" / "test-build-cache"))
@@ -73,10 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     if not build.ok:
         print(f"building {args.csrc} failed:\n{build.error}", file=sys.stderr)
         return 2
-    kernel_ops.load_build(build.library_path)
+    bundled_ops.load_build(build.library_path)
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     devices = [d for d in devices if d == "cpu" or (torch.cuda.is_available() and build.cuda_archs)]
-    rows = [measure(kernel_ops, optimizer, device) for device in devices for optimizer in OPTIMIZERS]
+    rows = [measure(bundled_ops, optimizer, device) for device in devices for optimizer in OPTIMIZERS]
     if args.json:
         print(json.dumps(rows))
         return 0

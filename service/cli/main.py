@@ -711,3 +711,7 @@ app.add_typer(cli_notify.notify_app, name="notify")
 from service.cli import project as cli_project  # noqa: E402  (`optdrift project`: register a project, show what its runs use)
 
 app.add_typer(cli_project.project_app, name="project")
+
+from service.cli import compare as cli_compare  # noqa: E402  (`optdrift compare`: one commit in two environments)
+
+app.command("compare", epilog=cli_compare.EXIT_CODES)(cli_compare.compare)

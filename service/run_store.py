@@ -117,6 +117,11 @@ def _project_facts(project: Project) -> ProjectFacts:
                         environments=list(project.environments))
 
 
+def _run(session: Session, run_id: int) -> Run | None:
+    """The run's row as the database has it now (a session passed in may hold an older copy)."""
+    return session.get(Run, run_id, populate_existing=True)
+
+
 @contextlib.contextmanager
 def _session(session: Session | None) -> Iterator[Session]:
     if session is not None:
@@ -140,7 +145,7 @@ def run_changed(run_id: int, *, settings: Settings, with_dependants: bool = Fals
 # ----------------------------------------------------------------------------- reading
 def run_facts(run_id: int, *, session: Session | None = None) -> RunFacts | None:
     with _session(session) as session:
-        run = session.get(Run, run_id)
+        run = _run(session, run_id)
         return None if run is None else _run_facts(run)
 
 
@@ -178,7 +183,7 @@ class ClaimedRun:
 
     def __init__(self, session: Session, *, run_id: int, worker: str) -> None:
         self.session, self.run_id, self.worker = session, run_id, worker
-        run = session.get(Run, run_id)
+        run = _run(session, run_id)
         self.run = _run_facts(run)
         project = session.get(Project, run.project_id)
         self.project = None if project is None else _project_facts(project)
@@ -216,7 +221,7 @@ class ClaimedRun:
     def baseline_digests(self) -> dict[str, list[str]]:
         """case id -> digests of the run's baseline, if it has finished (the cases that differ
         from it are repeated before the run ends, worker/pipeline.py); {} otherwise."""
-        run = self.session.get(Run, self.run_id)
+        run = _run(self.session, self.run_id)
         choice = baselines.choose(session=self.session, run=run)
         if choice.run is None or choice.pending or choice.run.status != DONE:
             return {}
@@ -238,7 +243,7 @@ def send_again(run_id: int, *, settings: Settings, delay: float, session: Sessio
     """Dispatch a re-queued run to start after `delay` s, on its kind's queue; if the broker does
     not take it now, the API's maintenance loop sends it (it stays queued with no dispatch time)."""
     with _session(session) as session:
-        run = session.get(Run, run_id)
+        run = _run(session, run_id)
         try:
             send_run(settings=settings, run_id=run_id, environment=run.environment, kind=run.kind,
                      countdown=delay or None)
@@ -286,7 +291,7 @@ def judge(run_id: int, *, worker: str, settings: Settings, session: Session | No
     waited for it as their baseline (another worker was faster); the notifier is told. Returns
     the ids of those dependants when the run is `done` (their co-runs are sent from here)."""
     with _session(session) as session:
-        run = session.get(Run, run_id)
+        run = _run(session, run_id)
         waited_for_this: list[int] = []
         if run.status in (DONE, FAILED, ERROR) and run.worker == worker:
             if run.status == DONE:
@@ -302,7 +307,7 @@ def corun_environment(run_id: int, *, session: Session | None = None) -> str | N
     then adds their per-step |commit - baseline|), else None."""
     with _session(session) as session:
         verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
-        environment = session.get(Run, run_id).environment
+        environment = _run(session, run_id).environment
     if verdict is None or not verdict.changed_cases or verdict.baseline_run_id is None:
         return None
     return environment
@@ -312,7 +317,7 @@ def corun_inputs(run_id: int, *, session: Session | None = None) -> CorunInputs 
     """The judged run, its baseline, both results and the changed cases still without per-step
     diffs; None when there is nothing to co-run."""
     with _session(session) as session:
-        run = session.get(Run, run_id)
+        run = _run(session, run_id)
         verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
         if run is None or verdict is None or verdict.baseline_run_id is None or run.status != DONE:
             return None
@@ -320,7 +325,7 @@ def corun_inputs(run_id: int, *, session: Session | None = None) -> CorunInputs 
                        if case.get("verdict") == "changed" and not case.get("max_abs_diff_per_step")}
         if not changed_ids:
             return None
-        baseline = session.get(Run, verdict.baseline_run_id)
+        baseline = _run(session, verdict.baseline_run_id)
         return CorunInputs(run=_run_facts(run), baseline=_run_facts(baseline),
                            project=_project_facts(session.get(Project, run.project_id)), changed_ids=changed_ids,
                            commit_result=trajectories.run_result(session=session, run=run),
@@ -370,8 +375,7 @@ def note_on_run(run_id: int, key: str, note: str, *, session: Session | None = N
     """One key of the run's environment detail (a finished run's kernel timing note), the rest as
     it is now (the co-run may have written the run meanwhile)."""
     with _session(session) as session:
-        run = session.get(Run, run_id)
-        session.refresh(run)
+        run = _run(session, run_id)
         run.environment_detail = {**(run.environment_detail or {}), key: note}
         session.commit()
 

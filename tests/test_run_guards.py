@@ -98,3 +98,21 @@ def test_verify_runs_are_refused_where_the_sandbox_cannot_be_made(tmp_path, monk
     if sandbox.available():
         assert _refusal(SimpleNamespace(kind="verify"), Settings(home=tmp_path)) is None
     assert os.environ.get("OPTDRIFT_BWRAP") is None
+
+
+def test_every_job_builds_a_verify_runs_tree_under_the_verify_cap(tmp_path) -> None:
+    """The run, the co-run and the timing build through one workspace (worker/jobs/workspace.py):
+    a verify run's tree gets the smaller of the two build caps whichever job builds it, a commit
+    run's tree OPTDRIFT_MAX_BUILD_S; the run's budget says the same."""
+    from worker.jobs.workspace import Workspace
+
+    for verify_cap, expected_verify in ((900, 900), (3600, 1800)):  # the verify cap never exceeds the general one
+        settings = Settings(home=tmp_path, max_build_s=1800, verify_max_build_s=verify_cap)
+        with Workspace(settings, prefix="optdrift-test-") as workspace:
+            assert workspace.root.is_dir()
+            for warm in (False, True):  # the co-run's policy, the run's and the timing's
+                assert workspace.policy(untrusted=True, warm=warm).max_build_s == expected_verify
+                assert workspace.policy(untrusted=False, warm=warm).max_build_s == 1800
+            assert not workspace.policy(untrusted=True).trusted and workspace.policy(untrusted=False).trusted
+        assert not workspace.root.exists()  # the job's folder goes with it
+        assert RunBudget(settings, untrusted=True).build_s == expected_verify

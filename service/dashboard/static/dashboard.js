@@ -3,6 +3,32 @@
 const optdrift = (() => {
   const FINAL = new Set(["done", "failed", "cancelled", "error"]);  // service.db.models.FINAL_STATUSES
   const POLL_MS = 2000;
+  const SIGNIFICANT_DIGITS = 4;  // service.core.wording.SIGNIFICANT_DIGITS
+
+  // service.core.wording.number, mirrored: `digits` significant digits and the power of ten always
+  // written (1.255e-02), 0, NaN, +inf, -inf, `missing` for null. tests/test_wording.py runs both on
+  // one table of values and checks they agree.
+  function number(value, digits = SIGNIFICANT_DIGITS, missing = "—") {
+    if (value === null || value === undefined) return missing;
+    const x = Number(value);
+    if (Number.isNaN(x)) return "NaN";
+    if (!Number.isFinite(x)) return x > 0 ? "+inf" : "-inf";
+    if (x === 0) return "0";
+    const places = Math.max(1, digits) - 1;
+    let [mantissa, exponent] = x.toExponential(places).split("e");
+    // Python rounds an exact tie to the even digit, toExponential away from zero: where the exact
+    // decimal expansion is a tie and the digit kept is even, keep the truncated digits.
+    const [exactMantissa, exactExponent] = x.toExponential(100).split("e");
+    const exactDigits = exactMantissa.replace("-", "").replace(".", "");
+    if (/^50*$/.test(exactDigits.slice(places + 1)) && Number(exactDigits[places]) % 2 === 0) {
+      const kept = exactDigits.slice(0, places + 1);
+      mantissa = (x < 0 ? "-" : "") + kept[0] + (places ? "." + kept.slice(1) : "");
+      exponent = exactExponent;
+    }
+    const power = Number(exponent);
+    return `${mantissa}e${power < 0 ? "-" : "+"}${String(Math.abs(power)).padStart(2, "0")}`;
+  }
+  const numbers = (values) => values.map((v) => number(v));
 
   async function getJSON(url) {
     const response = await fetch(url, { headers: { Accept: "application/json" } });
@@ -69,16 +95,20 @@ const optdrift = (() => {
     legend: { orientation: "h", y: -0.25 }, autosize: true,
   });
   const config = { responsive: true, displaylogo: false };
+  // Hover text: the step and the value as service.core.wording.number writes it (customdata).
+  const HOVER = "step %{x}: %{customdata}<extra>%{fullData.name}</extra>";
 
   async function plotCase(caseId) {
     const target = document.getElementById("ref-plot");
     const data = await getJSON(`${target.dataset.seriesUrl}?case=${encodeURIComponent(caseId)}`);
     document.getElementById("plot-case").textContent = caseId;
     const traces = [{ name: "this commit", x: steps(data.commit.ref64_max_abs), y: data.commit.ref64_max_abs,
+                      customdata: numbers(data.commit.ref64_max_abs), hovertemplate: HOVER,
                       mode: "lines", line: { color: "#cf222e", width: 2 } }];
     if (data.baseline) {
       traces.push({ name: `baseline (run ${data.baseline_run_id})`, x: steps(data.baseline.ref64_max_abs),
-                    y: data.baseline.ref64_max_abs, mode: "lines", line: { color: "#0969da", width: 2, dash: "dash" } });
+                    y: data.baseline.ref64_max_abs, customdata: numbers(data.baseline.ref64_max_abs),
+                    hovertemplate: HOVER, mode: "lines", line: { color: "#0969da", width: 2, dash: "dash" } });
     }
     const shapes = data.first_divergent_step ? [{ type: "line", xref: "x", yref: "paper", x0: data.first_divergent_step,
       x1: data.first_divergent_step, y0: 0, y1: 1, line: { color: "#57606a", dash: "dot", width: 1 } }] : [];
@@ -88,7 +118,8 @@ const optdrift = (() => {
     if (data.max_abs_diff_per_step) {
       note.hidden = true; diffTarget.hidden = false;
       await Plotly.react(diffTarget, [{ name: "|commit − baseline|", x: steps(data.max_abs_diff_per_step),
-        y: data.max_abs_diff_per_step, mode: "lines", line: { color: "#8250df", width: 2 } }],
+        y: data.max_abs_diff_per_step, customdata: numbers(data.max_abs_diff_per_step), hovertemplate: HOVER,
+        mode: "lines", line: { color: "#8250df", width: 2 } }],
         layout("max |commit − baseline| per step", "max abs difference"), config);
     } else {
       Plotly.purge(diffTarget); diffTarget.hidden = true; note.hidden = false;
@@ -108,7 +139,8 @@ const optdrift = (() => {
       const cases = payload.lines[group] || {};
       const traces = Object.entries(cases).map(([label, values]) => ({
         name: label.split(" · ")[0], x: payload.releases, y: values, mode: "lines+markers",
-        hovertemplate: `${label}<br>%{x}: %{y:.3e}<extra></extra>`, connectgaps: false,
+        customdata: numbers(values), hovertemplate: `${label}<br>%{x}: %{customdata}<extra></extra>`,
+        connectgaps: false,
       }));
       const figure = layout("final distance to the float64 reference", "max abs distance");
       figure.xaxis = { title: { text: "release" }, type: "category" };
@@ -124,5 +156,5 @@ const optdrift = (() => {
     window.location.search = new URLSearchParams({ environment, battery }).toString();
   }
 
-  return { pollOverview, runPage, releasesPage, choosePair };
+  return { pollOverview, runPage, releasesPage, choosePair, number, numbers };
 })();

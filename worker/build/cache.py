@@ -53,6 +53,7 @@ from typing import IO
 from pydantic import BaseModel
 
 from worker.build.ccache import CompilerCacheStats
+from worker.build.toolchain import Toolchain
 from worker.sandbox import log_tail
 
 MANIFEST = "manifest.json"
@@ -92,6 +93,9 @@ class BuildResult(BaseModel):
     cuda_archs: list[str] = []
     # ccache's counts for the build that made this library (None: built without ccache).
     compiler_cache: CompilerCacheStats | None = None
+    # The compilers that made it (worker.build.toolchain; None: a build kind that runs the tree's
+    # own commands, whose compilers optdrift does not choose).
+    toolchain: Toolchain | None = None
 
 
 def default_cache_dir() -> Path:

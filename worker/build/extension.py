@@ -33,6 +33,7 @@ from worker.build.cache import (
     BuildResult, LabelledHash, OutputTooLarge, cached_build, default_cache_dir, verify_build_max_bytes, wait_bounded,
 )
 from worker.build.host_cpu import depends_on_host, isa_digest
+from worker.build.toolchain import Toolchain, ToolchainError, identify
 from worker.build.ccache import (
     EXTENSION_NAME_MACRO, ccache_env, ccache_version, find_ccache, read_ccache_stats_log,
 )
@@ -125,14 +126,19 @@ def build_digest(
     extra_cflags: tuple[str, ...] = DEFAULT_CFLAGS,
     extra_cuda_cflags: tuple[str, ...] = DEFAULT_CUDA_CFLAGS,
     cpu_features: tuple[str, ...] | None = None,
+    toolchain: Toolchain | None = None,
 ) -> str:
     """`cpu_features`: the host's ISA features (worker.build.host_cpu; None: this machine's), in the
     digest only when the flags make code for the compiling CPU (-march=native ...): such a library
-    is not reused on a CPU that would have built it differently. Tests pass other feature sets."""
+    is not reused on a CPU that would have built it differently. Tests pass other feature sets.
+    `toolchain`: the compilers (worker.build.toolchain; None: this machine's default ones)."""
     torch_version, torch_cuda = torch_versions()
+    toolchain = toolchain or identify(cuda=bool(cuda_archs))
     h = LabelledHash()
     feed = h.feed
     feed("recipe", BUILD_RECIPE_VERSION)
+    feed("cxx", toolchain.cxx_version)
+    feed("nvcc", (toolchain.nvcc_version or "none") if cuda_archs else "none")
     feed("torch", torch_version)
     feed("cuda", str(torch_cuda) if cuda_archs else "none")
     feed("python", f"{sys.implementation.cache_tag}")
@@ -179,8 +185,12 @@ def build_extension(
     timeout_s: float = 900.0,
     trusted: bool = True,
     cpu_features: tuple[str, ...] | None = None,
+    compiler: str | None = None,
 ) -> BuildResult:
     """Compile `source_dir` (every .cpp, plus every .cu when building for CUDA) into the cache.
+
+    `compiler`: the host compiler (a build variant's, e.g. clang++; None: the worker's $CXX, else
+    c++). Which one, and its version, is part of the digest (worker.build.toolchain).
 
     `trusted`: whether this build may write to the shared build and compiler caches. An untrusted
     build (a verify run: a contributor's code) reads them and adds nothing, so it cannot plant an
@@ -191,11 +201,16 @@ def build_extension(
         raise FileNotFoundError(f"kernel source folder {source_dir} does not exist")
     cache_dir = Path(cache_dir or default_cache_dir()).resolve()
     archs = detect_cuda_archs() if cuda_archs is None else list(cuda_archs)
+    try:
+        toolchain = identify(compiler, cuda=bool(archs))
+    except ToolchainError as error:
+        return BuildResult(ok=False, digest="", error=f"the build's compiler: {error}", cuda_archs=archs)
     digest = build_digest(source_dir, cuda_archs=archs, extra_cflags=tuple(extra_cflags),
-                          extra_cuda_cflags=tuple(extra_cuda_cflags), cpu_features=cpu_features)
-    return cached_build(cache_dir, digest, lambda staging: _compile(
+                          extra_cuda_cflags=tuple(extra_cuda_cflags), cpu_features=cpu_features, toolchain=toolchain)
+    built = cached_build(cache_dir, digest, lambda staging: _compile(
         source_dir, staging, digest, archs, extra_cflags, extra_cuda_cflags, timeout_s, trusted=trusted,
-        ccache_root=cache_dir), lock_timeout_s=timeout_s + 60, trusted=trusted)
+        ccache_root=cache_dir, compiler=compiler), lock_timeout_s=timeout_s + 60, trusted=trusted)
+    return built.model_copy(update={"toolchain": toolchain})
 
 
 def _compile(
@@ -209,6 +224,7 @@ def _compile(
     *,
     trusted: bool,
     ccache_root: Path,
+    compiler: str | None = None,
 ) -> BuildResult:
     # Compile a private copy of exactly the digested files, at a path that is the same relative
     # to the staging folder in every build (see the module docstring: ccache hits across trees).
@@ -240,6 +256,8 @@ def _compile(
     stats_log = staging / "ccache-stats.log"
     scratch = sandbox.Scratch(prefix="optdrift-build-scratch-")
     extra_env = {"TORCH_CUDA_ARCH_LIST": ";".join(archs)} if archs else {}
+    if compiler:  # a build variant's host compiler, in place of the worker's $CXX
+        extra_env["CXX"] = compiler
     if ccache:
         names_extension = any(EXTENSION_NAME_MACRO.encode() in p.read_bytes() for p in copied)
         extra_env.update(ccache_env(cache_dir=staging.parent, stats_log=stats_log,

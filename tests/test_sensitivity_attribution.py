@@ -40,6 +40,7 @@ def test_the_sample_takes_32bit_cases_first_one_per_optimizer_and_dtype_cheapest
 def test_a_record_reads_as_its_call():
     assert attribution_label({"class": "semantic", "variant": "decay_after_update"}) == "decay_after_update"
     assert attribution_label({"class": "rounding-level", "variant": None}) == "rounding-level"
+    assert attribution_label({"class": "quantization", "variant": None, "note": "codes moved"}) == "quantization"
     assert attribution_label({"class": "semantic", "variant": None, "label": "unexplained"}) == "unexplained"
     assert attribution_label({"error": "the case did not run on both builds again"}) == "error"
 
@@ -67,6 +68,19 @@ def test_scores_count_each_mutant_once_by_its_most_common_call():
     assert "decay_after_update 4, unexplained 2" in text
     assert "defects with an expected variant, that variant named: 1 of 2 (50%)" in text
     assert "defects expected rounding-level, called rounding-level: 1 of 2 (50%)" in text
+
+
+def test_quantization_is_scored_as_its_own_group():
+    # Issue 37: a quantizer change is expected "quantization"; called rounding-level it is a miss.
+    report = SensitivityReport(catalogue="x", battery="b", battery_version=1, battery_digest="d", device="cpu",
+                               groups=[], case_count=0, mutants=[
+                                   _outcome("quant8/a", "quantization", {"quantization": 6}),
+                                   _outcome("quant8/b", "quantization", {"rounding-level": 4, "quantization": 2}),
+                                   _outcome("precision/c", "rounding-level", {"rounding-level": 5})])
+    assert report.attribution_scores() == {"variant": (0, 0), "rounding-level": (1, 1), "quantization": (1, 2)}
+    console = Console(record=True, width=200)
+    print_attribution(report, console)
+    assert "defects expected quantization, called quantization: 1 of 2 (50%)" in console.export_text()
 
 
 def test_an_attribution_the_analysis_cannot_make_is_refused_when_the_catalogue_loads(tmp_path):

@@ -19,7 +19,7 @@ from service.core.wording import number, ratio, size
 @dataclass(frozen=True)
 class CaseAttribution:
     case_id: str
-    kind: str                         # "semantic" | "precision" | "rounding-level" | "unknown"
+    kind: str                         # "semantic" | "precision" | "rounding-level" | "quantization" | "unknown"
     looks_like: str | None            # the variant's label, "unexplained", or None
     variant: str | None
     first_step_ulps: float | None     # scale ulps at the first divergent step
@@ -39,6 +39,8 @@ class CaseAttribution:
             return f"not attributed: {self.note}" if self.note else "not attributed"
         if self.kind == "rounding-level":
             return f"rounding-level: {_ulps(self.first_step_ulps)} at the first divergent step, {_ulps(self.peak_ulps)} at most"
+        if self.kind == "quantization":
+            return f"quantization: {self.note}" if self.note else "quantization"
         if self.variant is None:
             return f"semantic, unexplained: {_ulps(self.peak_ulps)}; no catalogued variant fits"
         text = f"{self.kind}: {self.looks_like} — {_number(self.distance_to_variant)} from that variant, " \
@@ -110,6 +112,8 @@ def headline(detail: dict | None) -> str | None:
     unexplained = sum(1 for a in cases.values() if a.kind == "semantic" and not a.variant)
     if unexplained:
         parts.append(f"semantic, unexplained ({unexplained})")
+    if kinds["quantization"]:
+        parts.append(f"quantization ({kinds['quantization']})")
     if kinds["rounding-level"]:
         parts.append(f"rounding-level ({kinds['rounding-level']})")
     if kinds["unknown"]:

@@ -10,10 +10,21 @@ own ulp would make one rounding look like thousands).
 
 Rounding-level or semantic: `ulps[t]` = max over elements of |commit − baseline| in scale ulps.
 32-bit cases are rounding-level when it stays within ROUNDING_ULPS_PER_STEP for each step since the
-first divergent one (a rounding that always falls the same way accumulates linearly). An
-8-bit case is judged at its first divergent step only: after it, a one-ulp change in a state can
-move a code, and requantization turns that into a whole code step (the documented quantization
-error, docs/KERNELS_8BIT.md), which is not the kernel's arithmetic growing.
+first divergent one (a rounding that always falls the same way accumulates linearly); given the
+states, theirs must stay within it too, each in its own dtype's ulps (worker/attribution/states.py).
+
+Quantized states (issue 37): a change of the quantizer (codes, scales, block layout) is its own
+class, "quantization", never rounding-level. Rounding-level means bounded in each dtype's own ulp
+over the trajectory, for parameters and states alike; for a quantized case that is judged up to
+the first step where a code moves, since after it a code step (not the arithmetic) moves the
+parameters. With the states (`states=`): a layout change, or codes that move beyond what one
+rounding before requantization moves (more than one code, or more than 1 % of them), or scales
+beyond rounding while the parameters agree within rounding, is "quantization"; parameters beyond
+rounding before any code moved are "semantic". Without the states (the co-run keeps parameters
+only), a quantized case is judged over its whole trajectory: within rounding throughout is
+rounding-level, beyond it at the first divergent step semantic, and within it there but beyond
+later "quantization": the divergence began where the parameters agreed, in the quantized state,
+and grew through requantization.
 
 Which semantic change: each float64 variant V of worker/attribution/variants.py replays the case's
 gradients from the same start as the correct algorithm V0. If the commit implements V and the
@@ -37,6 +48,7 @@ import numpy as np
 import torch
 
 from service.core.results import CaseSpec
+from worker.attribution import states as state_compare
 from worker.attribution import variants as catalogue
 from worker.attribution.ulps import check_representable, ulp, ulp_distance
 from worker.engine.gradients import initial_parameters
@@ -48,6 +60,14 @@ from worker.engine.gradients import initial_parameters
 # linearly (20 ulps after 20 steps, measured). So a change is rounding-level while it stays within
 # ROUNDING_ULPS_PER_STEP for each step since the first divergent one.
 ROUNDING_ULPS_PER_STEP = 2.0
+# Where a change first acts, a same-math reorder of the whole update (issue 37: sqrt(v / bc2) for
+# sqrt(v) / sqrt(bc2), measured 4-8 scale ulps at step 1 on tests/fixtures/lowbit, 4-6 on torchao)
+# differs by the roundings of both evaluations: Adam's update is ~8 float32 operations, each within
+# half an ulp of its result, and an update can be as large as the element's scale, so up to
+# 2 x 8 x 0.5 = 8 float32 ulps of the scale. float16 / bfloat16 parameters are computed in float32
+# and rounded once to their dtype, so there the first step keeps ROUNDING_ULPS_PER_STEP: float32's
+# roundings are 2**-13 / 2**-16 of their ulp, and only the final rounding of each build can flip.
+ROUNDING_ULPS_FIRST_STEP = {"float32": 8.0}
 # The right variant leaves only the difference of two independent roundings of the whole update
 # (commit and baseline each err by a few u of an update that can be as large as the element's scale:
 # measured up to 7 scale ulps at the first step, 10 after 20 steps, at lr 0.1 in float32), per step
@@ -59,10 +79,20 @@ SEPARATION = 4.0
 RESIDUAL_FLOOR_ULPS = 0.5
 
 
-def rounding_allowance(first_divergent_step: int, steps: int) -> np.ndarray:
-    """Scale ulps a rounding-level change may have reached after each step (0 before divergence)."""
+def rounding_allowance(first_divergent_step: int, steps: int, dtype: str = "bfloat16") -> np.ndarray:
+    """Scale ulps a rounding-level change may have reached after each step (0 before divergence):
+    the first divergent step's allowance for `dtype` (ROUNDING_ULPS_FIRST_STEP), then
+    ROUNDING_ULPS_PER_STEP more for each later step."""
+    since = np.arange(1, steps + 1) - first_divergent_step
+    first = ROUNDING_ULPS_FIRST_STEP.get(dtype, ROUNDING_ULPS_PER_STEP)
+    return np.where(since >= 0, first + ROUNDING_ULPS_PER_STEP * np.maximum(since, 0), 0.0)
+
+
+def match_allowance(first_divergent_step: int, steps: int) -> np.ndarray:
+    """Scale ulps the right variant's residual may reach after each step: MATCH_ULPS_PER_STEP
+    for each step since the first divergent one."""
     since = np.arange(1, steps + 1) - first_divergent_step + 1
-    return ROUNDING_ULPS_PER_STEP * np.maximum(since, 0)
+    return MATCH_ULPS_PER_STEP * np.maximum(since, 0)
 
 
 # Cases larger than this replay the variants on a subset of elements (every rule is elementwise,
@@ -111,9 +141,12 @@ def _finite_max(values: np.ndarray) -> float:
 
 
 def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_divergent_step: int,
-            baseline_ref64: list[float] | None = None) -> dict:
+            baseline_ref64: list[float] | None = None, states: tuple[list[dict], list[dict]] | None = None,
+            state_dtypes: dict[str, str] | None = None) -> dict:
     """The attribution of one changed case (JSON-ready; floats at full precision). `commit` and
-    `baseline`: (steps, size) float32 (a memmap is read one step at a time)."""
+    `baseline`: (steps, size) float32 (a memmap is read one step at a time). `states`, when
+    given: (commit's, baseline's) state leaves per step, leaf name -> values
+    (worker.attribution.states.states_of); `state_dtypes` names float16/bfloat16 leaves."""
     steps, dtype, s = case.steps, case.param_dtype, first_divergent_step
     commit = np.asarray(commit, dtype=np.float32).reshape(steps, case.size)
     baseline = np.asarray(baseline, dtype=np.float32).reshape(steps, case.size)
@@ -121,7 +154,8 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
         raise ValueError(f"attribution of {case.case_id}: first divergent step {s} is outside 1..{steps}")
     eight_bit = case.family != "32bit"
     last = s if eight_bit else steps  # 8-bit: judged at the first divergent step alone
-    allowance = rounding_allowance(s, steps)
+    allowance = rounding_allowance(s, steps, dtype)
+    matching = match_allowance(s, steps)
     # Variants carry no quantization: an 8-bit step is the 32-bit rule only from zero states.
     matched = not (eight_bit and s != 1)
     candidates = catalogue.applicable(case) if matched else []
@@ -155,13 +189,26 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
             continue
         max_abs_diff = max(max_abs_diff, float(np.nanmax(np.abs(delta))))
         if params is not None:
-            allowed = allowance[t - 1] * (MATCH_ULPS_PER_STEP / ROUNDING_ULPS_PER_STEP)
+            allowed = matching[t - 1]
             residuals.add(params, delta[chosen], c.astype(np.float64)[chosen], ulp(running_either[chosen], dtype),
                           allowed)
 
+    comparisons = state_compare.compare(*states, state_dtypes) if states is not None else None
+    quantized = eight_bit or any(np.issubdtype(v.dtype, np.integer) for step in (states or ([],))[0] for v in step.values())
     judged = ulps[s - 1:last]
     change_peak = max(judged)
     within_rounding = all(u <= a for u, a in zip(judged, allowance[s - 1:last]))
+    quantization = None
+    # Where both builds' states saw the same gradients: every step of an open loop; in a closed
+    # loop only the first divergent step (after it the gradient carries the parameters'
+    # difference, amplified where h (p - c) cancels, into the states: not their arithmetic).
+    state_steps = steps if case.gradient.kind == "open" else s
+    if quantized:
+        within_rounding, quantization = _judge_quantized(ulps, allowance, s, comparisons, state_steps,
+                                                         baseline[s - 1], commit[s - 1])
+    elif comparisons is not None:  # float states: bounded in their own ulps as the parameters are
+        within_rounding = within_rounding and all(
+            c.same_layout and c.float_ulps <= a for c, a in zip(comparisons[s - 1:state_steps], allowance[s - 1:]))
     result = {
         "first_divergent_step": s,
         "first_step_ulps": ulps[s - 1],
@@ -172,19 +219,66 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
         "max_abs_diff": max_abs_diff,
         "scale": "rounding-level" if within_rounding else "semantic",
         "rounding_ulps_per_step": ROUNDING_ULPS_PER_STEP,
-        "judged_over": "first divergent step" if eight_bit else "steps from the first divergent one",
+        "rounding_ulps_first_step": float(allowance[s - 1]),
+        "judged_over": ("steps from the first divergent one" if not quantized else
+                        "steps from the first divergent one to the first moved code" if comparisons is not None
+                        else "steps from the first divergent one (states not read)"),
+        "states_read": comparisons is not None,
         "replayed_elements": case.size if elements is None else int(elements.size),
     }
     if baseline_ref64:
         band = max(baseline_ref64[s - 1:])
         result["baseline_ref64_peak"] = band
         result["change_vs_baseline_distance"] = max_abs_diff / band if band > 0 else math.inf
+    if quantization is not None:
+        result.update({"class": "quantization", "variant": None, "note": quantization})
+        return result
     if not matched:
         result.update({"class": result["scale"], "variant": None,
                        "note": "8-bit case first divergent after step 1: variants carry no quantization, not matched"})
         return result
     result.update(_verdict(candidates, residuals, change_peak, result["scale"]))
     return result
+
+
+def _judge_quantized(ulps: list[float], allowance: np.ndarray, s: int,
+                     comparisons: list[state_compare.StepComparison] | None, state_steps: int,
+                     baseline_first: np.ndarray, commit_first: np.ndarray) -> tuple[bool, str | None]:
+    """(within rounding, the quantization call's reason or None) of a case with quantized states
+    (module doc), judged over steps s..state_steps (the steps where both builds' states saw the
+    same gradients). Parameters beyond rounding at the first divergent step: not rounding-level,
+    and no quantization call (the semantic path, variants at step 1)."""
+    params_within = [u <= a for u, a in zip(ulps, allowance)]
+    if comparisons is None:
+        if not params_within[s - 1]:
+            return False, None
+        if np.array_equal(baseline_first, commit_first):
+            return False, (f"the parameters are the same at step {s}, the first divergent one, and the state is "
+                           "not: its codes or scales changed (states not read)")
+        beyond = next((t for t in range(s, state_steps + 1) if not params_within[t - 1]), None)
+        if beyond is None:
+            return True, None
+        return False, (f"the parameters agreed within rounding at step {s} and went beyond it from step {beyond} "
+                       f"({ulps[beyond - 1]:.3g} ulps): the change began in the quantized state and grew through "
+                       "requantization (states not read)")
+    layout = next((t for t, c in enumerate(comparisons, start=1) if not c.same_layout), None)
+    if layout is not None:
+        return False, f"the state's block layout differs from step {layout} ({', '.join(comparisons[layout - 1].differing)})"
+    if not params_within[s - 1]:
+        return False, None
+    first_code = next((t for t in range(s, state_steps + 1) if comparisons[t - 1].codes_differ), None)
+    until = first_code or state_steps
+    for t in range(s, until + 1):
+        comparison = comparisons[t - 1]
+        if t == first_code and not state_compare.quantization_event_is_rounding(comparison):
+            return False, (f"codes moved by up to {comparison.code_steps} at {comparison.code_fraction:.1%} of them at "
+                           f"step {t} while the parameters agreed within rounding ({ulps[t - 1]:.3g} ulps)")
+        if comparison.float_ulps > allowance[t - 1]:
+            return False, (f"the state's scales moved {comparison.float_ulps:.3g} ulps at step {t} while the "
+                           f"parameters agreed within rounding ({', '.join(comparison.differing)})")
+        if not params_within[t - 1]:
+            return False, None  # the arithmetic moved the parameters before any code did: semantic
+    return True, None
 
 
 def _verdict(candidates: list, residuals: _Residuals, change_peak: float, scale: str) -> dict:

@@ -4,7 +4,7 @@ stay bit-identical, as unified-diff patches with their class and what they shoul
 Layout (worker/sensitivity/catalogue/): `catalogue.toml` lists every entry (`id` = "<class>/<name>",
 `kind` = "defect" | "refactor", `expect`, and for a defect optionally `attribution`: what the
 attribution should call its changed cases, a variant of worker/attribution/variants.py, "rounding-level",
-or "none" where no variant models it), and `<class>/<name>.patch` is its patch against csrc/
+"quantization" (a change of the quantizer: codes, scales, block layout), or "none" where no call models it), and `<class>/<name>.patch` is its patch against csrc/
 (paths `a/<file>`, relative to the kernel source root). A patch is applied with GNU patch and no
 fuzz (or `git apply` where patch is missing), so a patch that no longer matches the kernels fails loudly instead of landing somewhere else.
 
@@ -118,10 +118,11 @@ def load_catalogue(folder: Path = DEFAULT_CATALOGUE) -> list[Mutant]:
 
 @functools.cache
 def attribution_calls() -> frozenset[str]:
-    """What a catalogue entry's `attribution` may say: a variant's name, "rounding-level", or "none"."""
+    """What a catalogue entry's `attribution` may say: a variant's name, "rounding-level", "quantization",
+    or "none"."""
     from worker.attribution.variants import CATALOGUE  # torch: only when a catalogue states attributions
 
-    return frozenset({variant.name for variant in CATALOGUE} | {"rounding-level", "none"})
+    return frozenset({variant.name for variant in CATALOGUE} | {"rounding-level", "quantization", "none"})
 
 
 def select(mutants: list[Mutant], only: list[str] | None) -> list[Mutant]:

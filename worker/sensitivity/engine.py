@@ -291,12 +291,12 @@ class SensitivityRun:
 
 def attribution_label(record: dict) -> str:
     """One attribution record (worker/attribution/analysis.py) as the call it makes: the variant's
-    name, "rounding-level", "unexplained", or "error"."""
+    name, "rounding-level", "quantization", "unexplained", or "error"."""
     if "error" in record:
         return "error"
     if record.get("variant"):
         return str(record["variant"])
-    return "rounding-level" if record.get("class") == "rounding-level" else "unexplained"
+    return record["class"] if record.get("class") in ("rounding-level", "quantization") else "unexplained"
 
 
 def attribution_sample(changed: list[CaseSpec], count: int) -> list[CaseSpec]:

@@ -92,8 +92,9 @@ def print_attribution(report: SensitivityReport, console: Console) -> None:
     console.print(table)
     for group, (right, total) in report.attribution_scores().items():
         if total:
-            what = ("defects with an expected variant, that variant named" if group == "variant"
-                    else "defects expected rounding-level, called rounding-level")
+            what = {"variant": "defects with an expected variant, that variant named",
+                    "rounding-level": "defects expected rounding-level, called rounding-level",
+                    "quantization": "defects expected quantization, called quantization"}[group]
             console.print(f"{what}: {right} of {total} ({right / total:.0%})", highlight=False)
 
 

@@ -108,16 +108,17 @@ class SensitivityReport(BaseModel):
     def attribution_scores(self) -> dict[str, tuple[int, int]]:
         """(named right, attributed) over the defects with a stated expectation, in two groups:
         "variant" (a variant is expected, semantic or precision: the call must be that variant) and
-        "rounding-level" (the call must be rounding-level). A mutant counts once, by its call."""
-        scores = {"variant": [0, 0], "rounding-level": [0, 0]}
+        "rounding-level" (the call must be rounding-level), "quantization" (a change of the quantizer,
+        issue 37). A mutant counts once, by its call; a group no defect expects is left out."""
+        scores = {"variant": [0, 0], "rounding-level": [0, 0], "quantization": [0, 0]}
         for mutant in self.judged("defect"):
             expected, call = mutant.attribution_expected, mutant.attribution_call()
             if expected in (None, "none") or call is None:
                 continue
-            group = scores["rounding-level" if expected == "rounding-level" else "variant"]
+            group = scores[expected if expected in ("rounding-level", "quantization") else "variant"]
             group[0] += call == expected
             group[1] += 1
-        return {name: (right, total) for name, (right, total) in scores.items()}
+        return {name: (right, total) for name, (right, total) in scores.items() if total or name != "quantization"}
 
     def catching_cases(self) -> dict[str, set[str]]:
         """Mutant id -> the case ids that caught it (defects that ran)."""

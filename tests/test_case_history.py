@@ -113,9 +113,9 @@ def test_a_change_point_shows_its_attribution_on_the_case_scale(api, db_session)
     point = next(p for p in _history(api)["points"] if p["sha"] == "c5")
     assert point["attribution"]["kind"] == "rounding-level"
     assert (point["attribution"]["first_step_ulps"], point["attribution"]["peak_ulps"]) == (1.0, 3.5)
-    assert "1 ulp at the first divergent step" in point["attribution"]["text"]
+    assert "1.000e+00 ulp at the first divergent step" in point["attribution"]["text"]
     html = api.get("/projects/hist/case-history", params={"case": TRACKED}).text
-    assert "rounding-level: 1 ulp at the first divergent step, 3.5 ulp at most" in html
+    assert "rounding-level: 1.000e+00 ulp at the first divergent step, 3.500e+00 ulp at most" in html
 
     # The bystander never changed; another environment has only c1.
     assert _history(api, BYSTANDER)["change_points"] == []

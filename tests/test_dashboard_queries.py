@@ -45,7 +45,7 @@ def test_badges_say_the_verdict_in_words() -> None:
     assert badge(status="queued", outcome=None).text == "queued"
 
 
-def _changed_run(session, project: Project, sha: str, detail: dict) -> None:  # noqa: ANN001
+def _changed_run(session, project: Project, sha: str, detail: dict) -> Run:  # noqa: ANN001
     commit = Commit(project_id=project.id, sha=sha, parents=[], source_digest="0" * 64)
     session.add(commit)
     session.flush()
@@ -56,9 +56,10 @@ def _changed_run(session, project: Project, sha: str, detail: dict) -> None:  # 
     session.add(Verdict(run_id=run.id, outcome="changed", flagged=True, changed_cases=4, first_divergent_step=1,
                         detail=detail))
     session.flush()
+    return run
 
 
-def test_the_overview_badge_reads_the_stored_figures_never_the_summary_text(db_session) -> None:
+def test_the_overview_badge_reads_the_stored_figures_never_the_summary_text(api, db_session) -> None:  # noqa: ANN001
     project = Project(name="figures", environments=["cpu"])
     db_session.add(project)
     if db_session.get(SourceArchive, "0" * 64) is None:
@@ -68,15 +69,20 @@ def test_the_overview_badge_reads_the_stored_figures_never_the_summary_text(db_s
     # A summary whose words say otherwise: a badge that parsed them would read "closer".
     lying = "CHANGED: 4 changed of 5 cases\nvs float64 reference: 9 closer"
     # Stored with figures: the field wins (its counts differ from the cases' on purpose).
-    _changed_run(db_session, project, "new", {"summary": lying, "cases": cases,
-                                               "figures": figures(CASES[2:]).model_dump(mode="json")})
+    new = _changed_run(db_session, project, "new", {"summary": lying, "cases": cases,
+                                                     "figures": figures(CASES[2:]).model_dump(mode="json")})
     # Stored before the figures were: counted from the stored cases.
-    _changed_run(db_session, project, "old", {"summary": lying, "cases": cases})
+    old = _changed_run(db_session, project, "old", {"summary": lying, "cases": cases})
 
     rows = {row.sha: row.badge.text for row in
             dashboard_queries.overview(session=db_session, project_name="figures").rows}
 
     assert rows == {"new": "changed → closer", "old": "changed → mixed: 2 farther, 1 closer"}
+    # The API gives the same figures to every client (the CLI's tables read them).
+    figured = {run.id: api.get(f"/api/v1/runs/{run.id}").json()["verdict"]["figures"] for run in (new, old)}
+    assert figured[new.id]["directions"] == {"closer": 1, "farther": 0, "same": 1}
+    assert figured[old.id]["directions"] == {"closer": 1, "farther": 2, "same": 1}
+    assert (figured[old.id]["changed"], figured[old.id]["first_divergent_step"]) == (4, 1)
 
 
 def test_pages_answer_404_and_422_with_what_to_do(api) -> None:

@@ -17,6 +17,7 @@ from service.core import attribution_view
 from service.domain.trajectories import unpack_series
 from service.domain.workers import waiting_for
 from service.core.results import CaseVerdict
+from service.core.verdicts import figures_of
 
 
 # Every case verdict, so the counts name each one (a CLI reads counts["not_applicable"] as is).
@@ -46,7 +47,7 @@ def verdict_public(verdict: Verdict) -> VerdictPublic:
         acknowledged_by=verdict.acknowledged_by,
         acknowledgement_note=verdict.acknowledgement_note,
         acknowledged_at=verdict.acknowledged_at, created_at=verdict.created_at,
-        detail=verdict.detail,
+        figures=figures_of(verdict.detail), detail=verdict.detail,
         attribution=[CaseAttributionPublic(text=a.text, **{k: _finite(v) for k, v in asdict(a).items()})
                      for a in attribution_view.by_case(verdict.detail).values()],
         attribution_summary=attribution_view.headline(verdict.detail),

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from service.core.results import ComparisonFigures
 from service.domain.errors import BadInputError
 from service.domain.project_configuration import EffectiveConfiguration
 from service.domain.submission_rules import check_battery
@@ -160,6 +161,9 @@ class VerdictPublic(BaseModel):
     # Issue 17: per changed case, rounding-level or semantic and which variant (after the co-run).
     attribution: list[CaseAttributionPublic] = []
     attribution_summary: str | None = None
+    # Every figure the surfaces show (counts, directions, first steps, sizes per family and dtype):
+    # the stored field, derived from the stored cases for verdicts stored before it was.
+    figures: ComparisonFigures
     # The full comparison (service.core.results.RunComparison) with per-case detail.
     detail: dict[str, Any]
 

@@ -90,6 +90,9 @@ class Settings(BaseSettings):
     allow_unsandboxed: bool = False
     # Extra read-only paths the sandbox shows (a toolchain outside /usr and /opt), os.pathsep-separated.
     sandbox_ro_paths: str = ""
+    # Adapters registered beside the built-in ones, "name=/abs/folder/module.py" or "name=dotted.module",
+    # comma-separated (worker/adapters/registry.py; the tests register their fixture adapters).
+    extra_adapters: str = ""
     # An optdrift failure (source fetch, sandbox, a worker bug) is retried after this many seconds,
     # doubling each attempt (at most max_attempts), then the run ends `error`.
     retry_backoff_s: float = 10.0

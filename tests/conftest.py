@@ -19,6 +19,11 @@ pytest_plugins = ["tests.service_fixtures"] if importlib.util.find_spec("psycopg
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_CSRC = REPO_ROOT / "csrc"
+# The fixture projects' adapters are not the product's: the suite registers them as an operator
+# would (worker/adapters/registry.py), for this process and every worker and kernel host it starts.
+FIXTURE_ADAPTERS = REPO_ROOT / "tests" / "fixtures" / "adapters"
+os.environ.setdefault("OPTDRIFT_EXTRA_ADAPTERS", f"tinyopt={FIXTURE_ADAPTERS / 'tinyopt.py'},"
+                                                 f"capiopt={FIXTURE_ADAPTERS / 'capiopt.py'}")
 
 
 def _build_cache_dir() -> Path:

@@ -30,6 +30,7 @@ from worker.engine.trajectory import run_case, run_params
 
 FIXTURES = Path(__file__).parent / "fixtures"
 OWNEDOPT = FIXTURES / "ownedopt"
+FIXTURE_MODULES = {"tinyopt": "tests.fixtures.adapters.tinyopt", "capiopt": "tests.fixtures.adapters.capiopt"}
 sys.path.insert(0, str(OWNEDOPT))
 
 import ownedopt_optdrift  # noqa: E402
@@ -77,18 +78,20 @@ def _loaded(name: str, request: pytest.FixtureRequest, tmp_path: Path):  # noqa:
         return get_adapter("bundled")
     if name == "ownedopt":
         return _ownedopt()
-    adapter = get_adapter(name)
+    # The fixture adapters in this process by module path (a kernel host gets them by their
+    # registered names, worker/adapters/registry.py).
+    adapter = get_adapter(FIXTURE_MODULES.get(name, name))
     if name == "bitsandbytes":
         pytest.importorskip("bitsandbytes")
         adapter.load("installed")
     else:
-        project = {"tinyopt": "cmake_project", "worker.adapters.capi": "capi_project"}[name]
+        project = {"tinyopt": "cmake_project", "capiopt": "capi_project"}[name]
         adapter.load(_command_build(project, request.getfixturevalue("build_cache_dir"), tmp_path))
     return adapter
 
 
 # ----------------------------------------------------------------------------- both engines agree
-@pytest.mark.parametrize("name", ["bundled", "bitsandbytes", "tinyopt", "worker.adapters.capi", "ownedopt"])
+@pytest.mark.parametrize("name", ["bundled", "bitsandbytes", "tinyopt", "capiopt", "ownedopt"])
 def test_every_adapter_in_the_tree_gives_identical_digests_on_both_engines(name, request, tmp_path):
     adapter = _loaded(name, request, tmp_path)
     cases = [c for c in (OWNED if name == "ownedopt" else SMALL) if adapter.unsupported(c, CPU) is None]

@@ -178,3 +178,34 @@ def test_build_commands_get_the_workers_python_first_on_path(tmp_path):
     found, named, torch_line = Path(build.library_path).read_text().split()
     assert Path(found).parent == Path(sys.executable).parent and named == sys.executable
     assert torch_line == "torch"
+
+
+def test_tinyopt_runs_when_registered_and_is_refused_by_name_when_not(two_commits, tmp_path, monkeypatch):
+    """The fixture adapter is the operator's registration (OPTDRIFT_EXTRA_ADAPTERS, set by
+    tests/conftest.py), not the product's: registered, a host loads it by the tree's name for it
+    and runs a case; unregistered, the same tree's `adapter = "tinyopt"` gets the refusal that
+    lists the valid names."""
+    from service.settings import get_settings
+    from worker.engine.host import KernelHost, KernelHostError
+
+    tree = two_commits[0]
+    config = load_project_config(tree)
+    build = build_project(tree, config, cache_dir=tmp_path, cuda_archs=[])
+    assert build.ok, build.error
+    case = next(c for c in load_battery(str(tree / config.battery)).expand() if c.optimizer == "adam")
+    with KernelHost(build.library_path, device="cpu", adapter=config.adapter, case_timeout_s=120) as host:
+        result = host.run(case)
+        assert result.status == "ok" and len(result.trajectory.digests) == case.steps, result.message
+        assert host.adapter_description["adapter"] == "tinyopt"
+
+    monkeypatch.setenv("OPTDRIFT_EXTRA_ADAPTERS", "")
+    get_settings.cache_clear()
+    try:
+        with KernelHost(build.library_path, device="cpu", adapter=config.adapter, case_timeout_s=120) as host:
+            with pytest.raises(KernelHostError) as refused:
+                host.start()
+    finally:
+        get_settings.cache_clear()
+    assert "unknown adapter 'tinyopt'" in str(refused.value)
+    assert "Use one of ['bitsandbytes', 'bundled', 'lion_pytorch']" in str(refused.value)
+    assert "OPTDRIFT_EXTRA_ADAPTERS" in str(refused.value)

@@ -2,8 +2,9 @@
 real CLI, and through `optdrift check` without a server — the same verdicts and exit codes.
 
 The project is tests/fixtures/capi_project (capiopt): CMake + a plain C ABI (fp32 AdamW and Lion
-on the CPU), its own adapter named by module path (worker/adapters/capi.py, which declares bf16,
-8-bit and momentum cases unsupported) and its own battery (battery.json, named by optdrift.toml).
+on the CPU), its own adapter (tests/fixtures/adapters/capiopt.py, registered by the suite as an
+operator would; it declares bf16, 8-bit and momentum cases unsupported) and its own battery
+(battery.json, named by optdrift.toml).
 A session fixture makes it a git repository with this history (patches in its commits/ folder):
 
     base ── comment ──┬── decay ── fix     decay: AdamW decays after the update (PR 2040)
@@ -54,7 +55,7 @@ pytestmark = [
 
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "capi_project"
 PATCHES = FIXTURE / "commits"
-ADAPTER = "worker.adapters.capi"
+ADAPTER = "capiopt"  # registered by tests/conftest.py (OPTDRIFT_EXTRA_ADAPTERS)
 PROJECT = "capiopt"
 # Its own Redis db: the API tests use 14, the end-to-end tests 13, the hostile corpus 11, the compose
 # test 10, the benchmarks 11, 12 and 14 — at the same time, and each flushes its own.

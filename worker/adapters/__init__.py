@@ -5,8 +5,10 @@ any module the kernel host can import (`myproject_optdrift`, `myproject.optdrift
 defines exactly one `ProjectAdapter` subclass (or a module-level `ADAPTER` instance). Where the
 host looks for it (docs/PROJECTS.md, "Where a worker finds an adapter"): the worker's installed
 packages, the folders a project's `adapter_path` names in its tree, and the host's --adapter-path
-folders. A module that fails to import is reported with its whole error (the exception, and the
-file and line where it was raised), never cut short. No torch at import time.
+folders, where the worker puts the adapters its operator registered (registry.py,
+OPTDRIFT_EXTRA_ADAPTERS: the test suite's fixture adapters, tests/fixtures/adapters). A module
+that fails to import is reported with its whole error (the exception, and the file and line where
+it was raised), never cut short. No torch at import time.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from worker.adapters.base import AdapterError, ProjectAdapter
 BUILTIN_ADAPTERS: dict[str, str] = {
     "bundled": "worker.adapters.bundled",
     "bitsandbytes": "worker.adapters.bitsandbytes",
-    "tinyopt": "worker.adapters.tinyopt",
     "lion_pytorch": "worker.adapters.lion_pytorch",  # a real PyPI library (lion-pytorch), issue 20
 }
 
@@ -49,7 +50,8 @@ def get_adapter(name: str) -> ProjectAdapter:
             raise AdapterError(
                 f"unknown adapter {name!r}: cannot import module {module_name}: no module {error.name!r} is "
                 f"importable by the kernel host. "
-                f"Use one of {sorted(BUILTIN_ADAPTERS)}, a module installed in the worker's Python, or "
+                f"Use one of {sorted(BUILTIN_ADAPTERS)}, an adapter the worker's operator registered "
+                "(OPTDRIFT_EXTRA_ADAPTERS), a module installed in the worker's Python, or "
                 "a module in a folder named by the project's adapter_path (docs/PROJECTS.md)") from error
         raise AdapterError(_import_failure(name, module_name, error)) from error
     except Exception as error:  # noqa: BLE001 - the adapter module's own fault: say which and where

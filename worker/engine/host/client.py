@@ -25,6 +25,7 @@ from pathlib import Path
 
 from service.core.results import CaseResult, CaseSpec, EnvironmentFingerprint
 from worker import gc_policy, sandbox
+from worker.adapters import registry as adapter_registry
 from worker.engine.host.protocol import (
     EXIT_REQUEST,
     MAX_ANSWER_BYTES,
@@ -160,9 +161,20 @@ class KernelHost:
         # Submitted code runs here, in the sandbox (worker/sandbox/__init__.py): it sees the build's output
         # read-only, the GPU's device nodes, a scratch HOME/TMPDIR removed by close(), and talks
         # to this process only over its pipes. Its own process group: a kill takes its children too.
-        return self._spawn(["--library", self.library_path, "--adapter", self.adapter,
-                            *(arg for folder in self.adapter_paths for arg in ("--adapter-path", str(folder)))],
-                           readable=self._library_folders() + self.adapter_paths)
+        module, adapter_folders = self._adapter_for_host()
+        return self._spawn(["--library", self.library_path, "--adapter", module,
+                            *(arg for folder in adapter_folders for arg in ("--adapter-path", str(folder)))],
+                           readable=self._library_folders() + adapter_folders)
+
+    def _adapter_for_host(self) -> tuple[str, list[Path]]:
+        """(the adapter module the host imports, the folders it imports it from): for an adapter the
+        operator registered (worker.adapters.registry), its module and folder first; then the
+        tree's adapter_path folders."""
+        try:
+            module, registered = adapter_registry.host_form(self.adapter)
+        except ValueError as error:  # the operator's registration is malformed: said for every case
+            raise KernelHostError(str(error)) from None
+        return module, registered + self.adapter_paths
 
     def _spawn(self, arguments: list[str], readable: list[Path]) -> float:
         env = sandbox.sandbox_env(scratch=self._scratch.path,
@@ -249,14 +261,15 @@ class KernelHost:
         self.adapter_paths = [Path(p).resolve() for p in adapter_paths]
         self.case_timeout_s, self.deadline = case_timeout_s, deadline
         folders = self._library_folders()
-        inside = [self._slot / str(i) for i in range(len(folders) + len(self.adapter_paths))]
-        for source, target in zip(folders + self.adapter_paths, inside):
+        module, adapter_folders = self._adapter_for_host()
+        inside = [self._slot / str(i) for i in range(len(folders) + len(adapter_folders))]
+        for source, target in zip(folders + adapter_folders, inside):
             _link_tree(source, target)
         library = self.library_path
         if folders:
             built = Path(self.library_path)
             library = str(inside[0] if built.is_dir() else inside[0] / built.name)
-        request = load_request(library, adapter, [str(p) for p in inside[len(folders):]])
+        request = load_request(library, module, [str(p) for p in inside[len(folders):]])
         try:
             self._process.stdin.write(encode_request(request))
             self._process.stdin.flush()
@@ -265,7 +278,7 @@ class KernelHost:
         self.start_attempts += 1
         self._await_ready(self._spare_spawned)
         if self.adapter_description:  # say where the build came from, not the slot it was linked into
-            for source, target in zip(folders + self.adapter_paths, inside):
+            for source, target in zip(folders + adapter_folders, inside):
                 self.adapter_description = {k: v.replace(str(target), str(source))
                                             for k, v in self.adapter_description.items()}
 

@@ -40,42 +40,51 @@ def badge(*, status: str, outcome: str | None, directions: Mapping[str, int] | N
           acknowledged: bool = False, cases_done: int | None = None, cases_total: int | None = None) -> Badge:
     """`directions`: a changed verdict's cases per direction (its figures.directions)."""
     if outcome is None:
-        if status in ("queued", "building", "running"):
-            progress = f" {cases_done}/{cases_total}" if status == "running" and cases_total else ""
-            return Badge(f"{status}{progress}", "running", "the run has not finished")
-        if status in ("failed",):
-            return Badge("broken", "broken", "the run failed")
-        if status == "error":
-            return Badge("optdrift error", "error", "optdrift could not run this commit (fetch, worker, database, "
-                                                    "disk or sandbox): not the commit's fault")
-        if status == "cancelled":
-            return Badge("cancelled", "neutral", "the run was cancelled")
-        return Badge("awaiting baseline", "neutral", "finished; the verdict waits for its baseline run")
+        return _pending_badge(status, cases_done, cases_total)
     if outcome == "changed":
-        closer, farther = (directions or {}).get("closer", 0), (directions or {}).get("farther", 0)
-        if farther and closer:
-            text = f"changed → mixed: {farther} farther, {closer} closer"
-            css = "changed-farther"
-        elif farther:
-            text, css = "changed → farther", "changed-farther"
-        elif closer:
-            text, css = "changed → closer", "changed-closer"
-        else:
-            text, css = "changed → same distance", "changed-same"
-        if acknowledged:
-            text += " (acknowledged)"
-            css = "acknowledged"
-        return Badge(text, css, "some trajectory changed against the baseline; direction is "
-                                "relative to the float64 reference")
-    if outcome == "broken":
-        return Badge("broken" + (" (acknowledged)" if acknowledged else ""), "broken",
-                     "a build failure, crash or NaN")
-    if outcome == "nondeterministic":
-        return Badge("nondeterministic" + (" (acknowledged)" if acknowledged else ""), "nondeterministic",
-                     "some case does not reproduce itself on the same build; not a change against the baseline")
+        return _changed_badge(directions or {}, acknowledged)
+    if outcome in _FLAGGED_TITLES:
+        return Badge(outcome + (" (acknowledged)" if acknowledged else ""), outcome, _FLAGGED_TITLES[outcome])
     if outcome == "no-baseline":
         return Badge("no baseline", "neutral", "nothing earlier to compare with")
     return Badge("unchanged", "unchanged", "every per-step digest equal to the baseline's")
+
+
+_FLAGGED_TITLES = {
+    "broken": "a build failure, crash or NaN",
+    "nondeterministic": "some case does not reproduce itself on the same build; not a change against the baseline",
+}
+_PENDING_BADGES = {
+    "failed": Badge("broken", "broken", "the run failed"),
+    "error": Badge("optdrift error", "error", "optdrift could not run this commit (fetch, worker, database, "
+                                              "disk or sandbox): not the commit's fault"),
+    "cancelled": Badge("cancelled", "neutral", "the run was cancelled"),
+}
+
+
+def _pending_badge(status: str, cases_done: int | None, cases_total: int | None) -> Badge:
+    """A run without a verdict: still going, failed, optdrift's error, cancelled, or waiting for its baseline."""
+    if status in ("queued", "building", "running"):
+        progress = f" {cases_done}/{cases_total}" if status == "running" and cases_total else ""
+        return Badge(f"{status}{progress}", "running", "the run has not finished")
+    return _PENDING_BADGES.get(status) or Badge("awaiting baseline", "neutral",
+                                                "finished; the verdict waits for its baseline run")
+
+
+def _changed_badge(directions: Mapping[str, int], acknowledged: bool) -> Badge:
+    closer, farther = directions.get("closer", 0), directions.get("farther", 0)
+    if farther and closer:
+        text, css = f"changed → mixed: {farther} farther, {closer} closer", "changed-farther"
+    elif farther:
+        text, css = "changed → farther", "changed-farther"
+    elif closer:
+        text, css = "changed → closer", "changed-closer"
+    else:
+        text, css = "changed → same distance", "changed-same"
+    if acknowledged:
+        text, css = text + " (acknowledged)", "acknowledged"
+    return Badge(text, css, "some trajectory changed against the baseline; direction is "
+                            "relative to the float64 reference")
 
 
 # ----------------------------------------------------------------------------- overview

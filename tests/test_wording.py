@@ -135,3 +135,22 @@ def test_the_format_search_finds_each_kind_of_spec(tmp_path: Path) -> None:
     probe.write_text("\n".join(lines) + "\n")
     (tmp_path / "worker").mkdir()
     assert [hit.split(": ", 1)[1] for hit in display_formats(tmp_path)] == lines[:6]
+
+
+def test_every_surface_writes_a_figure_the_same_way() -> None:
+    # The CLI's tables, the release matrix, `optdrift check` and the attribution words all show
+    # 1.255e-02 for the same value (issue 34's clipped cell read "1.255" on one page, "0.0126" on another).
+    from service.cli.report import size_cells
+    from service.core.attribution_view import case_attribution
+    from service.core.results import ScaleGroup
+    from service.dashboard.release_matrix import Cell
+    from worker.check import _fmt, _short
+
+    value = 1.255e-02
+    group = ScaleGroup(family="32bit", dtype="float32", cases=1, baseline_peak=8.582e-06, commit_peak=value,
+                       ratio_low=value / 8.582e-06, ratio_high=value / 8.582e-06, largest_diff=value)
+    assert size_cells([group]) == ("1.255e-02", "8.582e-06 → 1.255e-02")
+    assert Cell(value=value).text == "1.255e-02" and Cell(value=None).text == "no data"
+    assert _fmt(value) == _short(value) == "1.255e-02"
+    rounding = case_attribution("c", {"class": "rounding-level", "first_step_ulps": value, "peak_ulps": 2.0})
+    assert rounding.text == "rounding-level: 1.255e-02 ulp at the first divergent step, 2.000e+00 ulp at most"

@@ -277,3 +277,38 @@ def test_cuda_kernel_host_runs_in_the_box(mode: str, kernels_build) -> None:  # 
         results = host.run_many(cases)
         assert host.environment.device_kind == "cuda", host.environment
     assert [r.status for r in results] == ["ok"] * len(cases), [r.message for r in results]
+
+
+def test_the_kernel_host_box_shows_service_core_alone_and_a_case_still_runs(mode: str, kernels_build) -> None:  # noqa: ANN001
+    """Of optdrift's `service`, the box shows service/__init__.py and the pure core, nothing else:
+    no API, database models, settings or command (worker/sandbox/mounts.py python_paths). A real
+    host in the box reports what it sees (tests/fixtures/adapters/box_probe.py) and still runs a
+    case bit for bit as the unboxed engine does. Without bubblewrap nothing is hidden (the probe
+    shows the whole package), which is what the fallback's weaker measures say."""
+    from worker.battery import load_battery
+    from worker.engine.host import KernelHost
+    from worker.engine.trajectory import run_case
+
+    case = next(c for c in load_battery("quick").expand() if c.optimizer == "adam")
+    probe_folder = Path(__file__).parent / "fixtures" / "adapters"
+    with KernelHost(kernels_build.library_path, device="cpu", adapter="box_probe", adapter_paths=[probe_folder],
+                    case_timeout_s=120) as host:
+        result = host.run(case)
+        seen = host.adapter_description
+    assert result.status == "ok", result.message
+    assert seen["finds service.core.results"] == "True"
+    if mode == "bwrap":
+        assert seen["service_entries"] == "__init__.py,core", seen
+        # Around the packages only what this host was given (its build, its adapter's folder, the
+        # virtual environment), never the checkout itself.
+        shown = set(seen["code_root_entries"].split(","))
+        assert {"service", "worker"} <= shown and not {".git", "docs", "pyproject.toml"} & shown, seen
+        assert (seen["finds service.settings"], seen["finds service.api"], seen["finds service.db"]) == \
+            ("False", "False", "False"), seen
+    else:
+        assert {"api", "db", "settings.py"} <= set(seen["service_entries"].split(",")), seen
+    from worker.adapters import bundled_ops
+
+    bundled_ops.load_build(kernels_build.library_path)
+    unboxed = run_case(case, __import__("torch").device("cpu"))
+    assert result.trajectory.digests == unboxed.trajectory.digests

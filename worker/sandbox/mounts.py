@@ -5,8 +5,9 @@ The child gets a fresh mount namespace built from nothing (bwrap starts from an 
 - read-only: the system folders a compiler and Python need (/usr and the /bin, /lib... links or
   folders, /opt for toolchains installed there), a handful of /etc files the loader and the
   compilers read (never /etc itself: /etc/shadow, ssh host keys), the Python installation and the
-  virtual environment, the optdrift `worker` and `service` packages (not the repository around
-  them), /sys, and whatever the operator names in OPTDRIFT_SANDBOX_RO_PATHS;
+  virtual environment, the optdrift `worker` package and of `service` only its pure core
+  (service/__init__.py and service/core/: no API, database, settings or command), not the
+  repository around them, /sys, and whatever the operator names in OPTDRIFT_SANDBOX_RO_PATHS;
 - read-write: only the folders the caller names (a build's staging folder, the scratch HOME);
 - its own /proc (a new PID namespace: no other process is visible), a minimal /dev (null, zero,
   random, tty...; the GPU's device nodes are bound in for a kernel host on CUDA), a small private
@@ -143,13 +144,17 @@ def identity_files() -> dict[str, Path]:
 
 def python_paths() -> list[Path]:
     """The Python this worker runs (its installation, the virtual environment, site folders) and the
-    optdrift packages, resolved: what a `python -m worker....` child needs to start."""
+    optdrift code a `python -m worker....` child needs, resolved: the `worker` package and, of
+    `service`, its __init__ and the pure core (what the kernel host and the build child import;
+    the import contract "What runs in the box" in pyproject.toml). The API, the database models,
+    the settings and the command stay out of every box."""
     import service
     import worker
 
+    service_package = Path(service.__file__).resolve().parent
     paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix),
              Path(sys.executable).resolve().parent.parent,
-             Path(worker.__file__).resolve().parent, Path(service.__file__).resolve().parent}
+             Path(worker.__file__).resolve().parent, service_package / "__init__.py", service_package / "core"}
     # Every import folder (wheels unpacked into a --target folder included), but never the folder
     # around the optdrift packages (a checkout: its .git, test caches), nor the working folder.
     root = code_root()

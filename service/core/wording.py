@@ -1,20 +1,23 @@
-"""The one place a verdict becomes words and numbers: the number formatter every surface uses
-(the CLI report, the dashboard, the notifier's check runs, comments and webhooks, `optdrift check`).
+"""The one place a verdict becomes words and numbers, for every surface: the stored summary
+(RunComparison.summary), the dashboard, the CLI report, the notifier's check runs, comments and
+webhooks, `optdrift check`. Every figure it writes is a field (ComparisonFigures, CaseComparison):
+nothing reads these words back.
 
-Numbers: `number(x)` writes a float with SIGNIFICANT_DIGITS significant digits and always its
-power of ten (`1.255e-02`, never `1.255` or `0.01255`), so a cell that clips still shows a wrong
-looking figure rather than a plausible one, and every surface shows the same text for the same
-value. `ratio(x)` is `×` + number(x); `size(x, unit)` appends a unit. Missing values are "—".
-The stored values keep full precision; this is display only.
+Numbers: `number(x)` writes SIGNIFICANT_DIGITS significant digits and always the power of ten
+(`1.255e-02`, never `1.255` or `0.01255`), so a figure keeps its scale in any cell and reads the
+same on every surface; 0, NaN, +inf, -inf as such; "—" (or `missing`) for no value. `ratio(x)` is
+`×` + number(x); `size(x, unit)` appends a unit. Display only: stored values keep full precision.
+tests/test_wording.py checks the table, that no figure loses its exponent, and that no other module
+formats a float with a precision spec of its own.
 
-In a Jinja template (service/dashboard/routes.py registers it):
+In a Jinja template (service/dashboard/routes.py and speed_pages.py register it):
 
     templates.env.filters["number"] = wording.number      # {{ case.max_abs_diff | number }}
     {{ value | number(3) }}                                # three significant digits
 
-The old `sci` filter is the same function. The dashboard's JavaScript mirrors `number` as
-`optdrift.number` (service/dashboard/static/dashboard.js); tests/test_wording.py checks that both
-give the same text on a table of values.
+`sci` is the same filter under its older name. The dashboard's JavaScript mirrors `number` as
+`optdrift.number` (service/dashboard/static/dashboard.js; plots put its text in `customdata` for
+their hover); tests/test_wording.py runs both on one table of values and checks they agree.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from collections import Counter
 
 from service.core.results import CaseComparison, ComparisonFigures, ScaleGroup
 
-# Four significant digits tell 1.255e-02 from 1.256e-02 (a one-ulp move at float32 scale is not
-# visible at any figure; a change of the algorithm moves the first digit or the exponent).
+# Four digits: enough to tell two distances to float64 apart when a change moved them a little, and
+# what the commit page showed before (it had 1.255e-02 where the CLI had 0.0126).
 SIGNIFICANT_DIGITS = 4
 MISSING = "—"
 

@@ -206,7 +206,7 @@ _EIGHT_BIT_STANDARD = [
 def _quick() -> BatterySpec:
     # CPU: the whole `optdrift check` (two hosts, co-run) must stay under a minute on 2 cores.
     return BatterySpec.model_validate({
-        "name": "quick", "version": 1,
+        "name": "quick", "version": 2,
         "description": "CPU smoke battery: discriminating and typical Adam/AdEMAMix points with wd=0 "
                        "controls, the 1-state optimizers, fp16/bf16 with exact zeros and gnorm_scale, size 1.",
         "groups": [
@@ -223,6 +223,10 @@ def _quick() -> BatterySpec:
              "gradients": [{"kind": "open", "zero_fraction": 0.5}],
              "points": [{"lr": 0.1, "weight_decay": 0.1, "skip_zeros": True}]},
             *_EIGHT_BIT_QUICK,
+            # v2 (issue 37): an 8-bit size that is a multiple of the block (a tail count can be wrong
+            # only there; worker/sensitivity/ci_selection.py's coverage rules).
+            {"optimizers": ["adam"], "families": _EIGHT_BIT, "sizes": [512], "steps": 4,
+             "gradients": [{"kind": "open", "zero_fraction": 0.25}], "points": [{"lr": 0.1, "weight_decay": 0.1}]},
         ],
     })
 
@@ -231,7 +235,7 @@ def _standard() -> BatterySpec:
     # GPU: >= 500 cases of >= 100 steps.
     dtypes = ["float32", "float16", "bfloat16"]
     return BatterySpec.model_validate({
-        "name": "standard", "version": 2,
+        "name": "standard", "version": 3,
         "description": "GPU battery: typical, discriminating and wd=0 points for every optimizer and dtype, "
                        "sizes 1/4097/65536/2**20, exact zeros, gnorm_scale != 1, several seeds.",
         "groups": [
@@ -266,15 +270,17 @@ def _ci_case(optimizer: str, family: str, dtype: str, point: dict, gradient: dic
 # defect of the mutation catalogue: chosen by worker/sensitivity/ci_selection.py from the recorded
 # catalogue run (worker/sensitivity/recorded/cpu_pool.json); docs/ENGINE.md "Battery sensitivity".
 # Regenerate both when the catalogue or the kernels change; tests/test_sensitivity_batteries.py checks it.
+# v2 (issue 37): the catalogue's block-multiple tail count and AdEMAMix's float32 1/(1 - beta1^t), and
+# the coverage rules (ci_selection.coverage_rules: a block-multiple 8-bit size, >= 5 steps of Adam and AdEMAMix).
 _CI_CASES = [
     _ci_case("adagrad", "32bit", "float32", {"lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=1, steps=4),
-    _ci_case("adam", "32bit", "float32", {"lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=1, steps=4),
-    _ci_case("ademamix", "32bit", "float32", {"lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=1, steps=4),
-    _ci_case("adagrad", "32bit", "bfloat16", {"lr": 0.1, "weight_decay": 0.0}, {"kind": "open", "zero_fraction": 0.25}, size=257, steps=4),
+    _ci_case("adam", "32bit", "float32", {"lr": 0.1, "weight_decay": 0.1}, {"kind": "open"}, size=1, steps=10),
     _ci_case("adam", "8bit_blockwise", "float32", {"gnorm_scale": 0.5, "lr": 0.1, "skip_zeros": True, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.5}, size=257, steps=4),
     _ci_case("lion", "32bit", "bfloat16", {"gnorm_scale": 0.5, "lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=257, steps=4),
     _ci_case("momentum", "32bit", "bfloat16", {"gnorm_scale": 0.5, "lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=257, steps=4),
     _ci_case("rmsprop", "32bit", "bfloat16", {"gnorm_scale": 0.5, "lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=257, steps=4),
+    _ci_case("adagrad", "8bit_blockwise", "float32", {"lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=512, steps=4),
+    _ci_case("ademamix", "32bit", "float32", {"lr": 0.001, "weight_decay": 0.01}, {"kind": "closed"}, size=257, steps=8),
     _ci_case("lion", "8bit_blockwise", "bfloat16", {"lr": 0.1, "weight_decay": 0.0}, {"kind": "open", "zero_fraction": 0.25}, size=1031, steps=10),
 ]
 
@@ -282,7 +288,7 @@ _CI_CASES = [
 def _ci() -> BatterySpec:
     # CPU CI: a whole `optdrift check` in <= 15 s on 2 cores with warm builds (docs/ENGINE.md).
     return BatterySpec.model_validate({
-        "name": "ci", "version": 1,
+        "name": "ci", "version": 2,
         "description": "The fewest, cheapest cases that catch every defect of the mutation catalogue "
                        "(worker/sensitivity/catalogue): chosen from evidence, not by hand.",
         "groups": _CI_CASES,

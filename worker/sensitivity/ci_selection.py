@@ -11,6 +11,13 @@ lowest cost per newly caught defect), then a pass that drops any chosen case who
 others already catch. Greedy is not guaranteed minimal, but on ~60 defects and ~200 candidates
 it lands within a case or two of it, and the battery stays a readable list of single-case groups.
 
+Set cover sees only the defects the catalogue has. Two classes it once missed (issue 37: an 8-bit
+tail count wrong only at sizes that are a multiple of the block, a one-ulp AdEMAMix bias
+correction that first shows at step 5) are kept covered by rule as well (`COVERAGE_RULES`): every
+blockwise family has a case whose size is a multiple of its block, and every optimizer with bias
+corrections a case run for at least `bias_correction_steps` of its betas. A rule the cover leaves
+unmet adds the pool's cheapest case that meets it.
+
     python -m worker.sensitivity.ci_selection   # prints the ci battery's groups as JSON
 """
 
@@ -20,6 +27,8 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 from service.core.results import CaseSpec
 from worker.battery import BatterySpec, battery_from_file
@@ -58,6 +67,55 @@ CUDA_ONLY_NEEDS: dict[str, Callable[[CaseSpec], bool]] = {
     "gnorm_scale/cuda_adagrad_args_swapped": lambda c: _32bit(c) and c.optimizer == "adagrad"
     and c.hyper["gnorm_scale"] != c.hyper["weight_decay"],
 }
+
+
+# The blockwise families and their block (elements per absmax; docs/KERNELS_8BIT.md).
+BLOCK_SIZES = {"8bit_blockwise": 256}
+# The optimizers whose update holds bias corrections 1 - beta^t, and the betas they correct.
+BIAS_CORRECTED = {"adam": ("beta1", "beta2"), "ademamix": ("beta1", "beta2")}
+
+
+def bias_correction_steps(betas: tuple[float, ...], horizon: int = 100) -> int:
+    """The step by which each one-rounding way of getting a bias-correction term wrong has shown:
+    for each beta, the kernel's terms 1/(1 - beta^t) and 1/sqrt(1 - beta^t) computed in double
+    and rounded once to float32, against the same in float32 arithmetic (the reciprocal of the
+    float32 correction, its float32 square root, the square root of the float32 reciprocal). Each
+    differs by one ulp on some steps and not others; the latest first difference is the number
+    of steps a battery needs to see all of them (5 at beta1 = 0.9, beta2 = 0.999: 1/(1 - 0.9^t)
+    in float32 first differs at t = 5)."""
+    f32 = np.float32
+    needed = 1
+    for beta in betas:
+        t = np.arange(1, horizon + 1, dtype=np.float64)
+        correction = 1.0 - beta ** t
+        exact_inverse = (1.0 / correction).astype(f32)
+        exact_inverse_sqrt = (1.0 / np.sqrt(correction)).astype(f32)
+        rounded = correction.astype(f32)
+        for wrong, right in ((f32(1) / rounded, exact_inverse), (f32(1) / np.sqrt(rounded), exact_inverse_sqrt),
+                             (np.sqrt(exact_inverse), exact_inverse_sqrt)):
+            differing = np.flatnonzero(wrong != right)
+            if differing.size:
+                needed = max(needed, int(differing[0]) + 1)
+    return needed
+
+
+def coverage_rules() -> dict[str, Callable[[CaseSpec], bool]]:
+    """Rule name -> which cases meet it (module doc): a block-multiple size per blockwise family,
+    enough steps per bias-corrected optimizer (at each case's own betas)."""
+    rules: dict[str, Callable[[CaseSpec], bool]] = {}
+    for family, block in BLOCK_SIZES.items():
+        rules[f"{family}: a size that is a multiple of its block ({block})"] = \
+            lambda c, family=family, block=block: c.family == family and c.size % block == 0
+    for optimizer, names in BIAS_CORRECTED.items():
+        rules[f"{optimizer}: steps enough for every bias-correction term"] = \
+            lambda c, optimizer=optimizer, names=names: c.optimizer == optimizer and \
+            c.steps >= bias_correction_steps(tuple(float(c.hyper[n]) for n in names))
+    return rules
+
+
+def unmet_rules(cases: list[CaseSpec]) -> list[str]:
+    """The coverage rules no case of `cases` meets."""
+    return [name for name, meets in coverage_rules().items() if not any(meets(c) for c in cases)]
 
 
 def catch_sets(report: SensitivityReport, pool: BatterySpec) -> dict[str, set[str]]:
@@ -107,8 +165,24 @@ def ci_groups(report_path: Path = RECORDED_POOL, pool_path: Path = POOL) -> list
         raise ValueError(f"{report_path} was recorded on another version of {pool_path}; record it again "
                          "(optdrift sensitivity --battery worker/sensitivity/batteries/pool.json --json-out ...)")
     by_id = {case.case_id: case for case in pool.expand()}
-    chosen = select_cases(catch_sets(report, pool), {i: c.size * c.steps for i, c in by_id.items()})
-    return [group_of(by_id[case_id]) for case_id in chosen]
+    costs = {i: c.size * c.steps for i, c in by_id.items()}
+    chosen = select_cases(catch_sets(report, pool), costs)
+    sets = catch_sets(report, pool)
+    rules = coverage_rules()
+    for name, meets in rules.items():
+        if not any(meets(by_id[c]) for c in chosen):
+            candidates = [i for i, c in by_id.items() if meets(c)]
+            if not candidates:
+                raise ValueError(f"no case of {pool_path} meets the coverage rule {name!r}: add one to the pool")
+            chosen.append(min(candidates, key=lambda i: (costs[i], i)))
+    # A case a rule brought in may make one of the cover's redundant: drop the dearest first, as
+    # long as every defect is still caught and every rule still met.
+    for case_id in sorted(chosen, key=lambda c: -costs[c]):
+        rest = [c for c in chosen if c != case_id]
+        if all(not caught or caught & set(rest) for caught in sets.values()) and \
+                not unmet_rules([by_id[c] for c in rest]):
+            chosen = rest
+    return [group_of(by_id[case_id]) for case_id in sorted(chosen, key=lambda c: (costs[c], c))]
 
 
 if __name__ == "__main__":

@@ -93,11 +93,9 @@ process.stdout.write(JSON.stringify(out));
     assert not mismatches, mismatches[:10]
 
 
-# Where a float may be written with a precision spec of its own: the formatter itself, and places
-# that write a machine format. worker/attribution/analysis.py words its attribution notes with
-# `:.3g` (another helper's file, with uncommitted work in it when this test was written): listed here
-# until it calls service.core.wording.number.
-ALLOWED = {"service/core/wording.py", "worker/attribution/analysis.py"}
+# Where a float may be written with a precision spec of its own: the formatter itself (no module
+# writes a machine format with an e/g precision spec; JSON keeps repr precision).
+ALLOWED = {"service/core/wording.py"}
 # f"{x:.3g}", f"{x:.2e}", f"{x:.{n}e}", format(x, ".3g"), "%.3e" % x, Jinja's '%.3g' % x, plotly's %{y:.3e}.
 PRECISION_SPEC = re.compile(r"""\{[^{}'"]*:[+\- ]?[0-9]*\.(?:[0-9]+|\{[^{}]*\})[eEgG]\}"""
                             r"""|format\([^()]*,\s*['"][^'"]*\.[0-9]+[eEgG]['"]\)"""
@@ -122,8 +120,8 @@ def display_formats(root: Path) -> list[str]:
 
 def test_no_other_module_formats_a_float_for_display() -> None:
     # Before service.core.wording, verdicts.py (:.3g, :.3e, :.2e), dashboard/wording.py, cli/report.py,
-    # notify/report.py, attribution_view.py, release_matrix.py, worker/check.py and dashboard.js
-    # each had their own (this test lists 22 lines on 5e4ffb7).
+    # notify/report.py, attribution_view.py, release_matrix.py, worker/check.py, the attribution's
+    # notes and dashboard.js each had their own (this test lists 22 lines on 5e4ffb7).
     assert display_formats(ROOT) == []
 
 

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from service.core.results import CaseSpec
+from service.core.wording import size
 from worker.attribution import states as state_compare
 from worker.attribution import variants as catalogue
 from worker.attribution.ulps import check_representable, ulp, ulp_distance
@@ -259,7 +260,7 @@ def _judge_quantized(ulps: list[float], allowance: np.ndarray, s: int,
         if beyond is None:
             return True, None
         return False, (f"the parameters agreed within rounding at step {s} and went beyond it from step {beyond} "
-                       f"({ulps[beyond - 1]:.3g} ulps): the change began in the quantized state and grew through "
+                       f"({size(ulps[beyond - 1], 'ulps')}): the change began in the quantized state and grew through "
                        "requantization (states not read)")
     layout = next((t for t, c in enumerate(comparisons, start=1) if not c.same_layout), None)
     if layout is not None:
@@ -272,9 +273,9 @@ def _judge_quantized(ulps: list[float], allowance: np.ndarray, s: int,
         comparison = comparisons[t - 1]
         if t == first_code and not state_compare.quantization_event_is_rounding(comparison):
             return False, (f"codes moved by up to {comparison.code_steps} at {comparison.code_fraction:.1%} of them at "
-                           f"step {t} while the parameters agreed within rounding ({ulps[t - 1]:.3g} ulps)")
+                           f"step {t} while the parameters agreed within rounding ({size(ulps[t - 1], 'ulps')})")
         if comparison.float_ulps > allowance[t - 1]:
-            return False, (f"the state's scales moved {comparison.float_ulps:.3g} ulps at step {t} while the "
+            return False, (f"the state's scales moved {size(comparison.float_ulps, 'ulps')} at step {t} while the "
                            f"parameters agreed within rounding ({', '.join(comparison.differing)})")
         if not params_within[t - 1]:
             return False, None  # the arithmetic moved the parameters before any code did: semantic

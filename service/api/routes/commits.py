@@ -1,3 +1,6 @@
+"""A project's commits: CI's submission (POST /projects/{p}/commits: the tree and its parents, one run per
+environment), the commit list and one commit, their verdicts, acknowledging a commit's change, releases."""
+
 from __future__ import annotations
 
 from typing import Annotated

@@ -1,3 +1,6 @@
+"""Liveness (/healthz), readiness (/readyz: the database and the broker answer) and Prometheus metrics
+(/metrics), outside /api/v1 and without a token."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter

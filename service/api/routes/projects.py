@@ -1,3 +1,6 @@
+"""Projects: the list, registering one and changing its registered fields (admin), and one project with
+what its runs really use (its newest commit's optdrift.toml over those fields)."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter, status

@@ -1,3 +1,6 @@
+"""One run: its state and verdict, log, cancel and retry, acknowledging its change, and its stored
+trajectories (JSON, CSV, one case)."""
+
 from __future__ import annotations
 
 import csv

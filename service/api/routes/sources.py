@@ -1,3 +1,6 @@
+"""Source archives by content digest: uploading one for a project, and a worker fetching a run's tree
+(worker and admin tokens only)."""
+
 from __future__ import annotations
 
 from typing import Annotated

@@ -1,3 +1,6 @@
+"""On-demand verification (POST /projects/{p}/verify): a contributor's tree or patch against a commit
+of the project, as a verify run under its token's quota."""
+
 from __future__ import annotations
 
 from contextlib import suppress

@@ -8,8 +8,10 @@ an invalid optdrift.toml or battery, a baseline that does not build), 3 broken, 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rich.console import Console
@@ -79,6 +81,75 @@ def print_attribution(attribution: dict, console: Console) -> None:
         table.caption = f"... and {len(ranked) - 40} more"
     console.print(table)
     console.print(headline(detail), markup=False, highlight=False)
+
+
+def progress_line(text: str) -> None:
+    """A phase starting, on stderr (the verdict table stays alone on stdout)."""
+    print(f"  {text}", file=sys.stderr, flush=True)
+
+
+class Phases:
+    """Wall seconds per phase of a check, said at its end: where a long check's time went."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.seconds: dict[str, float] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.add(name, time.monotonic() - began)
+
+    def line(self) -> str:
+        total = time.monotonic() - self.started
+        parts = ", ".join(f"{name} {seconds:.1f} s ({100 * seconds / total:.0f}%)"
+                          for name, seconds in self.seconds.items() if total > 0)
+        return f"({total:.1f} s: {parts})" if parts else f"({total:.1f} s)"
+
+
+class CaseProgress:
+    """Cases answered of one battery run, on stderr: a live bar on a terminal; in a log, a line
+    every LOG_EVERY_S seconds (a CI log is not a terminal). Repeats of a case count once."""
+
+    LOG_EVERY_S = 15.0
+
+    def __init__(self, label: str, total: int, *, also: Callable | None = None) -> None:
+        self.label, self.total, self.also = label, total, also
+        self.done: set[int] = set()
+        self.bar = None
+        self.began = self.last_line = time.monotonic()
+
+    def __enter__(self) -> "CaseProgress":
+        if sys.stderr.isatty():
+            from rich.progress import Progress
+
+            self.bar = Progress(console=Console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task(f"{self.label} battery", total=self.total)
+        return self
+
+    def result(self, index: int, result) -> None:  # noqa: ANN001
+        if self.also is not None:
+            self.also(result)
+        if index in self.done:
+            return
+        self.done.add(index)
+        if self.bar is not None:
+            self.bar.update(self.task, completed=len(self.done))
+        elif time.monotonic() - self.last_line >= self.LOG_EVERY_S:
+            self.last_line = time.monotonic()
+            progress_line(f"{self.label} battery: {len(self.done)} of {self.total} cases "
+                          f"({self.last_line - self.began:.0f} s)")
+
+    def __exit__(self, *exc) -> None:  # noqa: ANN002
+        if self.bar is not None:
+            self.bar.stop()
 
 
 def exit_code(comparison: RunComparison) -> int:
@@ -161,7 +232,10 @@ def _build_and_compare(job, base_job, source: Path, baseline: Path | None, polic
                   + f"; running battery {job.battery.name} v{job.battery.version} from {job.battery_origin} "
                   f"({len(job.cases)} cases)", highlight=False)
 
-    def progress(index: int, result) -> None:  # noqa: ANN001
+    phases = Phases(started)
+    phases.add("builds", time.monotonic() - started)
+
+    def broken(result) -> None:  # noqa: ANN001
         if result.status == "broken":
             console.print(f"  {result.case.case_id}: broken: {result.message}", markup=False, highlight=False)
 
@@ -170,7 +244,9 @@ def _build_and_compare(job, base_job, source: Path, baseline: Path | None, polic
     adapters: dict[str, dict[str, str] | None] = {"commit": None, "baseline": None}
     if base_job is not None:
         # a spare handed to a run is the run's to close: taken off `spares` (run_check closes the rest)
-        base_ran = pipeline.run(base_job, baseline_build, policy, host=spares.pop(0) if spares else None)
+        with phases("baseline battery"), CaseProgress("baseline", len(base_job.cases)) as shown:
+            base_ran = pipeline.run(base_job, baseline_build, policy, host=spares.pop(0) if spares else None,
+                                    on_result=shown.result)
         baseline_run = pipeline.run_result(base_job, baseline_build, base_ran)
         adapters["baseline"] = base_ran.adapter
     if not commit_build.ok:
@@ -178,8 +254,9 @@ def _build_and_compare(job, base_job, source: Path, baseline: Path | None, polic
     else:
         digests = {r.case.case_id: r.trajectory.digests for r in (baseline_run.cases if baseline_run else [])
                    if r.status == "ok" and r.trajectory is not None}
-        commit_ran = pipeline.run(job, commit_build, policy, on_result=progress, baseline_digests=digests,
-                                  host=spares.pop(0) if spares else None)
+        with phases("commit battery and repeats"), CaseProgress("commit", len(job.cases), also=broken) as shown:
+            commit_ran = pipeline.run(job, commit_build, policy, on_result=shown.result, baseline_digests=digests,
+                                      host=spares.pop(0) if spares else None)
         commit_run = pipeline.run_result(job, commit_build, commit_ran)
         adapters["commit"] = commit_ran.adapter
         if commit_ran.adapter:
@@ -191,20 +268,29 @@ def _build_and_compare(job, base_job, source: Path, baseline: Path | None, polic
     if changed and baseline_build is not None:
         # Per-step |commit - baseline| of the changed cases only, as the service's co-run stores.
         adapter_paths = (job.adapter_folders, base_job.adapter_folders)
-        _, _, diffs = corun_battery(job.battery, commit_build.library_path, baseline_build.library_path,
-                                    device=device, case_timeout_s=case_timeout_s, cases=changed,
-                                    adapter=job.config.adapter, params_only=True, fast=policy.fast_engine,
-                                    adapter_paths=adapter_paths)
+        progress_line(f"co-run: per-step |commit - baseline| of {len(changed)} changed cases, both builds")
+        with phases("co-run"):
+            _, _, diffs = corun_battery(job.battery, commit_build.library_path, baseline_build.library_path,
+                                        device=device, case_timeout_s=case_timeout_s, cases=changed,
+                                        adapter=job.config.adapter, params_only=True, fast=policy.fast_engine,
+                                        adapter_paths=adapter_paths)
         comparison = pipeline.compare(commit_run, baseline_run, diffs)
         if attribute:
             from worker.attribution.record import attribute_or_note
+            from worker.attribution.selection import DEFAULT_LIMIT
 
-            attribution = attribute_or_note(comparison, baseline_run, changed, commit_build.library_path,
-                                            baseline_build.library_path, device=device, adapter=job.config.adapter,
-                                            case_timeout_s=case_timeout_s, adapter_paths=adapter_paths)
+            progress_line(f"attribution: what kind of change, for the {len(changed)} changed cases"
+                          if len(changed) <= DEFAULT_LIMIT else
+                          f"attribution: what kind of change, for {DEFAULT_LIMIT} of the {len(changed)} changed cases "
+                          "(one per optimizer, family, dtype and hyperparameter point in turn)")
+            with phases("attribution"):
+                attribution = attribute_or_note(comparison, baseline_run, changed, commit_build.library_path,
+                                                baseline_build.library_path, device=device,
+                                                adapter=job.config.adapter, case_timeout_s=case_timeout_s,
+                                                adapter_paths=adapter_paths)
     print_verdict(comparison, console, show_unchanged=show_unchanged)
     print_attribution(attribution, console)
-    console.print(f"({time.monotonic() - started:.1f} s)", highlight=False)
+    console.print(phases.line(), highlight=False)
     if json_out is not None:
         payload = {"commit": commit_run.model_dump(mode="json"),
                    "baseline": baseline_run.model_dump(mode="json") if baseline_run else None,

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from service.core.results import CaseSpec, RunComparison, RunResult
+from worker.attribution import selection
 from worker.attribution.pair_run import analyze_in_child, record_parameters
 
 log = logging.getLogger(__name__)
@@ -21,19 +22,24 @@ log = logging.getLogger(__name__)
 def attribute_changed(comparison: RunComparison, baseline: RunResult, cases: list[CaseSpec],
                       commit_library: str | Path, baseline_library: str | Path, *, device: str = "auto",
                       adapter: str = "bundled", case_timeout_s: float = 300.0,
-                      adapter_paths: tuple[list[Path], list[Path]] = ([], [])) -> dict[str, dict]:
+                      adapter_paths: tuple[list[Path], list[Path]] = ([], []),
+                      limit: int | None = None) -> dict[str, dict]:
     """case id -> attribution for the changed cases of `comparison` among `cases`. `adapter_paths`:
-    (the commit's, the baseline's) adapter folders, which must exist until this returns."""
+    (the commit's, the baseline's) adapter folders, which must exist until this returns. At most
+    `limit` cases (None: selection.DEFAULT_LIMIT) are analysed (worker.attribution.selection); the others are listed with the case
+    that stands for their group."""
     first_steps = {c.case_id: c.first_divergent_step for c in comparison.cases
                    if c.verdict == "changed" and c.first_divergent_step}
-    wanted = [case for case in cases if case.case_id in first_steps]
+    changed = [case for case in cases if case.case_id in first_steps]
     baseline_ref64 = {c.case.case_id: c.trajectory.ref64_max_abs for c in baseline.cases if c.trajectory}
-    if not wanted:
+    if not changed:
         return {}
+    wanted, stands_for = selection.sample(changed, limit or selection.DEFAULT_LIMIT)
     with tempfile.TemporaryDirectory(prefix="optdrift-attribution-") as tmp:
         files = record_parameters(commit_library, baseline_library, wanted, Path(tmp), device=device,
                                   adapter=adapter, case_timeout_s=case_timeout_s, adapter_paths=adapter_paths)
-        requests, answers = [], {}
+        requests = []
+        answers = {case_id: selection.left_out_entry(representative) for case_id, representative in stands_for.items()}
         for case in wanted:
             if case.case_id not in files:
                 answers[case.case_id] = {"error": "the case did not run on both builds again"}

@@ -1,4 +1,4 @@
-"""The kernel host's result lines (worker/engine/host.py result_line): written by pydantic's own
+"""The kernel host's result lines (worker/engine/host/protocol.py result_line): written by pydantic's own
 JSON serialiser, they must parse to exactly what json.dumps of model_dump gave before (the parent
 reads both with json.loads), every float bit for bit: the trajectories' series are stored at full
 precision and compared with the baseline's."""
@@ -65,3 +65,64 @@ def test_a_broken_result_with_any_message_and_its_fields() -> None:
         assert {k: v for k, v in answer.items() if k != "result"} == fields
         assert checked_result(answer, CASE) == result
         assert answer["result"] == json.loads(json.dumps(result.model_dump(mode="json")))
+
+
+# ----------------------------------------------------------------------------- the other lines, one spelling
+def test_requests_are_the_lines_the_host_reads() -> None:
+    """The parent's requests, built in worker/engine/host/protocol.py, are the JSON lines the child
+    dispatches on (their op and fields), one line each."""
+    from worker.engine.host.protocol import (
+        EXIT_REQUEST,
+        case_request,
+        encode_request,
+        known_fields,
+        load_request,
+        run_many_request,
+    )
+
+    assert encode_request(EXIT_REQUEST) == b'{"op": "exit"}\n'
+    assert case_request(CASE, None, params_only=False) == {"op": "run", "case": CASE.model_dump(mode="json"),
+                                                           "params_out": None}
+    assert case_request(CASE, "/s/p.f32", params_only=True)["op"] == "params"
+    assert case_request(CASE, None, params_only=True)["op"] == "run"  # kernels alone need a file to write
+    request = run_many_request([CASE], params_out="/s/w.f32", profile=True)
+    request.update(known_fields({0: ["k"]}, by_key=True))
+    assert json.loads(encode_request(request)) == {
+        "op": "run_many", "cases": [CASE.model_dump(mode="json")], "params_out": "/s/w.f32", "profile": True,
+        "known": {"0": ["k"]}, "known_by_key": True}
+    assert run_many_request([CASE]) == {"op": "run_many", "cases": [CASE.model_dump(mode="json")]}
+    assert load_request("/slot/0/x.so", "bundled", ["/slot/1"]) == {
+        "op": "load", "library": "/slot/0/x.so", "adapter": "bundled", "adapter_path": ["/slot/1"]}
+
+
+def test_the_hosts_lines_parse_back_and_a_foreign_index_is_refused() -> None:
+    from worker.engine.host.protocol import (
+        HostProtocolError,
+        checked_index,
+        done_line,
+        known_series_line,
+        not_ready_line,
+        ready_line,
+        shown_seconds,
+        stopped_line,
+    )
+
+    assert parse_answer(ready_line({"device": "cpu"}, {"adapter": "bundled"}, {"import torch": 1.5}).encode()) == {
+        "ready": True, "environment": {"device": "cpu"}, "adapter": {"adapter": "bundled"},
+        "startup_s": {"import torch": 1.5}}
+    assert parse_answer(not_ready_line("no such adapter").encode()) == {"ready": False, "error": "no such adapter"}
+    assert parse_answer(stopped_line("RuntimeError: x", restart=True).encode()) == {
+        "stopped": "RuntimeError: x", "restart": True}
+    assert parse_answer(done_line({}, 3, None).encode()) == {"done": True, "params_s": {}, "inputs_taken": 3,
+                                                             "phases": None}
+    known = parse_answer(known_series_line(2, "ab" * 16, 0.25).encode())
+    assert checked_index(known, [None, None, None]) == 2
+    for index in (3, -1, True, "0", 1.0):  # out of range, a bool, not an int
+        with pytest.raises(HostProtocolError, match="was not asked for"):
+            checked_index({"index": index}, [None, None, None])
+    with pytest.raises(HostProtocolError, match="answered already"):
+        checked_index({"index": 0}, [object(), None])
+    assert checked_index({"done": True}, [None]) is None
+    # A host's own clock: bounded, names cut, non-numbers dropped, never trusted beyond showing.
+    assert shown_seconds({"x" * 50: 1, "n": "no", "b": 2.5}, limit=2) == {"x" * 40: 1.0}
+    assert shown_seconds(["not", "a", "dict"], limit=8) == {}

@@ -1,7 +1,7 @@
 """Kernel hosts for real: one build per subprocess; a crash, a hang or a kernel error costs one case.
 
 Faults are injected with the host's test-only OPTDRIFT_TEST_HOST_FAULT variable (see
-worker/engine/host.py): "abort:TEXT" calls os.abort() and "hang:TEXT" sleeps when a case id
+worker/engine/host/faults.py): "abort:TEXT" calls os.abort() and "hang:TEXT" sleeps when a case id
 contains TEXT.
 """
 

@@ -16,8 +16,10 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.core.environments import BuildVariant, check_variants
 
 
 def _default_home() -> Path:
@@ -52,6 +54,15 @@ class Settings(BaseSettings):
     # "gpu.sm90", ...). Runs are only ever compared with runs of the same class.
     worker_environment: str = "cpu"
     worker_device: str = "cpu"
+    # Build variants this worker also serves on its machine (service/core/environments.py), as
+    # JSON: {"clang": {"compiler": "clang++"}, "fma": {"cflags": ["-mfma"]}}. A run of environment
+    # `<worker_environment>+<name>` is built with the variant; the worker consumes those queues too.
+    build_variants: dict[str, BuildVariant] = {}
+
+    @field_validator("build_variants")
+    @classmethod
+    def _variant_names(cls, variants: dict[str, BuildVariant]) -> dict[str, BuildVariant]:
+        return check_variants(variants)
     # Run batteries through worker.fast_engine (grouped references, device-side metrics and
     # digests): bit-identical results, many times faster on a GPU. False: one case at a time.
     fast_engine: bool = True

@@ -111,8 +111,8 @@ def test_every_job_builds_a_verify_runs_tree_under_the_verify_cap(tmp_path) -> N
         with Workspace(settings, prefix="optdrift-test-") as workspace:
             assert workspace.root.is_dir()
             for warm in (False, True):  # the co-run's policy, the run's and the timing's
-                assert workspace.policy(untrusted=True, warm=warm).max_build_s == expected_verify
-                assert workspace.policy(untrusted=False, warm=warm).max_build_s == 1800
-            assert not workspace.policy(untrusted=True).trusted and workspace.policy(untrusted=False).trusted
+                assert workspace.policy(untrusted=True, environment="cpu", warm=warm).max_build_s == expected_verify
+                assert workspace.policy(untrusted=False, environment="cpu", warm=warm).max_build_s == 1800
+            assert not workspace.policy(untrusted=True, environment="cpu").trusted and workspace.policy(untrusted=False, environment="cpu").trusted
         assert not workspace.root.exists()  # the job's folder goes with it
         assert RunBudget(settings, untrusted=True).build_s == expected_verify

@@ -9,6 +9,7 @@ queues of OPTDRIFT_WORKER_ENVIRONMENT (`cpu`, then `cpu.verify`, then `cpu.corun
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from celery import Celery
 
@@ -25,16 +26,17 @@ def _configure(sender: Celery, **_kwargs) -> None:  # noqa: ANN003
 
 
 def worker_argv(*, environment: str, concurrency: int = 1, pool: str = "prefork",
-                loglevel: str = "INFO", name: str | None = None) -> list[str]:
+                loglevel: str = "INFO", name: str | None = None, variants: Iterable[str] = ()) -> list[str]:
     """argv for `celery worker` consuming one environment's queues, in their order of precedence:
     commit runs, then verify runs, then co-runs (service.broker.queueing.consumed_queues).
-    `name`: this worker's part of the node name, for several workers of one class on one host."""
+    `name`: this worker's part of the node name, for several workers of one class on one host.
+    `variants`: the build variants it also serves (OPTDRIFT_BUILD_VARIANTS)."""
     # One worker per GPU on a host: the GPU index keeps their node names apart; several CPU
     # workers on a host are told apart by their names (presence rows are keyed by node).
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
     node = f"optdrift-{environment}" + (f"-gpu{gpu.replace(',', '_')}" if gpu else "") + (f"-{name}" if name else "")
     return [
-        "worker", "--queues", ",".join(consumed_queues(environment)), "--concurrency", str(concurrency),
+        "worker", "--queues", ",".join(consumed_queues(environment, variants)), "--concurrency", str(concurrency),
         "--pool", pool,
         "--loglevel", loglevel, "--hostname", f"{node}@%h",
         # No gossip/mingle/broker heartbeats: workers coordinate through the database, and the

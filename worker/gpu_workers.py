@@ -185,7 +185,9 @@ def _start_presence(sender=None, **_kwargs) -> None:  # noqa: ANN001, ANN003
     settings = get_settings()
     node = getattr(sender, "hostname", None) or socket.gethostname()
     detail = {"host": socket.gethostname(), "pid": os.getpid(), "device": settings.worker_device,
-              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+              # the build variants it serves beside its environment (`cpu+fma` runs wait for it too)
+              "variants": sorted(settings.build_variants)}
     _presence = PresenceBeat(name=f"{node}:{os.getpid()}", environment=settings.worker_environment,
                              detail=detail, interval_s=PRESENCE_INTERVAL_S).start()
 

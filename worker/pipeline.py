@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from service.core.environments import BuildVariant
 from service.core.project_config import ProjectConfig, ProjectConfigError, load_project_config
 from service.core.results import CaseResult, CaseSpec, EnvironmentFingerprint, RepeatCheck, RunComparison, RunResult
 from service.core.verdicts import compare_runs, first_divergent_step
@@ -46,6 +47,9 @@ class Policy:
     # deleted when the run's task ends (worker.build.cache.release_builds).
     trusted: bool = True
     max_build_s: float | None = None  # a tree's build.timeout_s may ask for less, never more
+    # The run's build variant (service/core/environments.py: another compiler, more flags); None:
+    # the worker's own toolchain.
+    build_variant: BuildVariant | None = None
     case_timeout_s: float = 600.0
     deadline: float | None = None  # time.monotonic() past which nothing runs
     # Folder of the reference cache (worker.engine.reference_cache; None: none); `trusted` runs write it.
@@ -117,7 +121,7 @@ def build(job: Job, policy: Policy) -> BuildResult:
         left = max(1.0, policy.deadline - time.monotonic())
         cap = left if cap is None else min(cap, left)
     return build_project(job.source_dir, job.config, cache_dir=policy.cache_dir, cuda_archs=policy.cuda_archs,
-                         trusted=policy.trusted, max_timeout_s=cap)
+                         trusted=policy.trusted, max_timeout_s=cap, variant=policy.build_variant)
 
 
 @dataclass

@@ -10,13 +10,15 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.core.results import ComparisonFigures
+from service.core.environments import ENVIRONMENT_PATTERN
 from service.domain.errors import BadInputError
 from service.domain.project_configuration import EffectiveConfiguration
 from service.domain.submission_rules import check_battery
 
 
 # A queue name: `cpu`, `gpu.sm90`, ...
-EnvironmentName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+# An environment (`cpu`, `gpu.sm90`) or one of its build variants (`cpu+clang`, service/core/environments.py).
+EnvironmentName = Annotated[str, Field(min_length=1, max_length=100, pattern=ENVIRONMENT_PATTERN)]
 
 
 def _battery_allowed(value: str) -> str:

@@ -9,6 +9,7 @@ The service never imports `worker`: it sends tasks by name through a producer-on
 from __future__ import annotations
 
 from functools import lru_cache
+from collections.abc import Iterable
 from typing import Any
 
 from celery import Celery
@@ -28,20 +29,22 @@ VERIFY_KIND = "verify"
 
 
 def queue_for(environment: str) -> str:
-    """The environment class's queue of commit runs (CI's): `cpu`, `gpu.sm90`, ..."""
-    return environment
+    """The environment class's queue of commit runs (CI's): `cpu`, `gpu.sm90`, ...; a build variant's
+    `cpu+fma` waits on `cpu--fma` (a queue name is a file name for the filesystem broker, which
+    takes letters, digits and . _ - only; environment names never hold `--`)."""
+    return environment.replace("+", "--")
 
 
 def verify_queue_for(environment: str) -> str:
     """The environment's queue of verify runs (a contributor's on-demand runs): off the commit
     runs' queue, so a commit run submitted while verify runs wait starts before them."""
-    return f"{environment}.verify"
+    return f"{queue_for(environment)}.verify"
 
 
 def corun_queue_for(environment: str) -> str:
     """The environment's queue of baseline co-runs (per-step |commit - baseline| of changed cases):
     off the runs' queue, so a co-run never sits in front of a run; the same workers consume it."""
-    return f"{environment}.corun"
+    return f"{queue_for(environment)}.corun"
 
 
 def run_queue_for(*, environment: str, kind: str) -> str:
@@ -49,11 +52,15 @@ def run_queue_for(*, environment: str, kind: str) -> str:
     return verify_queue_for(environment) if kind == VERIFY_KIND else queue_for(environment)
 
 
-def consumed_queues(environment: str) -> list[str]:
+def consumed_queues(environment: str, variants: Iterable[str] = ()) -> list[str]:
     """The queues a worker of `environment` takes tasks from, most urgent first: it takes from a
     queue only while every queue before it is empty (both brokers honour the order, see
-    celery_config), so verify runs yield to commit runs and co-runs to both."""
-    return [queue_for(environment), verify_queue_for(environment), corun_queue_for(environment)]
+    celery_config), so verify runs yield to commit runs and co-runs to both. `variants`: the build
+    variants it also serves (`environment+variant`, service/core/environments.py), each kind of
+    queue of every variant after that kind of the plain environment."""
+    served = [environment, *(f"{environment}+{variant}" for variant in variants)]
+    return ([queue_for(name) for name in served] + [verify_queue_for(name) for name in served]
+            + [corun_queue_for(name) for name in served])
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

@@ -139,7 +139,8 @@ def worker(
     if name is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", name):
         raise _fail(f"--name {name!r}: use 1-40 letters, digits, '-' or '_'", EXIT_USAGE)
     celery_app.worker_main(worker_argv(environment=settings.worker_environment,
-                                       concurrency=concurrency, pool=pool, loglevel=loglevel, name=name))
+                                       concurrency=concurrency, pool=pool, loglevel=loglevel, name=name,
+                                       variants=list(settings.build_variants)))
 
 
 @app.command(epilog=SERVER_EXIT_CODES)

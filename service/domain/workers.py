@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from service.core.environments import split as split_environment
 from service.db.models import QUEUED, Run
 from service.db.worker_presence import WorkerPresence
 
@@ -65,11 +66,17 @@ def leave(*, session: Session, name: str) -> None:
 
 def live_workers(*, session: Session, environment: str | None = None,
                  stale_after_s: float = PRESENCE_STALE_S) -> list[WorkerPresence]:
+    """Workers seen lately; of `environment`, where named: a build variant's (`cpu+fma`) are the
+    workers of its environment that serve the variant (their presence detail lists it)."""
     cutoff = datetime.now(timezone.utc) - timedelta(seconds=stale_after_s)
     query = select(WorkerPresence).where(WorkerPresence.seen_at >= cutoff)
-    if environment is not None:
-        query = query.where(WorkerPresence.environment == environment)
-    return list(session.scalars(query.order_by(WorkerPresence.name)))
+    base, variant = split_environment(environment) if environment is not None else (None, None)
+    if base is not None:
+        query = query.where(WorkerPresence.environment == base)
+    found = list(session.scalars(query.order_by(WorkerPresence.name)))
+    if variant is not None:
+        found = [row for row in found if variant in ((row.detail or {}).get("variants") or [])]
+    return found
 
 
 def waiting_for(*, session: Session, run: Run, stale_after_s: float = PRESENCE_STALE_S) -> str | None:
@@ -79,7 +86,7 @@ def waiting_for(*, session: Session, run: Run, stale_after_s: float = PRESENCE_S
     if live_workers(session=session, environment=run.environment, stale_after_s=stale_after_s):
         return None
     embedded = _embedded_worker
-    if embedded is not None and embedded.environment == run.environment:
+    if embedded is not None and embedded.environment == split_environment(run.environment)[0]:
         waited = time.monotonic() - embedded.started_at
         if waited < EMBEDDED_WORKER_GRACE_S:
             return (f"the worker `optdrift serve` started for queue {run.environment} is starting "

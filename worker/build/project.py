@@ -43,6 +43,7 @@ import sys
 import time
 from pathlib import Path
 
+from service.core.environments import BuildVariant
 from service.core.project_config import ProjectConfig, ProjectConfigError, build_env_problem
 from worker import sandbox
 from worker.sandbox import log_tail
@@ -62,14 +63,19 @@ LAUNCHER_VARIABLES = ("CMAKE_C_COMPILER_LAUNCHER", "CMAKE_CXX_COMPILER_LAUNCHER"
 
 def build_project(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | None = None,
                   cuda_archs: list[str] | None = None, trusted: bool = True,
-                  max_timeout_s: float | None = None, cpu_features: tuple[str, ...] | None = None) -> BuildResult:
+                  max_timeout_s: float | None = None, cpu_features: tuple[str, ...] | None = None,
+                  variant: BuildVariant | None = None) -> BuildResult:
     """Build `source_dir` (an extracted commit) per `config.build`; never raises for a failed build.
 
     `trusted`: whether the build may write to the shared build and compiler caches; an untrusted
     one (a verify run) builds into a private folder deleted when its run ends (worker.build.cache).
     `cpu_features`: the host CPU's ISA features for the key of a host-dependent build (None: this
     machine's; tests pass others, worker.build.host_cpu).
-    `max_timeout_s`: the operator's cap; the tree's build.timeout_s may ask for less, never more."""
+    `max_timeout_s`: the operator's cap; the tree's build.timeout_s may ask for less, never more.
+    `variant`: a build variant's compiler and flags (service/core/environments.py), after the tree's
+    flags; in a command build, as CXX and CFLAGS/CXXFLAGS/CUDAFLAGS in its environment. Part of the
+    digest either way."""
+    variant = variant or BuildVariant()
     source_dir = Path(source_dir).resolve()
     if max_timeout_s is not None and config.build.timeout_s > max_timeout_s:
         config = config.model_copy(update={"build": config.build.model_copy(update={"timeout_s": max_timeout_s})})
@@ -77,11 +83,13 @@ def build_project(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | 
     if build.kind == "torch-extension":
         defines = build.define_flags()
         return build_extension(source_dir / build.source_dir, cache_dir=cache_dir, cuda_archs=cuda_archs,
-                               extra_cflags=(*DEFAULT_CFLAGS, *build.cflags, *defines),
-                               extra_cuda_cflags=(*DEFAULT_CUDA_CFLAGS, *build.cuda_cflags, *defines),
-                               timeout_s=build.timeout_s, trusted=trusted, cpu_features=cpu_features)
+                               extra_cflags=(*DEFAULT_CFLAGS, *build.cflags, *defines, *variant.cflags),
+                               extra_cuda_cflags=(*DEFAULT_CUDA_CFLAGS, *build.cuda_cflags, *defines,
+                                                  *variant.cuda_cflags),
+                               timeout_s=build.timeout_s, trusted=trusted, cpu_features=cpu_features,
+                               compiler=variant.compiler)
     return build_command(source_dir, config, cache_dir=cache_dir, cuda_archs=cuda_archs, trusted=trusted,
-                         cpu_features=cpu_features)
+                         cpu_features=cpu_features, variant=variant)
 
 
 def tree_files(tree: Path) -> list[Path]:
@@ -90,10 +98,12 @@ def tree_files(tree: Path) -> list[Path]:
 
 
 def command_digest(tree: Path, config: ProjectConfig, cuda_archs: list[str],
-                   cpu_features: tuple[str, ...] | None = None) -> str:
+                   cpu_features: tuple[str, ...] | None = None, variant: BuildVariant | None = None) -> str:
     h = LabelledHash()
     feed = h.feed
     feed("recipe", COMMAND_RECIPE_VERSION)
+    if variant is not None and variant != BuildVariant():  # the plain build's digest stays as it was
+        feed("variant", json.dumps(variant.model_dump(mode="json"), sort_keys=True))
     feed("build", json.dumps(config.build.model_dump(mode="json"), sort_keys=True))
     feed("archs", ";".join(cuda_archs))
     feed("host_isa", isa_digest(cpu_features))
@@ -101,6 +111,16 @@ def command_digest(tree: Path, config: ProjectConfig, cuda_archs: list[str],
         feed("path", path.relative_to(tree).as_posix())
         feed("content", path.read_bytes())
     return h.hexdigest()
+
+
+def _variant_environment(env: dict[str, str], variant: BuildVariant) -> None:
+    """A build variant in a command build's environment: its compiler as CXX, its flags after the
+    tree's own (build.env) in CFLAGS/CXXFLAGS (CMake and make read them) and CUDAFLAGS."""
+    if variant.compiler:
+        env["CXX"] = variant.compiler
+    for name, flags in (("CFLAGS", variant.cflags), ("CXXFLAGS", variant.cflags), ("CUDAFLAGS", variant.cuda_cflags)):
+        if flags:
+            env[name] = " ".join(filter(None, [env.get(name), *flags]))
 
 
 def _environment(config: ProjectConfig, archs: list[str], workdir: Path, scratch: Path) -> dict[str, str]:
@@ -148,13 +168,15 @@ def _compiler_cache(env: dict[str, str], config: ProjectConfig, staging: Path, s
 
 
 def _run_commands(workdir: Path, config: ProjectConfig, archs: list[str], log_path: Path, *,
-                  trusted: bool = True, ccache_root: Path | None = None) -> tuple[str | None, CompilerCacheStats | None]:
+                  trusted: bool = True, ccache_root: Path | None = None,
+                  variant: BuildVariant | None = None) -> tuple[str | None, CompilerCacheStats | None]:
     """Run the commands in `workdir`: (None on success, else what went wrong, for
     BuildResult.error; ccache's counts, None without ccache)."""
     deadline = time.monotonic() + config.build.timeout_s
     scratch = sandbox.Scratch(prefix="optdrift-command-build-scratch-")
     try:
         env = _environment(config, archs, workdir, scratch.path)
+        _variant_environment(env, variant or BuildVariant())
     except ProjectConfigError as error:
         scratch.remove()
         with open(log_path, "a") as log:
@@ -223,11 +245,11 @@ def _resolves_inside(path: Path, root: Path) -> bool:
 
 def build_command(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | None = None,
                   cuda_archs: list[str] | None = None, trusted: bool = True,
-                  cpu_features: tuple[str, ...] | None = None) -> BuildResult:
+                  cpu_features: tuple[str, ...] | None = None, variant: BuildVariant | None = None) -> BuildResult:
     root = Path(cache_dir or default_cache_dir()).resolve()
     cache_dir = root / COMMAND_FOLDER
     archs = detect_cuda_archs() if cuda_archs is None else list(cuda_archs)
-    digest = command_digest(source_dir, config, archs, cpu_features)
+    digest = command_digest(source_dir, config, archs, cpu_features, variant)
 
     def make(staging: Path) -> BuildResult:
         workdir = staging / "tree"
@@ -235,7 +257,8 @@ def build_command(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | 
         log_path = staging / "build.log"
         log_path.write_bytes(b"")
         base = BuildResult(ok=False, digest=digest, log_path=str(log_path), cuda_archs=archs)
-        error, stats = _run_commands(workdir, config, archs, log_path, trusted=trusted, ccache_root=cache_dir)
+        error, stats = _run_commands(workdir, config, archs, log_path, trusted=trusted, ccache_root=cache_dir,
+                                     variant=variant)
         base = base.model_copy(update={"compiler_cache": stats})
         library = config.build.library
         if error is None and library != INSTALLED and not (workdir / library).exists():

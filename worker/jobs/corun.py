@@ -86,7 +86,8 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
                     battery=job.battery, battery_origin=job.battery_origin, cases=cases)}
                 libraries = {}
                 for side, side_job in jobs.items():
-                    policy = workspace.policy(untrusted=untrusted[side], case_timeout_s=settings.case_timeout_s)
+                    policy = workspace.policy(untrusted=untrusted[side], environment=run.environment,
+                                              case_timeout_s=settings.case_timeout_s)
                     build = workspace.build(side_job, policy)
                     if not build.ok:
                         log.warning("run %s: the %s no longer builds (%s); no per-step diffs", run_id, side,

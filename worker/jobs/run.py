@@ -280,13 +280,16 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
             job = workspace.prepare(source_dir, project=claimed.project, battery=run.battery)
         except (ProjectConfigError, BatteryError) as error:
             return fail(str(error))
-        policy = workspace.policy(untrusted=budget.untrusted, warm=True, case_timeout_s=budget.case_timeout_s,
+        policy = workspace.policy(untrusted=budget.untrusted, environment=run.environment, warm=True,
+                                  case_timeout_s=budget.case_timeout_s,
                                   deadline=budget.deadline,
                                   reference_cache=settings.resolved_build_cache_dir / "references")
         built = workspace.build(job, policy)
         available, what = sandbox.status()
         detail = {**job.record(), "battery_version": job.battery.version, "build_ok": built.ok,
                   "build_error": built.error, "cuda_archs": built.cuda_archs,
+                  "toolchain": built.toolchain.model_dump(mode="json") if built.toolchain else None,
+                  "build_variant": policy.build_variant.model_dump(mode="json") if policy.build_variant else None,
                   "sandbox": what if available else f"none: {what}"}
         if job.config.build.kind == "torch-extension":  # the tree's own flags (docs/PROJECTS.md)
             detail["build_flags"] = {"cflags": job.config.build.cflags, "cuda_cflags": job.config.build.cuda_cflags,

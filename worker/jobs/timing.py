@@ -61,7 +61,7 @@ def time_run(*, run_id: int, settings: Settings, should_yield: Callable[[], bool
             source = workspace.fetch(run.source_digest)
             job = workspace.prepare(source, project=run_store.project_facts(run.project_id), battery=run.battery)
             policy = workspace.policy(
-                untrusted=run.kind == "verify", warm=True,
+                untrusted=run.kind == "verify", environment=run.environment, warm=True,
                 deadline=time.monotonic() + budget_s(settings) + ANSWER_SLACK_S + settings.max_build_s)
             built = workspace.build(job, policy)
             if not built.ok:

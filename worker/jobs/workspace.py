@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from service.core.environments import BuildVariant, split as split_environment
 from service.run_store import archive_limits
 from service.settings import Settings
 from worker import pipeline
@@ -23,6 +24,22 @@ from worker.source_fetch import fetch_source
 def build_limit_s(settings: Settings, *, untrusted: bool) -> float:
     """How long the build of a run's tree may take: a verify run's tree gets the verify cap too."""
     return min(settings.verify_max_build_s, settings.max_build_s) if untrusted else settings.max_build_s
+
+
+class VariantNotServed(RuntimeError):
+    """A run of a build variant this worker is not configured with (its queue reached it anyway)."""
+
+
+def build_variant(settings: Settings, environment: str) -> BuildVariant | None:
+    """The build variant `environment` names on this worker (None: the plain environment)."""
+    _base, name = split_environment(environment)
+    if name is None:
+        return None
+    if name not in settings.build_variants:
+        served = ", ".join(sorted(settings.build_variants)) or "none"
+        raise VariantNotServed(f"environment {environment!r} names the build variant {name!r}, which this worker "
+                               f"is not configured with (OPTDRIFT_BUILD_VARIANTS; it serves: {served})")
+    return settings.build_variants[name]
 
 
 class Workspace:
@@ -50,18 +67,20 @@ class Workspace:
         """The tree's configuration and battery (pipeline.prepare; raises the tree's errors)."""
         return pipeline.prepare(source_dir, project=project, requested_battery=battery)
 
-    def policy(self, *, untrusted: bool, warm: bool = False, **limits: Any) -> pipeline.Policy:
+    def policy(self, *, untrusted: bool, environment: str, warm: bool = False, **limits: Any) -> pipeline.Policy:
         """The pipeline's policy for a run of this trust: the worker's device and caches, the build
-        time limit of the run's kind, and `limits` (case_timeout_s, deadline, reference_cache).
+        time limit of the run's kind, the build variant its `environment` names (`cpu+clang`:
+        OPTDRIFT_BUILD_VARIANTS' clang), and `limits` (case_timeout_s, deadline, reference_cache).
         `warm`: take kernel hosts started ahead where the worker keeps them (host_reserve)."""
         settings = self.settings
+        variant = build_variant(settings, environment)
         warm_hosts = ({"warm_host": settings.resolved_warm_host,
                        "host_slot_root": settings.resolved_build_cache_dir / "host-slots"} if warm else {})
         return pipeline.Policy(
             device=settings.worker_device, fast_engine=settings.fast_engine,
             cache_dir=settings.resolved_build_cache_dir,
             cuda_archs=[] if settings.worker_device == "cpu" else None, trusted=not untrusted,
-            max_build_s=build_limit_s(settings, untrusted=untrusted), **warm_hosts, **limits)
+            max_build_s=build_limit_s(settings, untrusted=untrusted), build_variant=variant, **warm_hosts, **limits)
 
     def build(self, job: pipeline.Job, policy: pipeline.Policy) -> BuildResult:
         """The tree built per its configuration (a digest-cache hit when built before); never

@@ -1,0 +1,68 @@
+"""Environments and their build variants: the names runs and queues carry, and what a variant
+changes in a build.
+
+An environment is a class of machine a worker serves (`cpu`, `gpu.sm90`): its runs wait on that
+queue and are compared with runs of the same environment. A *build variant* is the same machine
+with another toolchain setting: another host compiler (clang beside gcc), other compiler flags
+(`-ffp-contract=off`, `-O2`, `-mfma`), nvcc's `--fmad=true`. It is written `<environment>+<variant>`
+(`cpu+clang`, `gpu.sm90+fmad`): a project that registers it gets a run per commit there, a baseline
+line of its own, and `optdrift compare --env cpu --env cpu+clang` says what the toolchain moved.
+
+Variants are the operator's (OPTDRIFT_BUILD_VARIANTS, service/settings.py), never a tree's: a
+variant names a compiler the worker runs, and every field a tree carries is attacker input. A
+worker serves the variants it is configured with, on its own environment's machine.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# No `--` anywhere: a variant's queue is written `cpu--fma` (service/broker/queueing.py).
+ENVIRONMENT_PATTERN = r"^(?!.*--)[A-Za-z0-9][A-Za-z0-9._-]*(\+[A-Za-z0-9][A-Za-z0-9._-]*)?$"
+VARIANT_NAME = re.compile(r"^(?!.*--)[A-Za-z0-9][A-Za-z0-9._-]*$")
+# Flags a variant may not carry: what points the compiler at files or plugins (the operator writes
+# variants, but a typo here would reach every build of every project on the worker).
+_REFUSED_FLAG = re.compile(r"^(-fplugin|-B|-specs|--specs|-wrapper|-include|-imacros|@)")
+
+
+def split(environment: str) -> tuple[str, str | None]:
+    """('cpu', 'clang') for 'cpu+clang'; ('cpu', None) for 'cpu'."""
+    base, _, variant = environment.partition("+")
+    return base, variant or None
+
+
+class BuildVariant(BaseModel):
+    """What a variant changes in a torch-extension build (and, as CXX/CXXFLAGS/CFLAGS in the build's
+    environment, in a command build)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    compiler: str | None = Field(None, description="the host C++ compiler (a name on the worker's PATH or an "
+                                                   "absolute path), e.g. clang++; None: the worker's own")
+    cflags: tuple[str, ...] = Field((), description="added to the host compiler's flags, after the tree's")
+    cuda_cflags: tuple[str, ...] = Field((), description="added to nvcc's flags, after the tree's")
+
+    @field_validator("cflags", "cuda_cflags")
+    @classmethod
+    def _plain_flags(cls, flags: tuple[str, ...]) -> tuple[str, ...]:
+        for flag in flags:
+            if not flag.startswith("-") or _REFUSED_FLAG.match(flag):
+                raise ValueError(f"build variant flag {flag!r}: a compiler option (-O2, -ffp-contract=off, "
+                                 "--fmad=true), not a file, plugin or response file")
+        return flags
+
+    @field_validator("compiler")
+    @classmethod
+    def _compiler_is_one_word(cls, compiler: str | None) -> str | None:
+        if compiler is not None and (not compiler or any(c.isspace() for c in compiler)):
+            raise ValueError(f"build variant compiler {compiler!r}: one executable, a name or an absolute path")
+        return compiler
+
+
+def check_variants(variants: dict[str, BuildVariant]) -> dict[str, BuildVariant]:
+    for name in variants:
+        if not VARIANT_NAME.match(name):
+            raise ValueError(f"build variant name {name!r}: letters, digits and . _ - (it is written cpu+{name})")
+    return variants

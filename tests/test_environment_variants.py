@@ -1,0 +1,107 @@
+"""Build variants of one machine (issue 36): the same commit built by the worker's gcc as it is, with
+`-ffp-contract=off` (no change on x86-64 without FMA instructions: identical trajectories) and with
+`-mfma` (gcc then contracts `a*b+c` into one rounding: Adam moves from step 1), compared through the
+service (`cpu` against `cpu+<variant>`) and the CLI.
+
+Unit parts first (names, flags, queues, a variant the worker does not serve), then the real thing:
+`optdrift serve` on its embedded default with its worker configured with the variants."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from service.broker.queueing import consumed_queues
+from service.core.environments import BuildVariant, split
+from service.settings import Settings
+from tests.service_fixtures import REPO_ROOT, free_port, shared_build_cache
+from worker.jobs.workspace import VariantNotServed, build_variant
+
+VARIANTS = {"nocontract": {"cflags": ["-ffp-contract=off"]}, "fma": {"cflags": ["-mfma"]}}
+
+
+def test_a_variant_is_written_after_its_environment() -> None:
+    assert split("cpu+clang") == ("cpu", "clang") and split("gpu.sm90") == ("gpu.sm90", None)
+
+
+@pytest.mark.parametrize("flag", ["-fplugin=/tmp/x.so", "-B/tmp", "@/tmp/flags", "/tmp/x.o", "-include/etc/passwd"])
+def test_a_variant_carries_compiler_options_only(flag: str) -> None:
+    with pytest.raises(ValueError, match="not a file, plugin or response file"):
+        BuildVariant(cflags=(flag,))
+
+
+def test_the_worker_consumes_its_variants_after_each_kind_of_queue() -> None:
+    assert consumed_queues("cpu", ["fma"]) == ["cpu", "cpu--fma", "cpu.verify", "cpu--fma.verify", "cpu.corun",
+                                               "cpu--fma.corun"]
+    assert consumed_queues("cpu") == ["cpu", "cpu.verify", "cpu.corun"]
+
+
+def test_a_variant_the_worker_does_not_serve_is_named_with_those_it_does() -> None:
+    settings = Settings(build_variants=VARIANTS)
+    assert build_variant(settings, "cpu+fma") == BuildVariant(cflags=("-mfma",))
+    assert build_variant(settings, "cpu") is None
+    with pytest.raises(VariantNotServed, match=r"'clang', which this worker is not configured with .*fma, nocontract"):
+        build_variant(settings, "cpu+clang")
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True, env=env,
+                          cwd=REPO_ROOT, timeout=120)
+
+
+@pytest.mark.slow
+def test_flags_that_change_nothing_and_flags_that_move_adam_through_the_service(tmp_path: Path) -> None:
+    from service.cli.client import OptdriftClient
+
+    home = tmp_path / "home"
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPTDRIFT_")}
+    env.update({"OPTDRIFT_HOME": str(home), "PYTHONPATH": str(REPO_ROOT), "OPTDRIFT_BUILD_VARIANTS": json.dumps(VARIANTS),
+                "OPTDRIFT_BUILD_CACHE_DIR": shared_build_cache(), "OPTDRIFT_MAINTENANCE_INTERVAL_S": "2"})
+    server = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port)], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        for line in server.stdout:
+            if line.startswith("optdrift serving"):
+                break
+        url = f"http://127.0.0.1:{port}"
+        token = (home / "admin-token").read_text().strip()
+        client = OptdriftClient(url, token=token)
+        client.ensure_project("variants", environments=["cpu", "cpu+nocontract", "cpu+fma"], default_battery="quick")
+        runs = client.submit_commit(project="variants", sha="a" * 40, source_dir=REPO_ROOT / "csrc")["runs"]
+        assert sorted(r["environment"] for r in runs) == ["cpu", "cpu+fma", "cpu+nocontract"]
+        finished = client.wait([r["id"] for r in runs], timeout_s=700)
+        assert all(r["status"] == "done" for r in finished), [(r["environment"], r["status"], r.get("error"))
+                                                               for r in finished]
+
+        def compare(b: str) -> dict:
+            answer = client.http.get("/api/v1/projects/variants/environment-comparison",
+                                     params={"commit": "a" * 40, "a": "cpu", "b": b})
+            assert answer.status_code == 200, answer.text
+            return answer.json()
+
+        same = compare("cpu+nocontract")
+        # Another flag, so another build, and the same trajectories bit for bit.
+        assert same["same_build"] is False and same["comparison"]["verdict"] == "unchanged"
+        moved = compare("cpu+fma")
+        assert moved["comparison"]["verdict"] == "changed"
+        adam = [c for c in moved["comparison"]["cases"] if c["optimizer"] == "adam" and c["family"] == "32bit"
+                and c.get("param_dtype", "float32") == "float32"]
+        assert adam and all(c["verdict"] == "changed" and c["first_divergent_step"] == 1 for c in adam), adam
+
+        env["OPTDRIFT_TOKEN"] = token
+        unchanged = _cli("compare", "--project", "variants", "--commit", "a" * 40, "--env", "cpu", "--env",
+                         "cpu+nocontract", "--url", url, env=env)
+        assert unchanged.returncode == 0, unchanged.stdout + unchanged.stderr
+        changed = _cli("compare", "--project", "variants", "--commit", "a" * 40, "--env", "cpu", "--env", "cpu+fma",
+                       "--url", url, env=env)
+        assert changed.returncode == 1 and "different build digests" in changed.stdout, changed.stdout
+        client.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=60)

@@ -105,3 +105,19 @@ def test_flags_that_change_nothing_and_flags_that_move_adam_through_the_service(
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+@pytest.mark.parametrize(("name", "valid"), [("cpu", True), ("gpu.sm90", True), ("cpu+fma", True), ("a-b+c-d", True),
+                                             ("a--b", False), ("cpu+a--b", False), ("cpu++a", False), ("+a", False),
+                                             ("cpu+fma+x", False)])
+def test_environment_names_leave_double_hyphens_to_variant_queues(name: str, valid: bool) -> None:
+    from pydantic import TypeAdapter, ValidationError
+
+    from service.api.schemas import EnvironmentName
+
+    try:
+        TypeAdapter(EnvironmentName).validate_python(name)
+        accepted = True
+    except ValidationError:
+        accepted = False
+    assert accepted is valid

@@ -19,9 +19,12 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-# No `--` anywhere: a variant's queue is written `cpu--fma` (service/broker/queueing.py).
-ENVIRONMENT_PATTERN = r"^(?!.*--)[A-Za-z0-9][A-Za-z0-9._-]*(\+[A-Za-z0-9][A-Za-z0-9._-]*)?$"
-VARIANT_NAME = re.compile(r"^(?!.*--)[A-Za-z0-9][A-Za-z0-9._-]*$")
+# No `--` anywhere (a hyphen is followed by another character or ends the name): a variant's
+# queue is written `cpu--fma` (service/broker/queueing.py). No look-ahead: pydantic's regex
+# engine has none.
+_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._]|-[A-Za-z0-9._])*-?"
+ENVIRONMENT_PATTERN = rf"^{_NAME}(?:\+{_NAME})?$"
+VARIANT_NAME = re.compile(rf"^{_NAME}$")
 # Flags a variant may not carry: what points the compiler at files or plugins (the operator writes
 # variants, but a typo here would reach every build of every project on the worker).
 _REFUSED_FLAG = re.compile(r"^(-fplugin|-B|-specs|--specs|-wrapper|-include|-imacros|@)")

@@ -1,6 +1,6 @@
 """The adapter interface: how the engines drive one kernel project's optimizer ops.
 
-A project adapter is one short module (see `tinyopt.py` for the smallest complete one). It says
+A project adapter is one short module (see `tests/fixtures/adapters/tinyopt.py` for the smallest complete one). It says
 how to load a build into the kernel host process and, per kernel family ("32bit",
 "8bit_blockwise"), how to run one case of that family:
 

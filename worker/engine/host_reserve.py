@@ -11,7 +11,7 @@ spare serves one piece of work only.
 KEEP is 2: a run takes one and starts the next at once, so a commit submitted right after a
 verdict finds its host ready (a spare started only after the previous run would still be
 importing torch when the commit comes); a flagged run's co-run takes two (its commit's
-build and its baseline's, worker/baseline_diffs.py). Each idle spare holds a device context.
+build and its baseline's, worker/jobs/corun.py). Each idle spare holds a device context.
 That holds only where hosts run under bubblewrap, whose boxes see no other process. Without it
 (worker.sandbox's weaker fallback), a run's code could signal or trace a spare of the same user
 waiting beside it, the host of a later run: there one spare is kept, started after the run

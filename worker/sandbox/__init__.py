@@ -15,7 +15,7 @@ With bubblewrap (`bwrap`, Debian's `bubblewrap`, the sandbox Flatpak uses) a chi
 
 Where bubblewrap cannot run here (not installed, user namespaces refused), `status()` says why;
 the worker logs it at start and refuses verify runs unless the operator set
-OPTDRIFT_ALLOW_UNSANDBOXED=true (worker/tasks.py). Children then get the weaker measures this module
+OPTDRIFT_ALLOW_UNSANDBOXED=true (worker/jobs/run.py). Children then get the weaker measures this module
 had before bubblewrap: own process group, limits, a network namespace where the kernel allows one,
 the allowlisted environment, and worker.sandbox.group_guard for builds.
 

@@ -49,9 +49,9 @@ def test_a_variant_the_worker_does_not_serve_is_named_with_those_it_does() -> No
         build_variant(settings, "cpu+clang")
 
 
-def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+def _cli(*args: str, env: dict[str, str], timeout_s: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "service.cli", *args], capture_output=True, text=True, env=env,
-                          cwd=REPO_ROOT, timeout=120)
+                          cwd=REPO_ROOT, timeout=timeout_s)
 
 
 @pytest.mark.slow
@@ -73,8 +73,13 @@ def test_flags_that_change_nothing_and_flags_that_move_adam_through_the_service(
         token = (home / "admin-token").read_text().strip()
         client = OptdriftClient(url, token=token)
         client.ensure_project("variants", environments=["cpu", "cpu+nocontract", "cpu+fma"], default_battery="quick")
-        runs = client.submit_commit(project="variants", sha="a" * 40, source_dir=REPO_ROOT / "csrc")["runs"]
-        assert sorted(r["environment"] for r in runs) == ["cpu", "cpu+fma", "cpu+nocontract"]
+        from service.cli.client import pack_directory
+
+        # Two of the three now; cpu+fma later, as the upgrade check (`compare --run`) asks for it.
+        runs = client._check(client.http.post("/api/v1/projects/variants/commits", data={
+            "sha": "a" * 40, "environments": "cpu,cpu+nocontract"},
+            files={"archive": ("s.tar.gz", pack_directory(REPO_ROOT / "csrc"), "application/gzip")}))["runs"]
+        assert sorted(r["environment"] for r in runs) == ["cpu", "cpu+nocontract"]
         finished = client.wait([r["id"] for r in runs], timeout_s=700)
         assert all(r["status"] == "done" for r in finished), [(r["environment"], r["status"], r.get("error"))
                                                                for r in finished]
@@ -88,13 +93,18 @@ def test_flags_that_change_nothing_and_flags_that_move_adam_through_the_service(
         same = compare("cpu+nocontract")
         # Another flag, so another build, and the same trajectories bit for bit.
         assert same["same_build"] is False and same["comparison"]["verdict"] == "unchanged"
+
+        env["OPTDRIFT_TOKEN"] = token
+        upgrade = _cli("compare", "--project", "variants", "--commit", "a" * 40, "--env", "cpu", "--env", "cpu+fma",
+                       "--run", "--timeout", "500", "--url", url, env=env, timeout_s=600)
+        assert upgrade.returncode == 1, upgrade.stdout + upgrade.stderr
+        assert f"running {'a' * 12} in cpu+fma" in upgrade.stderr and "different build digests" in upgrade.stdout
         moved = compare("cpu+fma")
         assert moved["comparison"]["verdict"] == "changed"
         adam = [c for c in moved["comparison"]["cases"] if c["optimizer"] == "adam" and c["family"] == "32bit"
                 and c.get("param_dtype", "float32") == "float32"]
         assert adam and all(c["verdict"] == "changed" and c["first_divergent_step"] == 1 for c in adam), adam
 
-        env["OPTDRIFT_TOKEN"] = token
         unchanged = _cli("compare", "--project", "variants", "--commit", "a" * 40, "--env", "cpu", "--env",
                          "cpu+nocontract", "--url", url, env=env)
         assert unchanged.returncode == 0, unchanged.stdout + unchanged.stderr

@@ -67,7 +67,8 @@ def test_inputs_and_outputs_are_wired_to_the_submit_step() -> None:
     for name in ("url", "project", "source", "battery", "token"):
         assert f"${{{{ inputs.{name} }}}}" in step["env"].values(), f"input {name} does not reach the step"
     for name in ("verdict", "run-url", "exit-code"):
-        assert action["outputs"][name]["value"] == f"${{{{ steps.submit.outputs.{name} }}}}"
+        assert action["outputs"][name]["value"] == (
+            f"${{{{ steps.submit.outputs.{name} || steps.compare.outputs.{name} }}}}")
     # No expression is spliced into the script's text (script injection): inputs come as env.
     assert "${{" not in step["run"]
     install = [s for s in action["runs"]["steps"] if "pip install" in s.get("run", "")]
@@ -120,3 +121,57 @@ def test_outputs_name_the_deciding_run_and_survive_a_failed_submit() -> None:
                                                        "verdict": {"outcome": "changed", "acknowledged": True}}]}
     assert outputs(acked, 0)["verdict"] == "acknowledged"
     assert outputs(None, 4) == {"verdict": "error", "run-url": "", "exit-code": "4"}
+
+
+FAKE_COMPARE = """#!{python}
+import json, os, sys
+open(os.environ["ARGS_LOG"], "w").write(json.dumps(sys.argv[1:]))
+print(json.dumps({{"comparison": {{"verdict": "changed"}}, "run_url": "https://o.example/runs/9"}}))
+sys.exit(1)
+"""
+
+
+def _compare_step(action: dict) -> dict:
+    return next(step for step in action["runs"]["steps"] if step.get("id") == "compare")
+
+
+def _run_step(step: dict, tmp_path: Path, fake: str, **env_extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "optdrift").write_text(fake.format(python=sys.executable))
+    (bin_dir / "optdrift").chmod(0o755)
+    if not (bin_dir / "python").exists():
+        (bin_dir / "python").symlink_to(sys.executable)
+    output = tmp_path / "github_output"
+    output.write_text("")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(REPO_ROOT),
+           "ARGS_LOG": str(tmp_path / "args.json"), "GITHUB_OUTPUT": str(output), "RUNNER_TEMP": str(tmp_path),
+           "GITHUB_SHA": "f" * 40, **env_extra}
+    done = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    return done, dict(line.split("=", 1) for line in output.read_text().splitlines())
+
+
+def test_the_upgrade_check_mode_compares_two_environments_instead_of_submitting(tmp_path: Path) -> None:
+    """compare-environments set: the commit and submit steps are skipped, the compare step runs
+    `optdrift compare --run` on `release` (default github.sha) with submit's exit codes and outputs."""
+    action = yaml.safe_load(ACTION.read_text())
+    steps = {step.get("id"): step for step in action["runs"]["steps"]}
+    assert steps["commit"]["if"] == steps["submit"]["if"] == "inputs.compare-environments == ''"
+    assert steps["compare"]["if"] == "inputs.compare-environments != ''"
+    step = _compare_step(action)
+    assert "${{" not in step["run"]  # inputs reach the script as environment only
+    assert step["env"]["OPTDRIFT_ENVIRONMENTS"] == "${{ inputs.compare-environments }}"
+    done, written = _run_step(step, tmp_path, FAKE_COMPARE, OPTDRIFT_URL="https://o.example", OPTDRIFT_TOKEN="t",
+                              OPTDRIFT_PROJECT="k", OPTDRIFT_BATTERY="", OPTDRIFT_ENVIRONMENTS="cpu cpu+clang",
+                              OPTDRIFT_RELEASE="v1.2")
+    assert done.returncode == 1, done.stderr
+    args = json.loads((tmp_path / "args.json").read_text())
+    assert args[:5] == ["compare", "--project", "k", "--commit", "v1.2"] and "--run" in args
+    assert [args[i + 1] for i, word in enumerate(args) if word == "--env"] == ["cpu", "cpu+clang"]
+    assert written == {"verdict": "changed", "run-url": "https://o.example/runs/9", "exit-code": "1"}
+
+    one, written = _run_step(step, tmp_path, FAKE_COMPARE, OPTDRIFT_URL="u", OPTDRIFT_TOKEN="t", OPTDRIFT_PROJECT="k",
+                             OPTDRIFT_BATTERY="", OPTDRIFT_ENVIRONMENTS="cpu", OPTDRIFT_RELEASE="")
+    assert one.returncode == 2 and "must name two environments" in one.stdout
+    assert written["verdict"] == "bad-input"

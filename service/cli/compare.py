@@ -27,10 +27,15 @@ def compare(
     env: Annotated[list[str], typer.Option("--env", help="an environment; give two: A (compared against), then B")],
     battery: Annotated[str | None, typer.Option(help="default: the battery of A's run")] = None,
     output: Annotated[str, typer.Option("--format", help="text or json")] = "text",
+    run: Annotated[bool, typer.Option(
+        "--run", help="first run the commit's stored tree in whichever of the two environments has no run of it "
+                      "(a submit token), and wait for it: the upgrade check, e.g. release R on a new toolchain")] = False,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for those runs")] = 3600.0,
     url: Annotated[str, typer.Option("--url", help="the optdrift API (env OPTDRIFT_URL)")] = DEFAULT_URL,
 ) -> None:
     """Did environment B (another toolchain, torch, driver or device) move the commit's trajectories
-    against environment A?"""
+    against environment A? With --run: rebuild the commit (or release) where it has not run yet,
+    then compare."""
     from service.cli import common as cli
     from service.cli.client import OptdriftClient
 
@@ -40,13 +45,55 @@ def compare(
     client = OptdriftClient(url)
     params = {"commit": commit, "a": env[0], "b": env[1], **({"battery": battery} if battery else {})}
     with cli.expected_failures(url):
+        if run:
+            _run_where_missing(client, project=project, commit=commit, environments=env, battery=battery,
+                               timeout_s=timeout)
         answer = client._check(client.http.get(f"/api/v1/projects/{project}/environment-comparison", params=params))
     verdict = answer["comparison"]["verdict"]
     if output == "json":
-        print(json.dumps(answer, indent=2))
+        print(json.dumps({**answer, "run_url": client.dashboard_url(answer["b"]["run_id"])}, indent=2))
     else:
         _print(answer)
     raise typer.Exit(EXIT_BY_VERDICT.get(verdict, cli.EXIT_OPTDRIFT_ERROR))
+
+
+def _run_where_missing(client, *, project: str, commit: str, environments: list[str], battery: str | None,  # noqa: ANN001
+                       timeout_s: float) -> None:
+    """Submit the commit's stored tree (its source digest: nothing is uploaded again) to the
+    environments without a run of it, and wait for those runs, saying so on stderr."""
+    import sys
+
+    stored = client._check(client.http.get(f"/api/v1/projects/{project}/commits/{commit}"))
+    have = {r["environment"] for r in stored["runs"] if not battery or r["battery"] == battery}
+    missing = [name for name in environments if name not in have]
+    if not missing:
+        return
+    form = {"sha": stored["sha"], "source_digest": stored["source_digest"], "parents": " ".join(stored["parents"]),
+            "environments": ",".join(missing), **({"battery": battery} if battery else {})}
+    submitted = client._check(client.http.post(f"/api/v1/projects/{project}/commits", data=form))
+    new = [r for r in submitted["runs"] if r["environment"] in missing]
+    print(f"running {stored['sha'][:12]} in {', '.join(missing)} (runs {', '.join(str(r['id']) for r in new)}); "
+          "waiting for them", file=sys.stderr, flush=True)
+
+    def progress(runs: list[dict]) -> None:
+        states = ", ".join(f"{r['environment']} {r['status']}" for r in runs)
+        print(f"  {states}", file=sys.stderr, flush=True)
+
+    client.wait([r["id"] for r in new], on_update=_every(15.0, progress), timeout_s=timeout_s)
+
+
+def _every(seconds: float, report):  # noqa: ANN001, ANN202
+    """`report`, called at most once per `seconds` (a poll answers every second)."""
+    import time
+
+    last = [0.0]
+
+    def maybe(value) -> None:  # noqa: ANN001
+        if time.monotonic() - last[0] >= seconds:
+            last[0] = time.monotonic()
+            report(value)
+
+    return maybe
 
 
 def _print(answer: dict) -> None:

@@ -1,5 +1,6 @@
-"""The GitHub Action's outputs from `optdrift submit --wait --format json` (action.yml runs it):
-`verdict`, `run-url` and `exit-code` as `name=value` lines for $GITHUB_OUTPUT.
+"""The GitHub Action's outputs from `optdrift submit --wait --format json`, or from `optdrift compare
+--run --format json` in its environment-comparison mode (action.yml runs them): `verdict`, `run-url`
+and `exit-code` as `name=value` lines for $GITHUB_OUTPUT.
 
 Client-side: only the standard library (the Action installs the client, not the server).
 
@@ -28,6 +29,9 @@ def _run_word(run: dict) -> str:
 def outputs(document: dict | None, exit_code: int) -> dict[str, str]:
     """verdict: the word of the exit code (for 0: the runs' own word, unchanged / no-baseline /
     acknowledged); run-url: the page of the run that decided it (the first run otherwise)."""
+    if document and "comparison" in document:  # optdrift compare: environment B's run decides
+        word = _BY_EXIT_CODE.get(exit_code) or document["comparison"].get("verdict") or "unknown"
+        return {"verdict": word, "run-url": str(document.get("run_url") or ""), "exit-code": str(exit_code)}
     runs = (document or {}).get("runs") or []
     urls = {str(key): value for key, value in ((document or {}).get("dashboard_urls") or {}).items()}
     word = _BY_EXIT_CODE.get(exit_code)

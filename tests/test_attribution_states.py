@@ -100,3 +100,12 @@ def test_a_quantization_call_reads_as_its_class_not_unexplained():
     assert attribution_view.by_case(detail)["c1"].text == "quantization: codes moved by up to 1 at 48.0% of them at step 1"
     headline = attribution_view.headline(detail)
     assert "quantization (1)" in headline and "unexplained" not in headline and "rounding-level" not in headline
+
+
+def test_a_change_of_the_state_alone_is_never_rounding_level():
+    # States written to each other's slot (writeback/adam_states_swapped_cpu): the digests differ
+    # from step 1, the parameters never do. Without the states nothing bounds it: not rounding-level.
+    case = _case("32bit", "float32", "open")
+    params, _, _ = labelled.trajectory(case, {})
+    found = analyze(case, params, params.copy(), 1)
+    assert found["class"] == "semantic" and found["note"].startswith("the state changed and the parameters did not")

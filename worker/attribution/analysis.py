@@ -210,6 +210,10 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
     elif comparisons is not None:  # float states: bounded in their own ulps as the parameters are
         within_rounding = within_rounding and all(
             c.same_layout and c.float_ulps <= a for c, a in zip(comparisons[s - 1:state_steps], allowance[s - 1:]))
+    elif max(ulps[s - 1:]) == 0:
+        # The digests differ and the parameters never do: the state alone changed (states swapped
+        # in their slots, a moment stored wrong), which the parameters cannot bound.
+        within_rounding = False
     result = {
         "first_divergent_step": s,
         "first_step_ulps": ulps[s - 1],
@@ -234,6 +238,10 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
     if quantization is not None:
         result.update({"class": "quantization", "variant": None, "note": quantization})
         return result
+    if comparisons is None and not quantized and max(ulps[s - 1:]) == 0:
+        result.update({"class": "semantic", "variant": None, "label": "unexplained",
+                       "note": "the state changed and the parameters did not (states not read)"})
+        return result
     if not matched:
         result.update({"class": result["scale"], "variant": None,
                        "note": "8-bit case first divergent after step 1: variants carry no quantization, not matched"})
@@ -256,7 +264,8 @@ def _judge_quantized(ulps: list[float], allowance: np.ndarray, s: int,
         if np.array_equal(baseline_first, commit_first):
             return False, (f"the parameters are the same at step {s}, the first divergent one, and the state is "
                            "not: its codes or scales changed (states not read)")
-        beyond = next((t for t in range(s, state_steps + 1) if not params_within[t - 1]), None)
+        # Without the states, the whole trajectory: a closed loop's later steps are all there is.
+        beyond = next((t for t in range(s, len(ulps) + 1) if not params_within[t - 1]), None)
         if beyond is None:
             return True, None
         return False, (f"the parameters agreed within rounding at step {s} and went beyond it from step {beyond} "

@@ -34,13 +34,13 @@ def _case(case_id: str, digests: list[str], distances: list[float]) -> CaseResul
         digests=[f"od2:{d}" for d in digests]))
 
 
-def _project_with_runs(session, *, b_status: str = DONE) -> Project:  # noqa: ANN001
+def _project_with_runs(session, *, b_status: str = DONE, release: str | None = None) -> Project:  # noqa: ANN001
     project = Project(name="envs", environments=["cpu", "cpu-clang", "gpu.sm90"])
     session.add(project)
     if session.get(SourceArchive, SOURCE) is None:
         session.add(SourceArchive(digest=SOURCE, size_bytes=1, member_count=1))
     session.flush()
-    commit = Commit(project_id=project.id, sha=SHA, parents=[], source_digest=SOURCE)
+    commit = Commit(project_id=project.id, sha=SHA, parents=[], source_digest=SOURCE, release_tag=release)
     session.add(commit)
     session.flush()
     sides = {
@@ -111,3 +111,22 @@ def test_the_compare_command_prints_and_exits_like_submit(live_api, db_session) 
     assert as_json.exit_code == 1 and json.loads(as_json.output)["comparison"]["verdict"] == "changed"
     one = runner.invoke(cli_app, ["compare", "--project", "envs", "--commit", SHA, "--env", "cpu", "--url", live_api])
     assert one.exit_code == 2 and "give exactly two environments" in one.output
+
+
+def test_the_environment_matrix_shows_each_release_against_the_reference(api, db_session) -> None:  # noqa: ANN001
+    _project_with_runs(db_session, release="v1.0")
+    matrix = api.get("/api/v1/projects/envs/environment-matrix").json()
+    assert (matrix["reference"], matrix["environments"]) == ("cpu", ["cpu-clang", "gpu.sm90"])
+    (row,) = matrix["rows"]
+    cells = {cell["environment"]: cell for cell in row["cells"]}
+    assert row["release"] == "v1.0"
+    assert {k: cells["cpu-clang"][k] for k in ("state", "changed", "first_step", "farther", "closer")} == {
+        "state": "changed", "changed": 1, "first_step": 2, "farther": 1, "closer": 0}
+    assert cells["gpu.sm90"]["state"] == "missing" and "no run in environment 'gpu.sm90'" in cells["gpu.sm90"]["note"]
+    # Judged against another reference, the same change reads closer.
+    other = api.get("/api/v1/projects/envs/environment-matrix", params={"reference": "cpu-clang"}).json()
+    assert {c["environment"]: c["closer"] for c in other["rows"][0]["cells"]}["cpu"] == 1
+    page = api.get("/projects/envs/environments").text
+    assert 'data-environment="cpu-clang" data-state="changed"' in page and "from step 2" in page
+    assert "1 farther, 0 closer" in page and 'data-state="missing"' in page
+    assert api.get("/api/v1/projects/envs/environment-matrix", params={"reference": "tpu"}).status_code == 422

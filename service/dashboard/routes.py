@@ -23,7 +23,7 @@ from service.api.params import Page, RunIdPath, RunIdQuery
 from service.dashboard import release_matrix, speed_pages, wording
 from service.db.models import FINAL_STATUSES
 from service.core import attribution_view
-from service.domain import project_configuration
+from service.domain import environment_matrix, project_configuration
 from service.domain import dashboard_queries as queries
 from service.domain.errors import NotFoundError
 
@@ -105,6 +105,13 @@ def releases_page(request: Request, project: str, session: SessionDep, environme
              for label, cases in matrix.lines.items()}
     return _page(request, "releases.html", matrix=matrix, project=queries.get_project(
         session=session, name=project), labels=labels, chosen_group=chosen, lines=lines)
+
+
+@router.get("/projects/{project}/environments", response_class=HTMLResponse)
+def environments_page(request: Request, project: str, session: SessionDep, reference: str | None = None) -> HTMLResponse:
+    row = queries.get_project(session=session, name=project)
+    return _page(request, "environments.html", project=row,
+                 matrix=environment_matrix.matrix(session=session, project=row, reference=reference or None))
 
 
 @router.get("/projects/{project}/case-history", response_class=HTMLResponse)

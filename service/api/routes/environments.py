@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from service.api.deps import SessionDep
-from service.domain import environment_compare, projects
+from service.domain import environment_compare, environment_matrix, projects
 
 router = APIRouter(prefix="/projects/{project}", tags=["environments"])
 
@@ -28,3 +28,15 @@ def read_environment_comparison(
     row = projects.get_by_name(session=session, name=project)
     return environment_compare.compare(session=session, project=row, ref=commit, environment_a=a,
                                        environment_b=b, battery=battery)
+
+
+@router.get("/environment-matrix", response_model=environment_matrix.EnvironmentMatrix)
+def read_environment_matrix(
+    project: str, session: SessionDep,
+    reference: Annotated[str | None, Query(max_length=100, description="default: the first registered "
+                                                                        "environment")] = None,
+) -> environment_matrix.EnvironmentMatrix:
+    """Releases (newest first) × environments: each release as each environment ran it, judged
+    against the reference environment's run of it; `missing` where a run is not there or not done."""
+    row = projects.get_by_name(session=session, name=project)
+    return environment_matrix.matrix(session=session, project=row, reference=reference)

@@ -1,0 +1,75 @@
+"""Environments × releases for one project: where did which toolchain move the trajectories?
+
+Rows are the project's releases (newest first), columns its environments other than the reference
+one (the first registered, or the one asked for); a cell is that release as the column's
+environment ran it, judged against the reference environment's run of it
+(service/domain/environment_compare.py): unchanged, or how many cases changed, from which step,
+and how many moved farther from / closer to float64. A cell without both runs done says which is
+missing, so a reader knows to run the upgrade check (`optdrift compare --run`).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service.db.models import Commit, Project
+from service.domain import environment_compare
+from service.domain.errors import BadInputError, ConflictError, NotFoundError
+
+MAX_RELEASES = 20
+
+
+class MatrixCell(BaseModel):
+    environment: str
+    state: str = Field(description="unchanged, changed, broken, nondeterministic, or missing (no finished run to "
+                                   "compare)")
+    changed: int = 0
+    first_step: int | None = None
+    farther: int = 0
+    closer: int = 0
+    note: str | None = Field(None, description="why a cell is missing")
+
+
+class MatrixRow(BaseModel):
+    release: str
+    sha: str
+    cells: list[MatrixCell]
+
+
+class EnvironmentMatrix(BaseModel):
+    project: str
+    reference: str = Field(description="the environment every other column is judged against")
+    environments: list[str]
+    rows: list[MatrixRow]
+
+
+def _cell(session: Session, project: Project, commit: Commit, reference: str, environment: str) -> MatrixCell:
+    try:
+        answer = environment_compare.compare(session=session, project=project, ref=commit.sha,
+                                             environment_a=reference, environment_b=environment)
+    except (NotFoundError, ConflictError, BadInputError) as missing:
+        return MatrixCell(environment=environment, state="missing", note=str(missing))
+    cases = answer.comparison.cases
+    moved = [case for case in cases if case.verdict == "changed"]
+    steps = [case.first_divergent_step for case in moved if case.first_divergent_step]
+    return MatrixCell(environment=environment, state=answer.comparison.verdict, changed=len(moved),
+                      first_step=min(steps) if steps else None,
+                      farther=sum(case.direction == "farther" for case in moved),
+                      closer=sum(case.direction == "closer" for case in moved))
+
+
+def matrix(*, session: Session, project: Project, reference: str | None = None) -> EnvironmentMatrix:
+    reference = reference or project.environments[0]
+    if reference not in project.environments:
+        raise BadInputError(f"environment {reference[:60]!r} is not registered for project {project.name!r}; "
+                            f"use one of {', '.join(project.environments)}")
+    others = [name for name in project.environments if name != reference]
+    releases = list(session.scalars(
+        select(Commit).where(Commit.project_id == project.id, Commit.release_tag.is_not(None))
+        .order_by(Commit.created_at.desc(), Commit.id.desc()).limit(MAX_RELEASES)))
+    rows = [MatrixRow(release=commit.release_tag, sha=commit.sha,
+                      cells=[_cell(session, project, commit, reference, name) for name in others])
+            for commit in releases]
+    return EnvironmentMatrix(project=project.name, reference=reference, environments=others, rows=rows)

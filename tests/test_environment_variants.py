@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,9 @@ from service.settings import Settings
 from tests.service_fixtures import REPO_ROOT, free_port, shared_build_cache
 from worker.jobs.workspace import VariantNotServed, build_variant
 
-VARIANTS = {"nocontract": {"cflags": ["-ffp-contract=off"]}, "fma": {"cflags": ["-mfma"]}}
+VARIANTS = {"nocontract": {"cflags": ["-ffp-contract=off"]}, "fma": {"cflags": ["-mfma"]}, "clang": {"compiler": "clang++"}}
+# Debian's clang (.ci/run installs it): the other compiler of the gcc/clang comparison.
+HAS_CLANG = shutil.which("clang++") is not None
 
 
 def test_a_variant_is_written_after_its_environment() -> None:
@@ -45,8 +48,8 @@ def test_a_variant_the_worker_does_not_serve_is_named_with_those_it_does() -> No
     settings = Settings(build_variants=VARIANTS)
     assert build_variant(settings, "cpu+fma") == BuildVariant(cflags=("-mfma",))
     assert build_variant(settings, "cpu") is None
-    with pytest.raises(VariantNotServed, match=r"'clang', which this worker is not configured with .*fma, nocontract"):
-        build_variant(settings, "cpu+clang")
+    with pytest.raises(VariantNotServed, match=r"'icx', which this worker is not configured with .*clang, fma, nocontract"):
+        build_variant(settings, "cpu+icx")
 
 
 def _cli(*args: str, env: dict[str, str], timeout_s: float = 120) -> subprocess.CompletedProcess:
@@ -72,7 +75,8 @@ def test_flags_that_change_nothing_and_flags_that_move_adam_through_the_service(
         url = f"http://127.0.0.1:{port}"
         token = (home / "admin-token").read_text().strip()
         client = OptdriftClient(url, token=token)
-        client.ensure_project("variants", environments=["cpu", "cpu+nocontract", "cpu+fma"], default_battery="quick")
+        client.ensure_project("variants", environments=["cpu", "cpu+nocontract", "cpu+fma"]
+                              + (["cpu+clang"] if HAS_CLANG else []), default_battery="quick")
         from service.cli.client import pack_directory
 
         # Two of the three now; cpu+fma later, as the upgrade check (`compare --run`) asks for it.
@@ -111,6 +115,20 @@ def test_flags_that_change_nothing_and_flags_that_move_adam_through_the_service(
         changed = _cli("compare", "--project", "variants", "--commit", "a" * 40, "--env", "cpu", "--env", "cpu+fma",
                        "--url", url, env=env)
         assert changed.returncode == 1 and "different build digests" in changed.stdout, changed.stdout
+        if HAS_CLANG:
+            # gcc against clang, the same flags: a different compiler is a different build, and its
+            # run records which compiler made it. Whether trajectories move is clang's business;
+            # the comparison must answer either way with a verdict, not an error.
+            clang = _cli("compare", "--project", "variants", "--commit", "a" * 40, "--env", "cpu", "--env",
+                         "cpu+clang", "--run", "--timeout", "500", "--url", url, "--format", "json", env=env,
+                         timeout_s=600)
+            assert clang.returncode in (0, 1), clang.stdout + clang.stderr
+            answer = json.loads(clang.stdout)
+            assert answer["same_build"] is False
+            detail = client.run(answer["b"]["run_id"])
+            assert "clang" in (detail["toolchain"] or {}).get("cxx_version", ""), detail["toolchain"]
+            assert detail["build_variant"] == {"compiler": "clang++", "cflags": [], "cuda_cflags": []}
+            assert detail["fingerprint"]["device_kind"] == "cpu"
         client.close()
     finally:
         server.terminate()

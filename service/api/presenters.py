@@ -79,6 +79,9 @@ def run_public(run: Run, waiting_cache: dict | None = None) -> RunPublic:
         verdict=verdict_public(run.verdict) if run.verdict else None,
         report_url=f"/api/v1/runs/{run.id}",
         waiting_for=_waiting_for(run, waiting_cache),
+        fingerprint=(run.environment_detail or {}).get("fingerprint"),
+        toolchain=(run.environment_detail or {}).get("toolchain"),
+        build_variant=(run.environment_detail or {}).get("build_variant"),
     )
 
 

@@ -204,6 +204,12 @@ class RunPublic(BaseModel):
     report_url: str
     # Set while the run is queued and cannot start, e.g. "no live worker for queue gpu.sm90: ...".
     waiting_for: str | None = None
+    # What made and ran its kernels (docs/ENVIRONMENTS.md): the machine's fingerprint (device,
+    # driver, CUDA, torch, CPU instruction set), the compilers' own version lines (torch-extension
+    # builds) and the build variant its environment names; None until the worker has built it.
+    fingerprint: dict[str, Any] | None = None
+    toolchain: dict[str, Any] | None = None
+    build_variant: dict[str, Any] | None = None
 
 
 class CommitPublic(BaseModel):

@@ -157,7 +157,7 @@ def test_a_spare_sets_its_waves_up_ahead_and_a_warm_run_takes_them_bit_for_bit(k
     those cases only) and sets its own up."""
     from worker.engine.host import client as host_module  # the module whose run_many resolves known series
 
-    cases = QUICK  # three waves (1, 10 and 20 steps)
+    cases = QUICK  # several waves (its step counts and width classes)
     cache = reference_cache.ReferenceCache(tmp_path / "references", writable=True)
     with KernelHost(kernels_build.library_path, device=device) as started:
         cold = [repr(r.model_dump(exclude={"duration_s"})) for r in reference_cache.run_many(started, cases, cache)]
@@ -166,7 +166,7 @@ def test_a_spare_sets_its_waves_up_ahead_and_a_warm_run_takes_them_bit_for_bit(k
     monkeypatch.setattr(host_module, "known_series_result",
                         lambda answer, index, known_result: by_key.append(index) or resolve(answer, index, known_result))
     waves = fast.plan_waves(cases, fast.DEFAULT_MAX_WAVE_ELEMENTS[device])
-    assert len(waves) == 3
+    assert len(waves) > 1  # several waves set up ahead, and every one of them taken below
     for asked, taken in ((cases, len(waves)), (cases[:-1], 0)):
         host_reserve.expect(cases, device=device)
         host_reserve.replenish(device=device, slot_root=tmp_path, keep=1)

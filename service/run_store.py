@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from service.broker.queueing import send_run
 from service.core.archives import ArchiveLimits
 from service.core.results import CaseResult, RunComparison, RunResult
-from service.db.models import CANCELLED, DONE, ERROR, FAILED, RUNNING, Project, Run, Verdict
+from service.db.models import CANCELLED, DONE, ERROR, FAILED, RUNNING, Project, Run, UnsteadyCase, Verdict
 from service.db.session import get_sessionmaker
 from service.domain import baselines, kernel_speed, runs, trajectories, verdict_store, workers
 from service.domain.storage import archive_limits as _archive_limits
@@ -299,6 +299,48 @@ def judge(run_id: int, *, worker: str, settings: Settings, session: Session | No
             verdict_store.evaluate_with_dependants(session=session, run=run)
             run_changed(run_id, settings=settings, with_dependants=True)
         return waited_for_this
+
+
+# ----------------------------------------------------------------------------- nondeterminism: memory and blame
+def unsteady_case_ids(project_id: int, *, session: Session | None = None) -> set[str]:
+    """The project's cases that ever failed to reproduce themselves (docs/ENGINE.md, Nondeterminism):
+    every run repeats them, commit and verify runs alike."""
+    with _session(session) as session:
+        return set(session.scalars(select(UnsteadyCase.case_id).where(UnsteadyCase.project_id == project_id)))
+
+
+def remember_unsteady(project_id: int, run_id: int, case_ids: Iterable[str], *,
+                      session: Session | None = None) -> None:
+    """Remember `case_ids` as nondeterministic for the project, seen in `run_id` (its own build or
+    its baseline's, repeated for blame). Concurrent workers may remember one case at once: the
+    insert yields to the other's row and counts on it."""
+    from sqlalchemy.dialects.postgresql import insert as pg_insert
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    case_ids = sorted(set(case_ids))
+    if not case_ids:
+        return
+    with _session(session) as session:
+        insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+        now = datetime.now(timezone.utc)
+        for case_id in case_ids:
+            statement = insert(UnsteadyCase).values(project_id=project_id, case_id=case_id, first_seen_run_id=run_id,
+                                                    last_seen_run_id=run_id, times_seen=1, last_seen_at=now)
+            session.execute(statement.on_conflict_do_update(
+                index_elements=["project_id", "case_id"],
+                set_={"last_seen_run_id": run_id, "last_seen_at": now,
+                      "times_seen": UnsteadyCase.times_seen + 1}))
+        session.commit()
+
+
+def baseline_of(run_id: int, *, session: Session | None = None) -> RunFacts | None:
+    """The run's baseline when it has finished (`done`): the build a nondeterministic case is
+    repeated on for blame (worker/jobs/run.py); None otherwise."""
+    with _session(session) as session:
+        choice = baselines.choose(session=session, run=_run(session, run_id))
+        if choice.run is None or choice.pending or choice.run.status != DONE:
+            return None
+        return _run_facts(choice.run)
 
 
 # ----------------------------------------------------------------------------- beside the verdict

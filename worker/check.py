@@ -3,7 +3,9 @@ without a server: the same configuration (optdrift.toml, any build kind, any ada
 engine, repeats and verdict the service gives.
 
 Exit codes (as the CLI's): 0 unchanged or no baseline, 1 changed, 2 bad input (a missing folder,
-an invalid optdrift.toml or battery, a baseline that does not build), 3 broken, 5 nondeterministic.
+an invalid optdrift.toml or battery, a baseline that does not build), 3 broken, 5 nondeterministic (a
+case this commit made nondeterministic, or one not blamed; one nondeterministic in the baseline
+too is shown, not judged: docs/ENGINE.md, Nondeterminism).
 """
 
 from __future__ import annotations
@@ -257,6 +259,14 @@ def _build_and_compare(job, base_job, source: Path, baseline: Path | None, polic
         with phases("commit battery and repeats"), CaseProgress("commit", len(job.cases), also=broken) as shown:
             commit_ran = pipeline.run(job, commit_build, policy, on_result=shown.result, baseline_digests=digests,
                                       host=spares.pop(0) if spares else None)
+        unsteady = [r.case for r in commit_ran.results if r.repeat_check is not None and r.repeat_check.differing]
+        if unsteady and baseline_build is not None:
+            # Blame (docs/ENGINE.md, Nondeterminism): the baseline's build repeats those cases.
+            progress_line(f"blame: {len(unsteady)} nondeterministic cases repeated on the baseline's build")
+            with phases("blame"):
+                checks = pipeline.blame(base_job, baseline_build, policy, unsteady)
+            commit_ran.results = [pipeline.with_baseline_repeats(r, checks.get(r.case.case_id))
+                                  for r in commit_ran.results]
         commit_run = pipeline.run_result(job, commit_build, commit_ran)
         adapters["commit"] = commit_ran.adapter
         if commit_ran.adapter:

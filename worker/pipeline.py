@@ -131,9 +131,17 @@ class Ran:
     adapter: dict[str, str] | None = None  # the adapter's describe() from the kernel host
 
 
+# Runs in all of a case remembered as nondeterministic (service.run_store.unsteady_case_ids), in
+# every run whatever its baseline says, and of a baseline build blamed for a nondeterministic case
+# (`blame`): docs/ENGINE.md, Nondeterminism. A race that shows one time in two is missed by 5
+# repeats with odds 1/32; a case stops at the first repeat that differs, so a racy kernel costs 2.
+UNSTEADY_RUNS = 6
+
+
 def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | None = None,
         baseline_digests: dict[str, list[str]] | None = None, cases: list[CaseSpec] | None = None,
-        on_pause: Callable[[], None] | None = None, host: KernelHost | None = None) -> Ran:
+        on_pause: Callable[[], None] | None = None, host: KernelHost | None = None,
+        unsteady: set[str] | frozenset[str] = frozenset()) -> Ran:
     """Every case on the build in one kernel host (fast engine or one case at a time, per
     `policy`). `host`: one started ahead without a build (worker.engine.host_reserve.spares),
     given this build here in place of the reserve's; one that does not come up is replaced by a
@@ -144,14 +152,17 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
     Repeats: a case whose digests differ from `baseline_digests` is run again on the same build
     before it may be reported changed (`job.config.repeats` runs in all, at least 2), and with
     repeats > 1 every case of the run is; a case that does not reproduce itself carries a
-    RepeatCheck and reads `nondeterministic`, not `changed`."""
+    RepeatCheck and reads `nondeterministic`, not `changed`. A case of `unsteady` (remembered as
+    nondeterministic for the project) runs UNSTEADY_RUNS times in all, stopping at the first repeat
+    that differs, whatever its baseline: a commit run and a verify run of one change judge it alike."""
     from worker.engine import host_reserve
     from worker.engine.host import KernelHost
 
     cases = job.cases if cases is None else cases
     adapter_paths = job.adapter_folders
     load = {"device": policy.device, "adapter": job.config.adapter, "adapter_paths": adapter_paths,
-            "case_timeout_s": policy.case_timeout_s, "deadline": policy.deadline}
+            "case_timeout_s": policy.case_timeout_s, "deadline": policy.deadline,
+            "compile_cache": _compile_cache(built, policy)}
     if host is not None:
         spare = host_reserve.adopted(host, built.library_path, **load)
     else:
@@ -163,11 +174,22 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
     try:
         return _run_on(spare or KernelHost(built.library_path, device=policy.device,
                                            case_timeout_s=policy.case_timeout_s, adapter=job.config.adapter,
-                                           deadline=policy.deadline, adapter_paths=adapter_paths),
-                       cases, policy, job, on_result, baseline_digests, on_pause)
+                                           deadline=policy.deadline, adapter_paths=adapter_paths,
+                                           compile_cache=load["compile_cache"]),
+                       cases, policy, job, on_result, baseline_digests, on_pause, unsteady)
     finally:
         if policy.warm_host:  # the next (unboxed: only now), or any that died meanwhile
             host_reserve.replenish(device=policy.device, slot_root=policy.host_slot_root)
+
+
+def _compile_cache(built: BuildResult, policy: Policy):  # noqa: ANN202
+    """The build's inductor/Triton cache under the build cache's root, read-only to an untrusted
+    run (worker.engine.compile_cache)."""
+    from worker.build.cache import default_cache_dir
+    from worker.engine import compile_cache
+
+    return compile_cache.for_build(Path(policy.cache_dir or default_cache_dir()), built.digest,
+                                   trusted=policy.trusted)
 
 
 def _builtin_battery(battery: BatterySpec) -> bool:
@@ -180,7 +202,8 @@ def _builtin_battery(battery: BatterySpec) -> bool:
 
 
 def _run_on(host, cases: list[CaseSpec], policy: Policy, job: Job, on_result: OnResult | None,  # noqa: ANN001
-            baseline_digests: dict[str, list[str]] | None, on_pause: Callable[[], None] | None) -> Ran:
+            baseline_digests: dict[str, list[str]] | None, on_pause: Callable[[], None] | None,
+            unsteady: set[str] | frozenset[str] = frozenset()) -> Ran:
     with host:
         if policy.fast_engine:
             results = reference_cache.run_many(host, cases, _cache(policy), on_result=on_result, on_pause=on_pause)
@@ -192,7 +215,8 @@ def _run_on(host, cases: list[CaseSpec], policy: Policy, job: Job, on_result: On
                     on_result(index, results[-1])
                 if on_pause:
                     on_pause()
-        _check_repeats(host, cases, results, policy, job.config.repeats, baseline_digests or {}, on_result)
+        _check_repeats(host, cases, results, policy, job.config.repeats, baseline_digests or {}, on_result,
+                       unsteady)
         return Ran(results=results, environment=host.environment, adapter=host.adapter_description)
 
 
@@ -200,10 +224,13 @@ def _cache(policy: Policy):  # noqa: ANN202
     return reference_cache.for_policy(policy.reference_cache, trusted=policy.trusted)
 
 
-def _needs_repeat(result: CaseResult, repeats: int, baseline_digests: dict[str, list[str]]) -> int:
+def _needs_repeat(result: CaseResult, repeats: int, baseline_digests: dict[str, list[str]],
+                  unsteady: set[str] | frozenset[str] = frozenset()) -> int:
     """How many runs in all `result`'s case gets (1: none again)."""
     if result.status != "ok" or result.trajectory is None:
         return 1
+    if result.case.case_id in unsteady:
+        return max(UNSTEADY_RUNS, repeats)
     baseline = baseline_digests.get(result.case.case_id)
     if baseline is not None and baseline != result.trajectory.digests:
         return max(2, repeats)
@@ -211,14 +238,31 @@ def _needs_repeat(result: CaseResult, repeats: int, baseline_digests: dict[str, 
 
 
 def _check_repeats(host, cases: list[CaseSpec], results: list[CaseResult], policy: Policy,  # noqa: ANN001
-                   repeats: int, baseline_digests: dict[str, list[str]], on_result: OnResult | None) -> None:
-    wanted = {index: _needs_repeat(result, repeats, baseline_digests) for index, result in enumerate(results)}
+                   repeats: int, baseline_digests: dict[str, list[str]], on_result: OnResult | None,
+                   unsteady: set[str] | frozenset[str] = frozenset()) -> None:
+    wanted = {index: _needs_repeat(result, repeats, baseline_digests, unsteady)
+              for index, result in enumerate(results)}
+    checks = _repeat(host, cases, results, policy, wanted, stop_early={
+        index for index, result in enumerate(results) if result.case.case_id in unsteady})
+    for index, check in checks.items():
+        results[index] = results[index].model_copy(update={"repeat_check": check})
+        if on_result:
+            on_result(index, results[index])
+
+
+def _repeat(host, cases: list[CaseSpec], results: list[CaseResult], policy: Policy,  # noqa: ANN001
+            wanted: dict[int, int], stop_early: set[int]) -> dict[int, RepeatCheck]:
+    """Case `index` run again until `wanted[index]` runs in all (those of `stop_early` only until
+    a repeat differs); each one's RepeatCheck against its first result, `results[index]`."""
     wanted = {index: n for index, n in wanted.items() if n > 1}
     if not wanted:
-        return
+        return {}
     checks = {index: RepeatCheck(runs=1, differing=0) for index in wanted}
     for round_number in range(1, max(wanted.values())):
-        indices = [index for index, n in wanted.items() if n > round_number]
+        indices = [index for index, n in wanted.items() if n > round_number
+                   and not (index in stop_early and checks[index].differing)]
+        if not indices:
+            break
         subset = [cases[index] for index in indices]
         # The same engine as the first run: the fast and the one-case engine are bit-identical by
         # design, but a repeat must not depend on it.
@@ -234,10 +278,32 @@ def _check_repeats(host, cases: list[CaseSpec], results: list[CaseResult], polic
             steps = [s for s in (check.first_divergent_step, step) if s is not None]
             checks[index] = RepeatCheck(runs=check.runs + 1, differing=check.differing + (step is not None),
                                         first_divergent_step=min(steps) if steps else None)
-    for index, check in checks.items():
-        results[index] = results[index].model_copy(update={"repeat_check": check})
-        if on_result:
-            on_result(index, results[index])
+    return checks
+
+
+def blame(job: Job, built: BuildResult, policy: Policy, cases: list[CaseSpec]) -> dict[str, RepeatCheck]:
+    """`cases` (nondeterministic in a commit) run on the BASELINE's build (`job`, `built`) up to
+    UNSTEADY_RUNS times each, stopping at the first repeat that differs: case id -> its
+    RepeatCheck there. No differing repeat: the commit introduced the nondeterminism."""
+    from worker.engine.host import KernelHost
+
+    with KernelHost(built.library_path, device=policy.device, case_timeout_s=policy.case_timeout_s,
+                    adapter=job.config.adapter, deadline=policy.deadline,
+                    adapter_paths=job.adapter_folders) as host:
+        first = [host.run(case) for case in cases]
+        # A case the baseline cannot run (broken, not applicable there) has nothing to blame.
+        runnable = {index for index, result in enumerate(first) if result.status == "ok" and result.trajectory}
+        checks = _repeat(host, cases, first, policy, {index: UNSTEADY_RUNS for index in runnable},
+                         stop_early=runnable)
+    return {cases[index].case_id: check for index, check in checks.items()}
+
+
+def with_baseline_repeats(result: CaseResult, baseline: RepeatCheck | None) -> CaseResult:
+    """`result` with the baseline build's repeats of its case (`blame`) on its RepeatCheck."""
+    if baseline is None or result.repeat_check is None:
+        return result
+    return result.model_copy(update={"repeat_check": result.repeat_check.model_copy(
+        update={"baseline_runs": baseline.runs, "baseline_differing": baseline.differing})})
 
 
 def run_result(job: Job, built: BuildResult, ran: Ran | None) -> RunResult:

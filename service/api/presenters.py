@@ -32,7 +32,8 @@ def verdict_public(verdict: Verdict) -> VerdictPublic:
         counts={name: 0 for name in CASE_VERDICTS} | verdict.detail.get("counts", {}),
         not_applicable=[NotApplicableCase(case_id=c["case_id"], optimizer=c["optimizer"], reason=c.get("message"))
                         for c in cases if c["verdict"] == "not_applicable"],
-        nondeterministic=[NondeterministicCase(case_id=c["case_id"], optimizer=c["optimizer"], **c["repeat_check"])
+        nondeterministic=[NondeterministicCase(case_id=c["case_id"], optimizer=c["optimizer"],
+                                               nondeterminism=c.get("nondeterminism"), **c["repeat_check"])
                           for c in cases if c["verdict"] == "nondeterministic" and c.get("repeat_check")],
         # Verdicts stored before final_direction existed have none: nothing to disagree with.
         direction_disagreements=[

@@ -109,6 +109,12 @@ class NondeterministicCase(BaseModel):
     runs: int = Field(description="runs in all, the first included")
     differing: int = Field(description="repeats whose digests differ from the first run's")
     first_divergent_step: int | None = Field(description="1-based; first step where a repeat differs")
+    nondeterminism: Literal["introduced", "pre-existing"] | None = Field(
+        None, description="introduced: the baseline build reproduced itself (this commit's change, "
+                          "judged); pre-existing: the baseline does not either (shown, not judged); "
+                          "null: the baseline build was not repeated")
+    baseline_runs: int | None = Field(None, description="runs of the case on the baseline build, in all")
+    baseline_differing: int | None = Field(None, description="... of which differ from the baseline's first")
 
 
 class DirectionDisagreement(BaseModel):

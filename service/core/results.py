@@ -84,6 +84,21 @@ class RepeatCheck(_Model):
     runs: int = Field(description="runs in all, the first included")
     differing: int = Field(description="repeats whose digests differ from the first run's")
     first_divergent_step: int | None = Field(None, description="1-based; first step where a repeat differs")
+    # Blame (docs/ENGINE.md, Nondeterminism): a case that does not reproduce itself in a commit is
+    # run again on its BASELINE build. None: not done (no finished baseline, or the case reproduced).
+    baseline_runs: int | None = Field(None, description="runs of the case on the baseline build, in all")
+    baseline_differing: int | None = Field(None, description="... of which differ from the baseline's first")
+
+    @property
+    def origin(self) -> "NondeterminismOrigin | None":
+        """introduced: the baseline reproduces itself every time (the commit made the case
+        nondeterministic); pre-existing: the baseline does not either; None: not blamed."""
+        if not self.differing or self.baseline_runs is None:
+            return None
+        return "pre-existing" if self.baseline_differing else "introduced"
+
+
+NondeterminismOrigin = Literal["introduced", "pre-existing"]
 
 
 class CaseResult(_Model):
@@ -156,6 +171,9 @@ class CaseComparison(_Model):
     final_direction: Direction | None = Field(None, description="judged at the final step alone; shown where "
                                                                 "it disagrees with `direction`")
     repeat_check: RepeatCheck | None = None
+    nondeterminism: NondeterminismOrigin | None = Field(
+        None, description="a nondeterministic case's blame: introduced (the baseline build reproduces "
+                          "itself: a change of this commit) or pre-existing (the baseline does not either)")
 
 
 # Families whose states are quantized: their distance to float64 is the quantization error, by design.
@@ -207,6 +225,9 @@ class ComparisonFigures(_Model):
                                                             "baseline's, smallest over the changed cases")
     final_ratio_high: float | None = None
     scales: list[ScaleGroup] = Field([], description="the size of the change per family and dtype")
+    nondeterministic_introduced: int = Field(0, description="cases this commit made nondeterministic")
+    nondeterministic_pre_existing: int = Field(0, description="cases nondeterministic in the baseline too "
+                                                              "(shown, not blamed)")
 
 
 class RunComparison(_Model):

@@ -18,7 +18,8 @@ Sizes (how far a change moved the trajectories) are reported per kernel family a
 (`change_size_by_scale`), never as one figure across them: an 8-bit case's distance to float64 is
 its states' quantization error, ~1e4 times an fp32 case's by design.
 Run: broken if a case is broken (or the build failed), else nondeterministic if a case does not
-reproduce itself, else no-baseline when there is nothing to compare with, else changed if a case
+reproduce itself and its baseline build does (or was not repeated: docs/ENGINE.md, Nondeterminism),
+else no-baseline when there is nothing to compare with, else changed if a case
 changed, else unchanged.
 """
 
@@ -130,9 +131,8 @@ def compare_case(commit: CaseResult, baseline: CaseResult | None,
     if commit.repeat_check is not None and commit.repeat_check.differing:
         check = commit.repeat_check
         return CaseComparison(**base, verdict="nondeterministic", repeat_check=check,
-                              first_divergent_step=check.first_divergent_step,
-                              message=f"{check.differing} of {check.runs - 1} repeats on the same build differ "
-                                      f"from the first run, from step {check.first_divergent_step}")
+                              nondeterminism=check.origin, first_divergent_step=check.first_divergent_step,
+                              message=wording.nondeterministic_case(check))
     nonfinite_step = _first_nonfinite_step(commit)
     if nonfinite_step is not None and (baseline is None or baseline.status != "ok"
                                        or _first_nonfinite_step(baseline) is None):
@@ -202,7 +202,9 @@ def compare_runs(commit: RunResult, baseline: RunResult | None,
     # not_applicable cases are listed and counted, never part of the verdict.
     if counts["broken"]:
         verdict = "broken"
-    elif counts["nondeterministic"]:
+    elif any(c.verdict == "nondeterministic" and c.nondeterminism != "pre-existing" for c in cases):
+        # Introduced by this commit, or not blamed (no baseline build to repeat): the run's finding.
+        # A case nondeterministic in the baseline too is shown, not blamed: the other cases judge.
         verdict = "nondeterministic"
     elif baseline is None:
         verdict = "no-baseline"
@@ -288,7 +290,9 @@ def figures(cases: Iterable[CaseComparison | Mapping[str, Any]]) -> ComparisonFi
                               and row.get("final_direction") != row.get("direction")),
         first_divergent_step=min(steps) if steps else None, first_steps=dict(sorted(steps.items())),
         final_ratio_low=min(ratios) if ratios else None, final_ratio_high=max(ratios) if ratios else None,
-        scales=change_size_by_scale(changed))
+        scales=change_size_by_scale(changed),
+        nondeterministic_introduced=sum(1 for row in rows if row.get("nondeterminism") == "introduced"),
+        nondeterministic_pre_existing=sum(1 for row in rows if row.get("nondeterminism") == "pre-existing"))
 
 
 def figures_of(detail: Mapping[str, Any] | None) -> ComparisonFigures:

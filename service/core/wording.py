@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from service.core.results import CaseComparison, ComparisonFigures, ScaleGroup
+from service.core.results import CaseComparison, ComparisonFigures, RepeatCheck, ScaleGroup
 
 # Four digits: enough to tell two distances to float64 apart when a change moved them a little, and
 # what the commit page showed before (it had 1.255e-02 where the CLI had 0.0126).
@@ -150,13 +150,36 @@ def _broken_line(cases: list[CaseComparison]) -> str:
 
 
 
-def _nondeterministic_line(cases: list[CaseComparison]) -> str:
-    if not cases:
-        return ""
-    return ("nondeterministic (repeats on the same build differ; not a change against the baseline): "
-            + listed([f"{c.case_id}: {c.repeat_check.differing} of {c.repeat_check.runs - 1} repeats "
-                      f"differ from step {c.repeat_check.first_divergent_step}" for c in cases]))
+def nondeterministic_case(check: RepeatCheck) -> str:
+    """One nondeterministic case's message: its repeats, and its blame when the baseline was repeated."""
+    text = (f"{check.differing} of {check.runs - 1} repeats on the same build differ from the first run, "
+            f"from step {check.first_divergent_step}")
+    if check.origin == "introduced":
+        return (f"{text}; became nondeterministic in this commit (the baseline build reproduced itself "
+                f"{check.baseline_runs} times)")
+    if check.origin == "pre-existing":
+        return (f"{text}; nondeterministic before this commit too ({check.baseline_differing} of "
+                f"{check.baseline_runs - 1} repeats of the baseline build differ)")
+    return text
 
+
+# The run-level headings, by blame (CaseComparison.nondeterminism).
+NONDETERMINISTIC_HEADINGS = {
+    "introduced": "became nondeterministic in this commit (the baseline build reproduces itself)",
+    "pre-existing": "nondeterministic before this commit too (shown, not blamed)",
+    None: "nondeterministic (repeats on the same build differ; the baseline build was not repeated)",
+}
+
+
+def _nondeterministic_line(cases: list[CaseComparison]) -> str:
+    lines = []
+    for origin, heading in NONDETERMINISTIC_HEADINGS.items():
+        group = [c for c in cases if c.nondeterminism == origin]
+        if group:
+            lines.append(f"{heading}: " + listed([
+                f"{c.case_id}: {c.repeat_check.differing} of {c.repeat_check.runs - 1} repeats "
+                f"differ from step {c.repeat_check.first_divergent_step}" for c in group]))
+    return "\n".join(lines)
 
 
 def _not_applicable_line(cases: list[CaseComparison]) -> str:

@@ -200,3 +200,18 @@ class Verdict(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     run: Mapped[Run] = relationship(back_populates="verdict", foreign_keys=[run_id])
+
+
+class UnsteadyCase(Base):
+    """A case that once failed to reproduce itself on one build, remembered per project: every later
+    run repeats it (worker/pipeline.py UNSTEADY_RUNS), commit and verify runs alike, so one change
+    gets one verdict (docs/ENGINE.md, Nondeterminism)."""
+
+    __tablename__ = "unsteady_cases"
+
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True)
+    case_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    first_seen_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
+    last_seen_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
+    times_seen: Mapped[int] = mapped_column(Integer, default=1)
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

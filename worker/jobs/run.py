@@ -249,6 +249,40 @@ def _refusal(run: RunFacts, settings: Settings) -> str | None:
     return None
 
 
+def _blame(run: RunFacts, ran: pipeline.Ran, *, workspace: Workspace, project, policy: pipeline.Policy,  # noqa: ANN001
+           store: StoredResults) -> None:
+    """The run's nondeterministic cases: remembered for the project, and repeated on the BASELINE's
+    build (a cache hit: it ran here before) to say whether this commit introduced the nondeterminism
+    or found it (docs/ENGINE.md, Nondeterminism). Results stored again with the baseline's repeats;
+    without a finished baseline, or when its source or build fails, the cases stay unblamed."""
+    unsteady = [(index, result) for index, result in enumerate(ran.results)
+                if result.repeat_check is not None and result.repeat_check.differing]
+    if not unsteady:
+        return
+    run_store.remember_unsteady(run.project_id, run.id, [result.case.case_id for _, result in unsteady])
+    baseline = run_store.baseline_of(run.id)
+    if baseline is None:
+        return
+    try:
+        job = workspace.prepare(workspace.fetch(baseline.source_digest, name="baseline"), project=project,
+                                battery=baseline.battery)
+        built = workspace.build(job, policy)
+    except Exception:  # noqa: BLE001  (the baseline's fault or the fetch's: the cases stay unblamed)
+        log.exception("run %s: the baseline %s could not be prepared for blame", run.id, baseline.id)
+        return
+    if not built.ok:
+        log.warning("run %s: the baseline %s does not build here; nondeterminism not blamed", run.id, baseline.id)
+        return
+    checks = pipeline.blame(job, built, policy, [result.case for _, result in unsteady])
+    run_store.remember_unsteady(run.project_id, baseline.id,
+                                [case_id for case_id, check in checks.items() if check.differing])
+    for index, result in unsteady:
+        if result.case.case_id in checks:
+            ran.results[index] = pipeline.with_baseline_repeats(result, checks[result.case.case_id])
+            store.add(index, ran.results[index])
+    store.flush()
+
+
 def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) -> str:
     with run_store.open_run(run_id, worker=worker) as claimed, \
             Workspace(settings, prefix=f"optdrift-run{run_id}-") as workspace:
@@ -319,8 +353,10 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
         fingerprint: dict | None = None
         try:
             ran = pipeline.run(job, built, policy, on_result=store, on_pause=stored.flush,
-                               baseline_digests=claimed.baseline_digests())
+                               baseline_digests=claimed.baseline_digests(),
+                               unsteady=run_store.unsteady_case_ids(run.project_id))
             stored.flush()
+            _blame(run, ran, workspace=workspace, project=claimed.project, policy=policy, store=stored)
         except RunBudgetExceeded as exceeded:
             return fail(str(exceeded))
         if ran.environment is not None:

@@ -23,7 +23,8 @@ BUNDLED_CSRC = REPO_ROOT / "csrc"
 # would (worker/adapters/registry.py), for this process and every worker and kernel host it starts.
 FIXTURE_ADAPTERS = REPO_ROOT / "tests" / "fixtures" / "adapters"
 os.environ.setdefault("OPTDRIFT_EXTRA_ADAPTERS", f"tinyopt={FIXTURE_ADAPTERS / 'tinyopt.py'},"
-                                                 f"capiopt={FIXTURE_ADAPTERS / 'capiopt.py'}")
+                                                 f"capiopt={FIXTURE_ADAPTERS / 'capiopt.py'},"
+                                                 f"compiled_adam={FIXTURE_ADAPTERS / 'compiled_adam.py'}")
 
 
 def _build_cache_dir() -> Path:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from service.core.results import CaseSpec
 from worker import sandbox
+from worker.engine.compile_cache import CompileCache
 from worker.engine.host import KernelHost, KernelHostError
 
 log = logging.getLogger(__name__)
@@ -78,12 +79,13 @@ def replenish(*, device: str, slot_root: Path | None = None, keep: int | None = 
 
 
 def take(library_path: str | Path, *, device: str, adapter: str, adapter_paths: list[Path],
-         case_timeout_s: float, deadline: float | None) -> KernelHost | None:
+         case_timeout_s: float, deadline: float | None, compile_cache: CompileCache | None = None) -> KernelHost | None:
     """The waiting spare with this build loaded, or None (none waiting, another device, or it
-    failed to come up: logged, and the caller starts a host as before)."""
+    failed to come up: logged, and the caller starts a host as before). `compile_cache`: the
+    build's, which a spare reads only (KernelHost.adopt_build)."""
     host = _take_waiting(device)
     if host is None or not _adopt(host, library_path, adapter=adapter, adapter_paths=adapter_paths,
-                                  case_timeout_s=case_timeout_s, deadline=deadline):
+                                  case_timeout_s=case_timeout_s, deadline=deadline, compile_cache=compile_cache):
         return None
     return host
 
@@ -146,14 +148,15 @@ def put_back(hosts: list[KernelHost | None], *, device: str, keep: int | None = 
 
 
 def adopted(spare: KernelHost | None, library_path: str | Path, *, device: str, adapter: str,
-            adapter_paths: list[Path], case_timeout_s: float, deadline: float | None = None) -> KernelHost:
+            adapter_paths: list[Path], case_timeout_s: float, deadline: float | None = None,
+            compile_cache: CompileCache | None = None) -> KernelHost:
     """`spare` with this build loaded; when there is none or it does not come up (logged), a host
     of that build that starts on its first request, as a host started without a spare would."""
     if spare is not None and _adopt(spare, library_path, adapter=adapter, adapter_paths=adapter_paths,
-                                    case_timeout_s=case_timeout_s, deadline=deadline):
+                                    case_timeout_s=case_timeout_s, deadline=deadline, compile_cache=compile_cache):
         return spare
     return KernelHost(library_path, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
-                      adapter_paths=adapter_paths, deadline=deadline)
+                      adapter_paths=adapter_paths, deadline=deadline, compile_cache=compile_cache)
 
 
 @atexit.register

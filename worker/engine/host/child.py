@@ -56,6 +56,10 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads. 1 by default: the engine co-runs two hosts, and "
                              "on small tensors thread hand-offs cost far more than they save")
+    parser.add_argument("--compile-cache", metavar="FOLDER",
+                        help="this build's compile cache as the box shows it (worker.engine.compile_cache)")
+    parser.add_argument("--compile-cache-read-only", action="store_true",
+                        help="the compile cache is read-only here: compile into a copy in the scratch")
     args = parser.parse_args(argv)
     if not args.library and not args.wait_for_build:
         parser.error("--library is required (or --wait-for-build)")
@@ -114,7 +118,20 @@ def _await_build(args: argparse.Namespace) -> bool:
         return False
     args.library, args.adapter = str(request["library"]), str(request.get("adapter") or "bundled")
     args.adapter_path = [str(folder) for folder in request.get("adapter_path") or []]
+    if request.get("compile_cache"):  # linked into the read-only slot: read, never written back
+        args.compile_cache, args.compile_cache_read_only = str(request["compile_cache"]), True
     return True
+
+
+def _use_compile_cache(args: argparse.Namespace, environment: dict) -> None:
+    """Inductor and Triton pointed at the build's compile cache (worker.engine.compile_cache), before
+    the adapter is loaded: no compile may go to the scratch default first."""
+    if args.compile_cache:
+        from worker.engine import compile_cache
+
+        compile_cache.use_in_host(args.compile_cache, writable=not args.compile_cache_read_only,
+                                  class_key=str(environment["class_key"]),
+                                  scratch=os.environ.get("TMPDIR") or "/tmp")
 
 
 def _load_adapter(args: argparse.Namespace, protocol: TextIO):  # noqa: ANN202
@@ -232,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         if not _await_build(args):
             return 0  # the parent closed its spare without using it
         clock.mark("build received")
+    if args.compile_cache and device is None:  # its folder is named by this host's environment
+        device, environment = _open_device(args.device)
+        clock.mark("device")
+    if args.compile_cache:
+        _use_compile_cache(args, environment)
+        clock.mark("compile cache")
     adapter, families, description = _load_adapter(args, protocol)
     clock.mark("adapter load")
     if device is None:

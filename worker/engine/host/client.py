@@ -26,6 +26,7 @@ from pathlib import Path
 from service.core.results import CaseResult, CaseSpec, EnvironmentFingerprint
 from worker import gc_policy, sandbox
 from worker.adapters import registry as adapter_registry
+from worker.engine.compile_cache import CompileCache
 from worker.engine.host.protocol import (
     EXIT_REQUEST,
     MAX_ANSWER_BYTES,
@@ -96,13 +97,16 @@ class KernelHost:
     def __init__(self, library_path: str | Path, *, device: str = "auto", case_timeout_s: float = 300.0,
                  startup_timeout_s: float = 120.0, env: dict[str, str] | None = None, threads: int = 1,
                  adapter: str = "bundled", deadline: float | None = None,
-                 adapter_paths: list[str | Path] | tuple = ()):
+                 adapter_paths: list[str | Path] | tuple = (), compile_cache: CompileCache | None = None):
         """`deadline` (time.monotonic()): the run's time budget; no wait goes past it, and cases
         asked for after it are answered `broken` without being run. `adapter_paths`: folders the
-        adapter module is imported from (shown read-only in the sandbox)."""
+        adapter module is imported from (shown read-only in the sandbox). `compile_cache`: the
+        build's inductor/Triton cache (worker.engine.compile_cache), shown read-write or read-only
+        as it says; None: the host compiles into its scratch."""
         self.library_path = str(library_path)
         self.adapter = adapter
         self.adapter_paths = [Path(p).resolve() for p in adapter_paths]
+        self.compile_cache = compile_cache
         # The adapter's describe() from the ready line: what was loaded (version, path).
         self.adapter_description: dict[str, str] | None = None
         self.device = device
@@ -162,9 +166,13 @@ class KernelHost:
         # read-only, the GPU's device nodes, a scratch HOME/TMPDIR removed by close(), and talks
         # to this process only over its pipes. Its own process group: a kill takes its children too.
         module, adapter_folders = self._adapter_for_host()
+        cache = self.compile_cache
         return self._spawn(["--library", self.library_path, "--adapter", module,
-                            *(arg for folder in adapter_folders for arg in ("--adapter-path", str(folder)))],
-                           readable=self._library_folders() + adapter_folders)
+                            *(arg for folder in adapter_folders for arg in ("--adapter-path", str(folder))),
+                            *(cache.host_arguments() if cache else [])],
+                           readable=self._library_folders() + adapter_folders
+                           + ([cache.folder] if cache and not cache.writable else []),
+                           writable=[cache.folder] if cache and cache.writable else [])
 
     def _adapter_for_host(self) -> tuple[str, list[Path]]:
         """(the adapter module the host imports, the folders it imports it from): for an adapter the
@@ -176,7 +184,7 @@ class KernelHost:
             raise KernelHostError(str(error)) from None
         return module, registered + self.adapter_paths
 
-    def _spawn(self, arguments: list[str], readable: list[Path]) -> float:
+    def _spawn(self, arguments: list[str], readable: list[Path], writable: list[Path] = ()) -> float:
         env = sandbox.sandbox_env(scratch=self._scratch.path,
                                   source=os.environ if self.env is None else self.env)
         from worker.engine import harness  # imports torch: only where a host is started
@@ -192,7 +200,8 @@ class KernelHost:
             [sys.executable, "-P", "-m", CHILD_MODULE, "--device", self.device, "--threads",
              str(self.threads), *arguments],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
-            limits=sandbox.HOST_LIMITS, readable=readable, gpu=self.device != "cpu", cwd=self._scratch.path,
+            limits=sandbox.HOST_LIMITS, readable=readable, writable=list(writable), gpu=self.device != "cpu",
+            cwd=self._scratch.path,
             scratch=self._scratch.path,
         )
         return spawned
@@ -250,11 +259,13 @@ class KernelHost:
 
     def adopt_build(self, library_path: str | Path, *, adapter: str = "bundled",
                     adapter_paths: list[str | Path] | tuple = (), case_timeout_s: float = 300.0,
-                    deadline: float | None = None) -> None:
+                    deadline: float | None = None, compile_cache: CompileCache | None = None) -> None:
         """Give this spare its build, as `KernelHost(library_path, ...).start()` would have loaded it:
         the build's folder and the adapter folders are linked (hard links, or copies across file
         systems) into the slot, which the sandbox shows read-only, and the host loads them from
-        there. Raises KernelHostError when the spare is gone or does not come up."""
+        there. `compile_cache`: linked in too; the spare reads it as an untrusted host does, its own
+        compiles stay in its scratch (its box was made before the build was known).
+        Raises KernelHostError when the spare is gone or does not come up."""
         if not self._alive() or self._slot is None:
             raise KernelHostError("the spare kernel host is not running")
         self.library_path, self.adapter = str(library_path), adapter
@@ -269,7 +280,12 @@ class KernelHost:
         if folders:
             built = Path(self.library_path)
             library = str(inside[0] if built.is_dir() else inside[0] / built.name)
-        request = load_request(library, module, [str(p) for p in inside[len(folders):]])
+        cache_inside = None
+        if compile_cache is not None:
+            cache_inside = self._slot / "compile-cache"
+            _link_tree(compile_cache.folder, cache_inside)
+        request = load_request(library, module, [str(p) for p in inside[len(folders):]],
+                               compile_cache=str(cache_inside) if cache_inside else None)
         try:
             self._process.stdin.write(encode_request(request))
             self._process.stdin.flush()

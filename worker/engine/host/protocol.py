@@ -62,9 +62,13 @@ def known_fields(known: Mapping[int, list[str]], *, by_key: bool) -> dict:
     return fields
 
 
-def load_request(library: str, adapter: str, adapter_path: list[str]) -> dict:
-    """A spare's build: the library and adapter as its slot shows them."""
-    return {"op": "load", "library": library, "adapter": adapter, "adapter_path": adapter_path}
+def load_request(library: str, adapter: str, adapter_path: list[str], compile_cache: str | None = None) -> dict:
+    """A spare's build: the library and adapter as its slot shows them (and the build's compile
+    cache, when it has one: worker.engine.compile_cache)."""
+    request = {"op": "load", "library": library, "adapter": adapter, "adapter_path": adapter_path}
+    if compile_cache:
+        request["compile_cache"] = compile_cache
+    return request
 
 
 # ----------------------------------------------------------------------------- answers (host -> parent)

@@ -24,7 +24,7 @@ import pytest
 import redis
 from sqlalchemy import create_engine, text
 
-from service.core.results import CaseSpec, RepeatCheck
+from service.core.results import RepeatCheck
 from tests.service_fixtures import (
     E2E_REDIS, create_database, drop_database, free_port, make_archive, start_process, stop_process, wait_http,
 )
@@ -69,6 +69,27 @@ def test_the_racy_fixture_never_reproduces_itself(tmp_path: Path) -> None:
             digests.setdefault(result.case.case_id, set()).add(tuple(result.trajectory.digests))
     for case_id, seen in digests.items():
         assert len(seen) == (4 if OPEN in case_id else 1), (case_id, len(seen))
+
+
+def test_a_remembered_case_is_repeated_whatever_its_baseline_says(tmp_path: Path) -> None:
+    """A case of `unsteady` runs UNSTEADY_RUNS times in all (a steady one: all of them), stopping at
+    the first repeat that differs (the racy one: 2); with its baseline's own digests, it is
+    repeated all the same, where a case not remembered is not repeated at all."""
+    from worker import pipeline
+
+    job = pipeline.prepare(_tree(tmp_path / "racy", racy=True))
+    built = pipeline.build(job, pipeline.Policy(device="cpu", cache_dir=tmp_path / "cache", cuda_archs=[]))
+    policy = pipeline.Policy(device="cpu", cuda_archs=[], fast_engine=False)
+    first = pipeline.run(job, built, policy)
+    own = {r.case.case_id: r.trajectory.digests for r in first.results}
+    closed, racy = sorted(own, key=lambda case_id: OPEN in case_id)
+    assert all(r.repeat_check is None for r in first.results)
+    again = pipeline.run(job, built, policy, baseline_digests={closed: own[closed]}, unsteady={closed, racy})
+    checks = {r.case.case_id: r.repeat_check for r in again.results}
+    assert checks[closed] == RepeatCheck(runs=pipeline.UNSTEADY_RUNS, differing=0)
+    assert checks[racy].runs == 2 and checks[racy].differing == 1 and checks[racy].first_divergent_step == 1
+    plain = pipeline.run(job, built, policy, baseline_digests={closed: own[closed]})
+    assert next(r for r in plain.results if r.case.case_id == closed).repeat_check is None
 
 
 def test_a_commit_that_introduces_a_race_is_blamed_and_flagged(tmp_path: Path) -> None:

@@ -214,3 +214,17 @@ def test_the_same_racy_patch_gets_one_verdict_as_a_commit_run_and_as_verify_runs
     assert later["outcome"] == "unchanged" and not later["flagged"], later
     assert [c["nondeterminism"] for c in later["nondeterministic"]] == ["pre-existing"]
     assert PRE_EXISTING in later["summary"], later["summary"]
+
+
+def test_the_cli_report_shows_the_blame() -> None:
+    from rich.console import Console
+
+    from service.cli.report import changed_cases_table
+
+    cases = [{"case_id": "momentum.a", "verdict": "nondeterministic", "nondeterminism": "introduced",
+              "message": "1 of 1 repeats differ"},
+             {"case_id": "momentum.b", "verdict": "nondeterministic", "nondeterminism": "pre-existing"}]
+    console = Console(record=True, width=300)
+    console.print(changed_cases_table([{"id": 7, "verdict": {"detail": {"cases": cases}}}]))
+    shown = console.export_text()
+    assert "nondeterministic (introduced)" in shown and "nondeterministic (pre-existing)" in shown, shown

@@ -127,7 +127,9 @@ def changed_cases_table(runs: list[dict]) -> Table | None:
     for run_id, case in rows[:40]:
         diffs = case.get("max_abs_diff_per_step")
         scale = attributions.get((run_id, case["case_id"])) or {}
-        table.add_row(str(run_id), case["case_id"], case["verdict"],
+        # A nondeterministic case's blame (docs/ENGINE.md, Nondeterminism): introduced or pre-existing.
+        verdict = case["verdict"] + (f" ({case['nondeterminism']})" if case.get("nondeterminism") else "")
+        table.add_row(str(run_id), case["case_id"], verdict,
                       str(case.get("first_divergent_step") or "-"), case.get("direction") or "-",
                       _number(max(diffs) if diffs else None),
                       _distance_text(case.get("baseline_peak_ref64_distance"),

@@ -96,8 +96,8 @@ def _nondeterministic(page: RunPage) -> str:
     steps = sorted({c.first_divergent_step for c in cases if c.first_divergent_step})
     return (f"Nondeterministic: {plural(len(cases), 'case')} of {page.figures.judged} did not reproduce on the "
             "same build " + (f"(repeats differ from step {steps[0]})" if steps else "(repeats differ)")
-            + ". A finding about the kernel itself, not a change against the baseline; the repeat figures "
-              "are listed below.")
+            + ". Each one's blame (introduced in this commit, or nondeterministic before it too) and "
+              "repeat figures are listed below.")
 
 
 def _unchanged(page: RunPage) -> str:

@@ -52,7 +52,7 @@ def badge(*, status: str, outcome: str | None, directions: Mapping[str, int] | N
 
 _FLAGGED_TITLES = {
     "broken": "a build failure, crash or NaN",
-    "nondeterministic": "some case does not reproduce itself on the same build; not a change against the baseline",
+    "nondeterministic": "some case does not reproduce itself on the same build (and its baseline's build does, or was not repeated)",
 }
 _PENDING_BADGES = {
     "failed": Badge("broken", "broken", "the run failed"),
@@ -256,6 +256,8 @@ class SetAsideCase:
     runs: int | None = None
     differing: int | None = None
     first_divergent_step: int | None = None
+    # A nondeterministic case's blame (docs/ENGINE.md, Nondeterminism): introduced | pre-existing | None.
+    nondeterminism: str | None = None
 
 
 @dataclass
@@ -323,7 +325,8 @@ def run_page(*, session: Session, run_id: int) -> RunPage:
         aside[case["verdict"]].append(SetAsideCase(
             case_id=case["case_id"], optimizer=case["optimizer"], dtype=spec.get("param_dtype"),
             family=spec.get("family"), reason=case.get("message"), runs=repeats.get("runs"),
-            differing=repeats.get("differing"), first_divergent_step=repeats.get("first_divergent_step")))
+            differing=repeats.get("differing"), first_divergent_step=repeats.get("first_divergent_step"),
+            nondeterminism=case.get("nondeterminism")))
     counts = detail.get("counts", {})
     figured = figures_of(detail)
     baseline_run = session.get(Run, verdict.baseline_run_id) if verdict and verdict.baseline_run_id else None

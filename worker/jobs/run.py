@@ -273,7 +273,11 @@ def _blame(run: RunFacts, ran: pipeline.Ran, *, workspace: Workspace, project, p
     if not built.ok:
         log.warning("run %s: the baseline %s does not build here; nondeterminism not blamed", run.id, baseline.id)
         return
-    checks = pipeline.blame(job, built, policy, [result.case for _, result in unsteady])
+    try:
+        checks = pipeline.blame(job, built, policy, [result.case for _, result in unsteady])
+    except Exception:  # noqa: BLE001  (past the run's deadline, a host that died: the cases stay unblamed)
+        log.exception("run %s: repeating the baseline %s for blame failed", run.id, baseline.id)
+        return
     run_store.remember_unsteady(run.project_id, baseline.id,
                                 [case_id for case_id, check in checks.items() if check.differing])
     for index, result in unsteady:

@@ -23,6 +23,7 @@ BUILTIN_ADAPTERS: dict[str, str] = {
     "bundled": "worker.adapters.bundled",
     "bitsandbytes": "worker.adapters.bitsandbytes",
     "lion_pytorch": "worker.adapters.lion_pytorch",  # a real PyPI library (lion-pytorch), issue 20
+    "torchao": "worker.adapters.torchao",  # torchao's low-bit optimizers (torch.compile), issue 37
 }
 
 __all__ = ["AdapterError", "BUILTIN_ADAPTERS", "ProjectAdapter", "get_adapter"]

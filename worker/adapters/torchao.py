@@ -1,0 +1,138 @@
+"""torchao's low-bit optimizers (PyPI `torchao`, `torchao.optim`), driven as they are used.
+
+torchao's optimizers step through `torch.compile` (inductor on the CPU) with quantized
+tensor-subclass states (`OptimState8bit`: uint8 codes, per-block scales and the quantization map).
+Each case gets its own optimizer over the engine's parameter tensor; the library allocates and
+updates its own state on its first step, and `state_for_digest` reads `optimizer.state[param]` as
+it is (tensor subclasses are digested through their inner tensors, worker.engine.digest).
+
+Families (the state families optimizer cases can claim, service.core.results.KernelFamily):
+- "32bit": `torchao.optim._AdamW` (fp32 states, the compiled single-parameter step);
+- "8bit_blockwise": `torchao.optim.AdamW8bit` (block size 256). torchao keeps fp32 states where a
+  parameter has fewer than 4096 elements or its size is not a multiple of the block: the family
+  declares its uint8 codes (`declared_state`), so such a case reads `not_applicable` with the
+  reason instead of being run as 8-bit.
+
+`adam` cases only, decoupled weight decay (AdamW, as the bundled kernels), no gradient scale and
+no zero skipping. The build puts the `torchao` package in a folder of its output
+(`build.library`); `load` imports it from there and nowhere else, or from the installed
+distribution with `library = "installed"`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from service.core.results import CaseSpec
+from worker.adapters.base import AdapterContractError, AdapterError, FamilyAdapter, ProjectAdapter, StateDeclaration
+from worker.build.cache import INSTALLED
+
+PACKAGE = "torchao"
+BLOCK_SIZE = 256  # AdamW8bit's default
+OPTIMIZER_BY_FAMILY = {"32bit": "_AdamW", "8bit_blockwise": "AdamW8bit"}
+
+
+@dataclass(eq=False)
+class TorchaoCase:
+    case: CaseSpec
+    param: torch.nn.Parameter
+    optimizer: torch.optim.Optimizer
+
+
+class TorchaoFamily(FamilyAdapter):
+    """One torchao optimizer class, one optimizer per case; its state stays the library's."""
+
+    states_movable = False
+    fast_engine = False  # the state appears only at the first step (as lion_pytorch's)
+
+    def __init__(self, family: str, optimizer_class: type[torch.optim.Optimizer]) -> None:
+        self.family, self.optimizer_class = family, optimizer_class
+
+    def open(self, case: CaseSpec, param: torch.Tensor, device: torch.device) -> TorchaoCase:
+        h = case.hyper
+        options = {"block_size": BLOCK_SIZE} if self.family == "8bit_blockwise" else {}
+        as_parameter = torch.nn.Parameter(param, requires_grad=False)  # same storage as `param`
+        optimizer = self.optimizer_class([as_parameter], lr=h["lr"], betas=(h["beta1"], h["beta2"]),
+                                         eps=h["eps"], weight_decay=h["weight_decay"], **options)
+        return TorchaoCase(case=case, param=as_parameter, optimizer=optimizer)
+
+    def step(self, handle: TorchaoCase, param: torch.Tensor, grad: torch.Tensor, step: int) -> None:
+        if param.data_ptr() != handle.param.data_ptr():
+            raise AdapterContractError(f"torchao adapter: case {handle.case.case_id} was stepped with another "
+                                       "parameter tensor than it was opened with")
+        handle.param.grad = grad
+        handle.optimizer.step()
+        handle.param.grad = None
+
+    def state_for_digest(self, handle: TorchaoCase) -> dict[str, torch.Tensor]:
+        state = handle.optimizer.state.get(handle.param, {})
+        return {name: value if torch.is_tensor(value) else torch.tensor(value)
+                for name, value in sorted(state.items())}
+
+    def declared_state(self, case: CaseSpec) -> StateDeclaration | None:
+        # Codes only: the block count is not checked, since the state's floating tensors are the
+        # scales and the 256-value quantization map together.
+        if self.family == "8bit_blockwise":
+            return StateDeclaration(family="8bit_blockwise", code_dtype="uint8",
+                                    states=("exp_avg", "exp_avg_sq"))
+        return None
+
+    def close(self, handle: TorchaoCase) -> None:
+        handle.optimizer.state.clear()
+        handle.optimizer.param_groups.clear()
+
+
+class TorchaoAdapter(ProjectAdapter):
+    name = "torchao"
+
+    def __init__(self) -> None:
+        self._module: ModuleType | None = None
+        self._families: dict[str, TorchaoFamily] = {}
+
+    def load(self, library: str) -> None:
+        if library != INSTALLED:
+            folder = Path(library).resolve()
+            if not (folder / PACKAGE / "__init__.py").is_file():
+                raise AdapterError(f"{folder} holds no {PACKAGE} package ({PACKAGE}/__init__.py); build.library "
+                                   "in optdrift.toml must name the build's folder that contains it")
+            loaded = sys.modules.get(PACKAGE)
+            if loaded is not None and not Path(loaded.__file__ or "/").resolve().is_relative_to(folder):
+                raise AdapterError(f"{PACKAGE} was already imported in this process from {loaded.__file__}")
+            sys.path.insert(0, str(folder))
+        try:
+            self._module = importlib.import_module(f"{PACKAGE}.optim")
+        except ImportError as error:
+            raise AdapterError(f"cannot import {PACKAGE}.optim: {type(error).__name__}: {error}") from error
+        if library != INSTALLED and not Path(self._module.__file__).resolve().is_relative_to(Path(library).resolve()):
+            raise AdapterError(f"{PACKAGE} was imported from {self._module.__file__}, not from the build's folder")
+        for family, class_name in OPTIMIZER_BY_FAMILY.items():
+            optimizer_class = getattr(self._module, class_name, None)
+            if optimizer_class is None:
+                raise AdapterError(f"{self._module.__file__} has no {class_name}")
+            self._families[family] = TorchaoFamily(family, optimizer_class)
+
+    def families(self) -> Mapping[str, FamilyAdapter | None]:
+        return self._families or dict.fromkeys(OPTIMIZER_BY_FAMILY)
+
+    def unsupported(self, case: CaseSpec, device: torch.device) -> str | None:
+        if case.optimizer != "adam":
+            return f"torchao's low-bit optimizers are AdamW only here, no {case.optimizer}"
+        if case.hyper.get("gnorm_scale", 1.0) != 1.0 or case.hyper.get("skip_zeros", False):
+            return "torchao's optimizers take neither a gradient scale (gnorm_scale != 1) nor skip_zeros"
+        return super().unsupported(case, device)
+
+    def describe(self) -> dict[str, str]:
+        where = str(Path(self._module.__file__).parent.parent) if self._module is not None else "not loaded"
+        try:
+            version = importlib.metadata.version(PACKAGE)
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+        return {"adapter": self.name, "module": __name__, "version": f"{PACKAGE} {version}", "library": where}

@@ -79,7 +79,8 @@ CaseStatus = Literal["ok", "broken", "not_applicable"]
 
 class RepeatCheck(_Model):
     """The same case run again on the same build and worker: a kernel that does not reproduce
-    itself is nondeterministic, a finding of its own and not a change against the baseline."""
+    itself is nondeterministic. With `baseline_runs`, its baseline's build was repeated on it too:
+    whether the commit introduced the nondeterminism or found it there (docs/ENGINE.md)."""
 
     runs: int = Field(description="runs in all, the first included")
     differing: int = Field(description="repeats whose digests differ from the first run's")

@@ -13,8 +13,9 @@ from service.domain import baselines, trajectories
 from service.domain.errors import ConflictError, NotFoundError
 from service.core.results import RunComparison
 
-# Outcomes that fail CI until acknowledged. nondeterministic too: a kernel that does not reproduce
-# itself is a finding the maintainer must see, though not a change against the baseline.
+# Outcomes that fail CI until acknowledged. nondeterministic too: a kernel that became
+# nondeterministic in this commit (or whose baseline could not be repeated to tell) is a finding
+# the maintainer must see; one nondeterministic before the commit too does not make a run so.
 FLAGGING_OUTCOMES = ("changed", "broken", "nondeterministic")
 
 

@@ -665,7 +665,9 @@ def check(
              "it re-runs the changed cases on both builds")] = True,
     output: FormatOption = "text",
 ) -> None:
-    """No server: build SOURCE (and BASELINE), run a battery, print the verdict and exit with it."""
+    """No server: build SOURCE (and BASELINE), run a battery, print the verdict and exit with it.
+
+    Time: both builds (cached by digest after the first), the battery on both trees (quick and ci: seconds when warm on a 2-core CPU; standard: minutes on a CPU, seconds on a GPU; docs/PERFORMANCE.md), and for a changed tree the co-run of its changed cases and the attribution of at most 32 of them. Each phase is said as it starts; the last line says where the time went."""  # noqa: E501 (one paragraph: the help wraps it)
     _needs_extra("check", "worker", ENGINE_MODULES)
     from worker.check import run_check
 

@@ -111,3 +111,23 @@ def test_the_host_uses_the_folder_of_its_environment(tmp_path: Path):
     scratch.mkdir()
     copied = compile_cache.use_in_host(bound, writable=False, class_key=ENVIRONMENT, scratch=scratch)
     assert copied == scratch / compile_cache.SCRATCH_COPY and (copied / "entry").read_text() == "compiled"
+
+
+def test_a_trusted_spare_keeps_what_it_compiled_and_an_untrusted_one_does_not(tmp_path: Path):
+    pytest.importorskip("torch")
+    from worker.engine.host import KernelHost
+
+    for digest, trusted in (("1" * 64, True), ("2" * 64, False)):
+        cache = compile_cache.for_build(tmp_path, digest, trusted=trusted)
+        spare = KernelHost.spare(device="cpu", slot_root=tmp_path / "slots")
+        try:
+            spare.adopt_build("installed", adapter="compiled_adam", compile_cache=cache)
+            described = dict(spare.adapter_description or {})
+            assert int(described.get("fx_graph_fxgraph_cache_miss", 0)) >= 1, described
+        finally:
+            spare.close()
+        kept = [p for p in cache.folder.rglob("*") if p.is_file()]
+        assert bool(kept) is trusted, kept
+    # The next host of the trusted spare's build loads what the spare compiled.
+    warm = _described(compile_cache.for_build(tmp_path, "1" * 64, trusted=True))
+    assert int(warm.get("fx_graph_fxgraph_cache_hit", 0)) >= 1, warm

@@ -20,8 +20,10 @@ host's own fingerprint, known inside it: `use_in_host` picks the sub-folder):
   with its scratch.
 
 A spare host (worker.engine.host_reserve) is boxed before its build is known: at adoption the
-folder is linked into its read-only slot and it takes it as an untrusted host does (it reads,
-never writes back).
+folder is linked into its read-only slot and the host compiles into a copy in its scratch, as an
+untrusted host does. For trusted work the worker then keeps what it added (`keep_new_entries`, when
+the host closes): the scratch copy's new regular files go into the build's folder, never replacing
+one that is there (a trusted host's files are what a trusted bind would have let it write).
 
 The cache's entries are keyed by inductor itself on the graph, the torch version and the
 configuration; the build digest in the path keeps one build's compiled library code from ever
@@ -97,6 +99,28 @@ def use_in_host(bound: str | Path, *, writable: bool, class_key: str, scratch: s
         torch._inductor.config.fx_graph_cache = True
         torch._functorch.config.enable_autograd_cache = True
     return target
+
+
+def keep_new_entries(copy: Path, cache: CompileCache, class_key: str) -> int:
+    """A trusted spare's scratch copy (`copy`) merged into `cache`'s folder for its environment:
+    regular files not there yet, each written beside its place and renamed in (a reader never sees
+    half a file); links and special files are left out. Returns how many files were added."""
+    if not cache.writable or not copy.is_dir():
+        return 0
+    target = cache.folder / environment_folder_name(class_key)
+    added = 0
+    for folder, _subfolders, files in os.walk(copy):
+        here = target / Path(folder).relative_to(copy)
+        for name in files:
+            source, destination = Path(folder) / name, here / name
+            if source.is_symlink() or not source.is_file() or destination.exists():
+                continue
+            here.mkdir(parents=True, exist_ok=True)
+            partial = destination.with_name(f".{name}.{os.getpid()}.partial")
+            shutil.copyfile(source, partial)
+            os.replace(partial, destination)
+            added += 1
+    return added
 
 
 def hit_counts() -> dict[str, int]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from service.core.results import CaseResult, CaseSpec, EnvironmentFingerprint
 from worker import gc_policy, sandbox
 from worker.adapters import registry as adapter_registry
+from worker.engine import compile_cache as compile_cache_module
 from worker.engine.compile_cache import CompileCache
 from worker.engine.host.protocol import (
     EXIT_REQUEST,
@@ -280,7 +281,7 @@ class KernelHost:
         if folders:
             built = Path(self.library_path)
             library = str(inside[0] if built.is_dir() else inside[0] / built.name)
-        cache_inside = None
+        cache_inside, self.compile_cache = None, compile_cache
         if compile_cache is not None:
             cache_inside = self._slot / "compile-cache"
             _link_tree(compile_cache.folder, cache_inside)
@@ -368,6 +369,10 @@ class KernelHost:
         self._process = None
         self._stderr.close()
         os.unlink(self._stderr.name)
+        if self._slot is not None and self.compile_cache is not None and self.environment is not None:
+            # A trusted spare compiled into its scratch (its box was made before the build was known)
+            compile_cache_module.keep_new_entries(self._scratch.path / compile_cache_module.SCRATCH_COPY,
+                                                  self.compile_cache, self.environment.class_key)
         self._scratch.remove()
         if self._slot is not None:
             shutil.rmtree(self._slot, ignore_errors=True)

@@ -127,7 +127,7 @@ def test_flagged_commit_lists_changed_cases_and_plots_their_data(dashboard, page
         "rows => rows.map(r => r.dataset.caseId)"))
     assert listed == expected
     first_row = page.locator("#changed-cases tbody tr").first
-    assert first_row.locator("td").nth(9).inner_text() == "1"  # first divergent step
+    assert first_row.locator("td.first-step").inner_text() == "1"  # first divergent step
 
     page.wait_for_function("document.getElementById('ref-plot').dataset.plotted")
     case_id = page.locator("#ref-plot").get_attribute("data-plotted")
@@ -143,6 +143,7 @@ def test_flagged_commit_lists_changed_cases_and_plots_their_data(dashboard, page
 
     # Another case's plot button redraws the chart with that case's data.
     other = sorted(expected - {case_id})[0]
+    page.locator(f"#changed-cases tr[data-case-id='{other}'] details.case-more summary").click()
     page.locator(f"#changed-cases tr[data-case-id='{other}'] .plot-button").click()
     page.wait_for_function(f"document.getElementById('ref-plot').dataset.plotted === {other!r}")
     other_y = page.evaluate("document.getElementById('ref-plot').data[0].y")
@@ -159,7 +160,7 @@ def test_verify_run_page_plots_the_corun_difference(dashboard, page) -> None:
     diff_y = page.evaluate("document.getElementById('diff-plot').data[0].y")
     assert diff_y == engine.diffs[case_id]
     assert max(diff_y) > 0
-    cell = page.locator(f"#changed-cases tr[data-case-id='{case_id}'] td").nth(10).inner_text()
+    cell = page.locator(f"#changed-cases tr[data-case-id='{case_id}'] .max-diff").text_content()
     assert cell == f"{max(engine.diffs[case_id]):.3e}"
     _no_console_errors(page)
 
@@ -297,6 +298,6 @@ def test_changed_cases_show_the_final_step_where_it_disagrees(dashboard, page) -
             assert note.inner_text() == f"final step alone: {expected}"
         else:
             assert note.count() == 0
-        peak = row.locator(".peak-distance").inner_text()
+        peak = row.locator(".peak-distance").text_content().strip()  # in the row's closed details
         assert peak == f"peak {case.baseline_peak_ref64_distance:.3e} → {case.commit_peak_ref64_distance:.3e}"
     _no_console_errors(page)

@@ -106,7 +106,7 @@ def kernels(kernels_build):
 # .ci/run spreads the suite over two pytest-xdist workers by file (--dist loadfile), which hands
 # files out in collection order: a long file started last would leave one worker alone at the end.
 LONGEST_FIRST = (
-    "test_sensitivity_ci_catalogue.py", "test_e2e_service.py", "test_faults.py", "test_scale_out_cpu.py",
+    "test_real_library_torchao.py", "test_sensitivity_ci_catalogue.py", "test_e2e_service.py", "test_faults.py", "test_scale_out_cpu.py",
     "test_kernel_speed_e2e.py", "test_hostile_corpus.py", "test_cuda_compiles.py", "test_external_project.py",
     "test_case_history_browser.py", "test_engine_host.py", "test_build.py", "test_sensitivity.py",
     "test_bisect_service.py", "test_sensitivity_catalogue.py", "test_build_ccache.py",

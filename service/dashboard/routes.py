@@ -21,6 +21,7 @@ from fastapi.templating import Jinja2Templates
 from service.api.deps import SessionDep, SettingsDep
 from service.api.params import Page, RunIdPath, RunIdQuery
 from service.dashboard import release_matrix, speed_pages, wording
+from service.dashboard import commit_page as commit_page_figures  # the route below is also named commit_page
 from service.db.models import FINAL_STATUSES
 from service.core import attribution_view
 from service.domain import environment_matrix, project_configuration
@@ -84,7 +85,8 @@ def _run_page(request: Request, session: SessionDep, run_id: int) -> HTMLRespons
     return _page(request, "run.html", page=data, run=data.run, project=data.run.project,
                  sentence=wording.verdict_sentence(data), fingerprint=fingerprint, adapter=adapter,
                  **_attribution(data.run),
-                 first_plot=first_plot, final=data.run.status in FINAL_STATUSES)
+                 first_plot=first_plot, final=data.run.status in FINAL_STATUSES,
+                 figures=commit_page_figures.headline_figures(data.run))
 
 
 def _attribution(run) -> dict:  # noqa: ANN001

@@ -6,7 +6,7 @@ per mutant, how many cases changed and what each was called.
 Mutants (text substitutions in csrc/optimizer_math.h; each must match, or the script stops):
 semantic — decay (weight decay after the update, worker.mutations), eps (eps inside the square
 root), bc1 (first-moment bias correction dropped), swap (beta1/beta2 swapped in Adam's moment
-updates); rounding-level — ulp (Adam's step size in float32, tests/test_engine_check.py's ONE_ULP),
+updates); rounding-level — ulp (Adam's step size in float32, tests/worker/engine/test_engine_check.py's ONE_ULP),
 fma (the parameter update contracted into one fmaf). Builds go through the digest cache.
 """
 

@@ -3,7 +3,7 @@
 model_dump, as it wrote them until round 12, and what the parent's parse costs, for a battery's
 answers made up as bench/parent_share.py makes them: full results (a cold run: three metric
 series, the non-finite counts and the digests per step) and digests only (a warm kernels-only
-pass). Both encodings parse to the same values (tests/test_host_protocol.py).
+pass). Both encodings parse to the same values (tests/worker/engine/test_host_protocol.py).
 
     python bench/result_lines.py [--battery standard] [--repeat 7]
 

@@ -1,4 +1,4 @@
-"""A git repository of lion-pytorch (PyPI) as an optdrift project, for tests/test_real_library_lion.py.
+"""A git repository of lion-pytorch (PyPI) as an optdrift project, for tests/scenarios/test_real_library_lion.py.
 
 The library's files are not kept in this repository: they are copied from the installed
 distribution (the [test] extra pins lion-pytorch==0.2.5), with its metadata as the tree's PKG-INFO

@@ -269,7 +269,7 @@ def _ci_case(optimizer: str, family: str, dtype: str, point: dict, gradient: dic
 # The smallest subset of the candidate pool (worker/sensitivity/batteries/pool.json) that catches every
 # defect of the mutation catalogue: chosen by worker/sensitivity/ci_selection.py from the recorded
 # catalogue run (worker/sensitivity/recorded/cpu_pool.json); docs/ENGINE.md "Battery sensitivity".
-# Regenerate both when the catalogue or the kernels change; tests/test_sensitivity_batteries.py checks it.
+# Regenerate both when the catalogue or the kernels change; tests/worker/sensitivity/test_sensitivity_batteries.py checks it.
 # v2 (issue 37): the catalogue's block-multiple tail count and AdEMAMix's float32 1/(1 - beta1^t), and
 # the coverage rules (ci_selection.coverage_rules: a block-multiple 8-bit size, >= 5 steps of Adam and AdEMAMix).
 _CI_CASES = [

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The co-run's kernels phase by chunk size on the H200 (issue 18), and the CUDA kernels-only test:
 # bench/corun_chunks.py on the standard battery (the decay-after-update copy's 237 changed cases,
-# 2.7 GB of parameters per side), then tests/test_corun_fast.py -k cuda. About 2 minutes.
+# 2.7 GB of parameters per side), then tests/worker/engine/test_corun_fast.py -k cuda. About 2 minutes.
 # Here first: bash bench/gpu/fetch_wheels.sh; bash bench/gpu/h200_builds.sh --fetch (ccache in .tools)
 # and (cd .tools && apt-get download bubblewrap). Through the device tool:
 #   run(command="bash bench/gpu/h200_corun_chunks.sh", carry=[".whl", ".tools"], timeout_s=400)
@@ -20,5 +20,5 @@ export PYTHONPATH=/tmp/site:$PWD
 timeout 300 python3 bench/corun_chunks.py --battery standard --device cuda --chunk-mib ${CHUNK_MIB:-256 1024 4096} \
   2>&1 | tee "$OUT/corun_chunks.txt"
 status=${PIPESTATUS[0]}
-timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_corun_fast.py -k cuda 2>&1 | tee -a "$OUT/corun_chunks.txt"
+timeout 100 python3 -m pytest -q -p no:cacheprovider tests/worker/engine/test_corun_fast.py -k cuda 2>&1 | tee -a "$OUT/corun_chunks.txt"
 exit $(( status | PIPESTATUS[0] ))

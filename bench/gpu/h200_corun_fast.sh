@@ -26,7 +26,7 @@ stamp "co-run and reference cache (standard battery)" | tee "$OUT/corun_and_refe
 timeout 420 python3 bench/corun_and_references.py --battery standard --device cuda \
   --json-out "$OUT/corun_and_references.json" 2>&1 | tee -a "$OUT/corun_and_references.txt" || status=1
 stamp "CUDA identity tests (fast engine, kernels-only waves, the cache's two passes)" | tee "$OUT/pytest_corun.txt"
-timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_fast_engine.py tests/test_corun_fast.py \
-  tests/test_reference_cache.py -k cuda 2>&1 | tee -a "$OUT/pytest_corun.txt" || status=1
+timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/worker/engine/test_fast_engine.py tests/worker/engine/test_corun_fast.py \
+  tests/worker/engine/test_reference_cache.py -k cuda 2>&1 | tee -a "$OUT/pytest_corun.txt" || status=1
 stamp "done (status $status)"
 exit $status

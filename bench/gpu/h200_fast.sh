@@ -16,7 +16,7 @@ stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
 { nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; nproc; } 2>&1 | tee "$OUT/gpu.txt"
 stamp "GPU tests" | tee "$OUT/pytest_fast.txt"
-timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_fast_engine.py -k cuda 2>&1 | tee -a "$OUT/pytest_fast.txt"
+timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/worker/engine/test_fast_engine.py -k cuda 2>&1 | tee -a "$OUT/pytest_fast.txt"
 stamp "battery speed" | tee "$OUT/battery_speed.txt"
 timeout 300 python3 bench/battery_speed.py --battery standard --device cuda --straight-budget-s "${STRAIGHT_S:-60}" \
   --floor-us 1.911 --json-out "$OUT/battery_speed.json" 2>&1 | tee -a "$OUT/battery_speed.txt"

@@ -19,7 +19,7 @@ stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
 { nvidia-smi --query-gpu=name,compute_cap,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; nproc; } 2>&1 | tee "$OUT/gpu.txt"
 stamp "CUDA timing test" | tee "$OUT/pytest_kernel_speed.txt"
-timeout 240 python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernel_speed_cuda.py 2>&1 | tee -a "$OUT/pytest_kernel_speed.txt"
+timeout 240 python3 -m pytest -q -rs -p no:cacheprovider tests/worker/speed/test_kernel_speed_cuda.py 2>&1 | tee -a "$OUT/pytest_kernel_speed.txt"
 stamp "kernel speed" | tee "$OUT/kernel_speed.txt"
 timeout 540 python3 bench/kernel_speed.py --device cuda --sizes 1048576 67108864 --repeats 50 \
   --reruns "${RERUNS:-20}" --max-s "${MAX_S:-420}" --mutant adam/32bit --mutant-fraction 0.35 \

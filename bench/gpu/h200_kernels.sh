@@ -12,9 +12,9 @@ nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
 python3 bench/build_times.py --archs 9.0 --cache "$OPTDRIFT_BUILD_CACHE" 2>&1 | tee "$OUT/build_times.txt"
 python3 bench/adam_bandwidth.py 2>&1 | tee "$OUT/adam_bandwidth.txt"
-python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels_32bit.py tests/test_kernels_opcheck.py \
-  tests/test_kernels_bad_input.py tests/test_quant_map.py tests/test_kernels_8bit.py \
-  tests/test_kernels_8bit_acceptance.py tests/test_kernels_discriminate.py tests/test_gradients.py \
+python3 -m pytest -q -rs -p no:cacheprovider tests/csrc/test_kernels_32bit.py tests/csrc/test_kernels_opcheck.py \
+  tests/csrc/test_kernels_bad_input.py tests/worker/references/test_quant_map.py tests/csrc/test_kernels_8bit.py \
+  tests/csrc/test_kernels_8bit_acceptance.py tests/csrc/test_kernels_discriminate.py tests/worker/engine/test_gradients.py \
   2>&1 | tee "$OUT/pytest_kernels.txt"
 python3 bench/kernel_accuracy.py --device cuda 2>&1 | tee "$OUT/kernel_accuracy.txt"
 python3 -m worker.references.closed_form_8bit --device all 2>&1 | tee "$OUT/closed_form_8bit.txt"

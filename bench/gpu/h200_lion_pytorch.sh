@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 20's real library on the H200: lion-pytorch 0.2.5 (pure PyTorch, so its CUDA path is torch's)
-# through `optdrift check --device cuda`, the history tests/test_real_library_lion.py checks on the
+# through `optdrift check --device cuda`, the history tests/scenarios/test_real_library_lion.py checks on the
 # CPU: comment-only vs base (want exit 0, unchanged), decay after the update vs comment (want 1,
 # changed from step 1 in the weight-decayed cases), momentum with beta1 vs comment (want 1, changed
 # from step 1 in the beta1 != beta2 cases).

@@ -37,7 +37,7 @@ fi
 if [[ " $PARTS " == *" tests "* ]]; then
   stamp tests
   # shellcheck disable=SC2086
-  timeout "$(left 200)" python3 -m pytest -q -rs -p no:cacheprovider ${CUDA_TESTS:-tests/test_corun_fast.py tests/test_step_inputs.py tests/test_reference_cache.py} -k cuda 2>&1 \
+  timeout "$(left 200)" python3 -m pytest -q -rs -p no:cacheprovider ${CUDA_TESTS:-tests/worker/engine/test_corun_fast.py tests/worker/engine/test_step_inputs.py tests/worker/engine/test_reference_cache.py} -k cuda 2>&1 \
     | tee "$OUT/pytest_cuda.txt" | tail -3 || status=1
   pack
 fi

@@ -18,7 +18,7 @@ export OPTDRIFT_BWRAP=/tmp/bwrap-root/usr/bin/bwrap
   id; command -v setpriv; "$OPTDRIFT_BWRAP" --version; ls -la /dev/nvidia* | head
   python3 -c "from worker import sandbox; print('sandbox:', sandbox.status())"; } 2>&1 | tee "$OUT/gpu.txt"
 stamp "sandbox tests" | tee "$OUT/pytest_sandbox.txt"
-timeout 200 python3 -m pytest -q -rs -p no:cacheprovider tests/test_sandbox.py 2>&1 | tee -a "$OUT/pytest_sandbox.txt"
+timeout 200 python3 -m pytest -q -rs -p no:cacheprovider tests/worker/sandbox/test_sandbox.py 2>&1 | tee -a "$OUT/pytest_sandbox.txt"
 stamp "standard battery with and without the box" | tee "$OUT/sandbox_overhead.txt"
 timeout 300 python3 bench/sandbox_overhead.py --battery standard --device cuda --repeats 3 2>&1 | tee -a "$OUT/sandbox_overhead.txt"
 stamp "done"

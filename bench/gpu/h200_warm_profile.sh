@@ -18,7 +18,7 @@ fi
 # on every dtype, fast engine with it == run_case.
 if [ "${TESTS:-1}" != 0 ]; then
   # shellcheck disable=SC2086
-  timeout 300 python3 -m pytest -q -rs -p no:cacheprovider ${CUDA_TESTS:-tests/test_od2_op.py tests/test_call_loop.py tests/test_fast_engine.py tests/test_step_inputs.py} -k cuda 2>&1 \
+  timeout 300 python3 -m pytest -q -rs -p no:cacheprovider ${CUDA_TESTS:-tests/worker/engine/test_od2_op.py tests/worker/engine/test_call_loop.py tests/worker/engine/test_fast_engine.py tests/worker/engine/test_step_inputs.py} -k cuda 2>&1 \
     | tee "$OUT/pytest_od2.txt"
 fi
 # What one kernel call costs the host, by layer (OPCOST=0 skips it).

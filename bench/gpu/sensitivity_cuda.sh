@@ -76,8 +76,8 @@ command -v patch >/dev/null || command -v git >/dev/null || fail "neither patch 
 # launches zero blocks would otherwise cost a host start per case): checked here first.
 # CUDA_ERROR_TESTS=0 skips them (a resumed call, once they have passed in the first).
 if [ "${CUDA_ERROR_TESTS:-1}" != 0 ]; then
-  echo "tests/test_cuda_errors.py:" | tee -a "$LOG"
-  timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda_errors.py 2>&1 | tail -n 8 | tee -a "$LOG"
+  echo "tests/worker/engine/test_cuda_errors.py:" | tee -a "$LOG"
+  timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/worker/engine/test_cuda_errors.py 2>&1 | tail -n 8 | tee -a "$LOG"
 fi
 
 ONLY=$(python3 - "$MUTANTS" <<'EOF'

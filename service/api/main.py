@@ -83,7 +83,7 @@ def create_app() -> FastAPI:
 
     async def value_out_of_range(_request: Request, exc: Exception) -> JSONResponse:
         # A value the database cannot hold (an id past 2**31, an offset past 2**63): the request's
-        # fault, found by fuzzing the schema (tests/test_fuzz_api.py).
+        # fault, found by fuzzing the schema (tests/service/api/test_fuzz_api.py).
         first_line = (str(getattr(exc, "orig", None) or exc).splitlines() or [""])[0]
         return JSONResponse({"detail": f"a value in the request is out of range: {first_line[:200]}"},
                             status_code=422)

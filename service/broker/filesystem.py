@@ -5,7 +5,7 @@ kombu (5.x) creates an exchange's table file on first bind by opening it for wri
 and writing it. A second process binding to the same exchange in between finds the file, locks it,
 reads it empty and fails with a JSONDecodeError. Two workers started together on one embedded
 default hit it in CI: both bind their pidbox queue to `celery.pidbox` at start, and one exited
-before it was ready (tests/test_broker_filesystem.py fails with kombu's own transport put in
+before it was ready (tests/service/broker/test_broker_filesystem.py fails with kombu's own transport put in
 its TRANSPORT).
 
 Here a missing table is first created whole, as "[]", by linking a complete temporary file into

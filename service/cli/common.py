@@ -45,7 +45,7 @@ def needs_extra(command: str, extra: str, modules: tuple[str, ...]) -> None:
     """A command that needs an extra, run from the client install: one line naming the extra, exit 2.
     Every command that builds or runs kernels here (worker, check, sensitivity, adapter-check,
     bisect --local) calls it with ENGINE_MODULES before importing worker code
-    (tests/test_cli_ergonomics.py walks every command on a client install)."""
+    (tests/service/cli/test_cli_ergonomics.py walks every command on a client install)."""
     import importlib.util
 
     missing = [name for name in modules if importlib.util.find_spec(name) is None]

@@ -1,6 +1,6 @@
 """The pure core every process speaks: the API, the command, the worker and the sandboxed kernel
 host. pydantic (and numpy for the speed statistics) only; no database, torch, Celery or settings,
-and nothing else of ours (the import contract in pyproject.toml says so; tests/test_import_contracts.py
+and nothing else of ours (the import contract in pyproject.toml says so; tests/project/test_import_contracts.py
 checks it).
 
     results.py         what a case and a run produce (CaseResult, RunResult) and how two compare

@@ -24,7 +24,7 @@ import numpy as np
 
 # Practical threshold: a slowdown under 5 % is not flagged even when it is certain. Kernel timings
 # move by a percent or two between processes (clocks, placement) — more than the within-run
-# bootstrap sees — and the target is a 10 % slowdown flagged (tests/test_kernel_speed_noise.py).
+# bootstrap sees — and the target is a 10 % slowdown flagged (tests/service/core/test_kernel_speed_noise.py).
 SLOWDOWN_THRESHOLD = 0.05
 CONFIDENCE = 0.99
 BOOTSTRAP_RESAMPLES = 2000

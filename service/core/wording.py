@@ -7,7 +7,7 @@ Numbers: `number(x)` writes SIGNIFICANT_DIGITS significant digits and always the
 (`1.255e-02`, never `1.255` or `0.01255`), so a figure keeps its scale in any cell and reads the
 same on every surface; 0, NaN, +inf, -inf as such; "—" (or `missing`) for no value. `ratio(x)` is
 `×` + number(x); `size(x, unit)` appends a unit. Display only: stored values keep full precision.
-tests/test_wording.py checks the table, that no figure loses its exponent, and that no other module
+tests/service/core/test_wording.py checks the table, that no figure loses its exponent, and that no other module
 formats a float with a precision spec of its own.
 
 In a Jinja template (service/dashboard/routes.py and speed_pages.py register it):
@@ -17,7 +17,7 @@ In a Jinja template (service/dashboard/routes.py and speed_pages.py register it)
 
 `sci` is the same filter under its older name. The dashboard's JavaScript mirrors `number` as
 `optdrift.number` (service/dashboard/static/dashboard.js; plots put its text in `customdata` for
-their hover); tests/test_wording.py runs both on one table of values and checks they agree.
+their hover); tests/service/core/test_wording.py runs both on one table of values and checks they agree.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ open at once with their steps interleaved):
 * `bind(handle, param, grad) -> step_fn` (optional) is `step` on fixed tensors with per-call checks
   done once; the fast engine calls it when the adapter overrides it.
 
-Each rule is tested in tests/test_adapter_lifecycle.py (docs/PROJECTS.md names the test per
+Each rule is tested in tests/worker/adapters/test_adapter_lifecycle.py (docs/PROJECTS.md names the test per
 rule), on the library-owned fixture tests/fixtures/ownedopt and every adapter in the tree; to
 check an adapter of your own, worker.engine.conformance.check_adapter runs cases through both
 engines and names each case they disagree on. An object with the older `init_states` /

@@ -262,7 +262,7 @@ def bind_step(optimizer: str, param: torch.Tensor, grad: torch.Tensor,
 class BoundOp:
     """One case's op call with every argument fixed but the step number (which, where the op takes
     one, comes right after the tensors): `bound(step)` makes the call. worker.engine.call_loop makes
-    the same call from C++ when the harness library is loaded (tests/test_call_loop.py)."""
+    the same call from C++ when the harness library is loaded (tests/worker/engine/test_call_loop.py)."""
 
     __slots__ = ("op", "head", "tail", "takes_step")
 

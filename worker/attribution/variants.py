@@ -3,7 +3,7 @@
 Each rule below is the kernel's per-element math (csrc/optimizer_math.h) written once in float64,
 with switches for the ways it is commonly got wrong. `Variant` names one setting of the switches;
 `CORRECT` (no switches) is the algorithm itself and agrees with the float64 references
-(worker/references/optimizers.py) to float64 rounding (tests/test_attribution_variants.py).
+(worker/references/optimizers.py) to float64 rounding (tests/worker/attribution/test_attribution_variants.py).
 `replay(case, variants)` runs them over the case's exact gradients (worker/engine/gradients.py:
 the same open-loop stream the kernel saw; closed loop, the quadratic's gradient at each variant's own
 parameters, as the float64 reference does), each from the kernel's starting point.

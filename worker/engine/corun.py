@@ -1,7 +1,7 @@
 """Run a battery on one build, or co-run it on a commit build and a baseline build.
 
 Co-running gives the per-step max |commit - baseline| of the cases whose digests differ. Two ways,
-the same numbers (tests/test_corun_fast.py):
+the same numbers (tests/worker/engine/test_corun_fast.py):
 
 * **fast** (the worker's): the cases go in chunks (one step count, at most `chunk_bytes` of
   parameters per side; a case larger than that is a chunk of its own) to both kernel hosts at

@@ -9,7 +9,7 @@ with it, and only a new process gets a working context.
 The kernel host restarts only for the second kind. Restarting for the first would cost a host
 start (seconds: importing torch, a new context) for every case that tripped it: a mutant that launches
 zero blocks on one-element 8-bit cases turned a 10 s battery into minutes
-(tests/test_cuda_errors.py, run on the H200).
+(tests/worker/engine/test_cuda_errors.py, run on the H200).
 """
 
 from __future__ import annotations

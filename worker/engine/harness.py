@@ -5,7 +5,7 @@ loaded wherever the fast engine runs. It holds two things the engine uses when t
 * `PreparedCalls`, the loop that makes a step's kernel calls from C++ (worker.engine.call_loop).
 
 Both give the same bits as the Python paths they replace, which stay as the fallback and as the
-reference the tests compare with (tests/test_od2_op.py, tests/test_call_loop.py).
+reference the tests compare with (tests/worker/engine/test_od2_op.py, tests/worker/engine/test_call_loop.py).
 
 Where it comes from. It is optdrift's code, never a contributor's: it is built from this
 package's sources by the same sandboxed, digest-keyed build as a kernel tree

@@ -148,7 +148,7 @@ class ReadyWaves:
     Only adapters whose open does not call the build may be set up ahead: the spare uses the
     bundled families (worker.adapters.bundled), and a wave is handed only to a run whose adapter
     gives those same family objects. The values are the ones the run would make itself (the same
-    code on the same cases; tests/test_host_reserve.py compares every digest)."""
+    code on the same cases; tests/worker/engine/test_host_reserve.py compares every digest)."""
 
     def __init__(self, cases: list[CaseSpec], device: torch.device | str,
                  families: Mapping[str, FamilyAdapter]) -> None:

@@ -5,7 +5,7 @@ Why. The fast engine observes every arena every step: each case's non-finite cou
 od2 lanes (worker/engine/digest.py). As torch ops that is about twenty int64 kernels per arena,
 each reading and writing the arena widened to 8 bytes an element, which makes the observation,
 not the kernels under test, most of a warm battery's GPU time. The op reads each element once. Its sums are modulo 2^64 like the torch ops', so the
-digests are the same bits either way (tests/test_od2_op.py compares them on every dtype; the fast
+digests are the same bits either way (tests/worker/engine/test_od2_op.py compares them on every dtype; the fast
 engine's identity tests run with it). `OPTDRIFT_OD2_FUSED=0` turns it off (the torch ops then run).
 """
 

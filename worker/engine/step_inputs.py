@@ -8,7 +8,7 @@ with the step loop and the wave's setup for the host's cores. So a spare kernel 
 its run comes (`prepare`): the parent tells it which cases to expect (those of the worker's last
 run), it plans their waves as the engine will, and keeps each step's tensors until a wave with the
 same layout asks for them. A wave whose layout was not prepared makes its own, as before; the
-values are the same either way (the same function on the same inputs; `tests/test_step_inputs.py`).
+values are the same either way (the same function on the same inputs; `tests/worker/engine/test_step_inputs.py`).
 
 Step t's layout: the values of the streams active at t back to back, then one 0.0 (where padding,
 closed-loop rows and finished cases point); the masks likewise, then one False.

@@ -8,7 +8,7 @@ run, in plain C++ with no device-only construct; `--with-shared-headers` also nv
 mutants (through cuda/blockwise8.cu, which instantiates all six rules and the 8-bit path), at a
 minute or more per mutant on this machine.
 
-The flags are tests/test_cuda_compiles.py's (sm_90, this torch's headers, the CPU wheel's missing
+The flags are tests/worker/build/test_cuda_compiles.py's (sm_90, this torch's headers, the CPU wheel's missing
 CMake macro header switched off); the recorded results live in catalogue/cuda_compile_checks.json.
 
     python -m worker.sensitivity.cuda_compile [--only ID ...]   # writes the record

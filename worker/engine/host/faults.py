@@ -1,4 +1,4 @@
-"""Test-only fault injection of the kernel host (tests/test_engine_host.py, tests/test_faults.py).
+"""Test-only fault injection of the kernel host (tests/worker/engine/test_engine_host.py, tests/scenarios/test_faults.py).
 
 OPTDRIFT_TEST_HOST_FAULT="abort:TEXT" calls os.abort(), "segv:TEXT" reads address 0 and
 "hang:TEXT" sleeps forever when a case id contains TEXT. A host runs submitted code, so it may

@@ -88,7 +88,7 @@ def result_line(result: CaseResult, **fields: object) -> str:
     """The protocol line {**fields, "result": result}. pydantic writes the result's JSON itself,
     several times faster than json.dumps of model_dump, which first builds every value as a Python
     object (bench/result_lines.py compares them); json parses both to the same values, every float bit for bit
-    (tests/test_host_protocol.py)."""
+    (tests/worker/engine/test_host_protocol.py)."""
     head = json.dumps(fields)[:-1]  # '{"index": 3' of '{"index": 3}', or '{' for no fields
     return f'{head}{", " if fields else ""}"result": {result.model_dump_json()}}}\n'
 

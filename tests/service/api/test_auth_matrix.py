@@ -30,6 +30,10 @@ POLICY: dict[tuple[str, str], set[str] | str] = {
     ("GET", "/api/v1/projects"): PUBLIC,
     ("POST", "/api/v1/projects"): {"admin"},
     ("GET", "/api/v1/projects/{project}"): PUBLIC,
+    ("PATCH", "/api/v1/projects/{project}"): {"admin"},
+    ("GET", "/api/v1/projects/{project}/environment-comparison"): PUBLIC,
+    ("GET", "/api/v1/projects/{project}/environment-matrix"): PUBLIC,
+    ("GET", "/projects/{project}/environments"): PUBLIC,
     ("POST", "/api/v1/projects/{project}/commits"): {"admin", "submit"},
     ("GET", "/api/v1/projects/{project}/commits"): PUBLIC,
     ("GET", "/api/v1/projects/{project}/commits/{sha}"): PUBLIC,
@@ -148,6 +152,8 @@ def _request(client, method: str, template: str, context: dict, token: str | Non
         return client.post(path, headers=headers, data={"base": context["sha"]}, files={"archive": archive})
     if template == "/api/v1/sources":
         return client.post(path, headers=headers, files={"archive": archive})
+    if method == "PATCH":  # a project's registered fields
+        return client.patch(path, headers=headers, json={"default_battery": "quick"})
     if method in ("PUT", "DELETE"):  # notification settings (issue 16); webhook 1 may not exist: 404
         body = {"repository": "octo/kernels", "token": "ghp_matrix0123456789"} if method == "PUT" else None
         return client.request(method, path, headers=headers, json=body)

@@ -34,8 +34,8 @@ def test_a_changed_check_says_its_phases_and_bounds_attribution(tmp_path: Path, 
     # Each phase with its seconds and share of the whole; the shares add up to the whole.
     line = result.output.strip().splitlines()[-1]
     shares = dict((name, int(share)) for name, share in re.findall(r"([a-z -]+) [0-9.]+ s \((\d+)%\)", line))
-    assert {"builds", "baseline battery", "commit battery and repeats", "co-run", "attribution"} <= {
-        name.strip(", ") for name in shares}, line
+    named = {name.strip(", ").removeprefix("(").split(": ")[-1] for name in shares}
+    assert {"builds", "baseline battery", "commit battery and repeats", "co-run", "attribution"} <= named, line
     assert 95 <= sum(shares.values()) <= 105, line
     assert f"attribution: what kind of change, for 4 of the {len(changed)} changed cases" in result.output
 

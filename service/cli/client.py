@@ -125,6 +125,11 @@ class OptdriftClient:
             raise ApiError(response)
         return response.json()
 
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:  # noqa: ANN401
+        """Any API call: its JSON answer (None for 204), or ApiError for a 4xx/5xx."""
+        response = self.http.request(method, path, **kwargs)
+        return None if response.status_code == 204 else self._check(response)
+
     def ensure_project(self, name: str, **fields: Any) -> dict:  # noqa: ANN401
         response = self.http.get(f"/api/v1/projects/{name}")
         if response.status_code == 404:

@@ -48,7 +48,7 @@ def compare(
         if run:
             _run_where_missing(client, project=project, commit=commit, environments=env, battery=battery,
                                timeout_s=timeout)
-        answer = client._check(client.http.get(f"/api/v1/projects/{project}/environment-comparison", params=params))
+        answer = client.request("GET", f"/api/v1/projects/{project}/environment-comparison", params=params)
     verdict = answer["comparison"]["verdict"]
     if output == "json":
         print(json.dumps({**answer, "run_url": client.dashboard_url(answer["b"]["run_id"])}, indent=2))
@@ -63,14 +63,14 @@ def _run_where_missing(client, *, project: str, commit: str, environments: list[
     environments without a run of it, and wait for those runs, saying so on stderr."""
     import sys
 
-    stored = client._check(client.http.get(f"/api/v1/projects/{project}/commits/{commit}"))
+    stored = client.request("GET", f"/api/v1/projects/{project}/commits/{commit}")
     have = {r["environment"] for r in stored["runs"] if not battery or r["battery"] == battery}
     missing = [name for name in environments if name not in have]
     if not missing:
         return
     form = {"sha": stored["sha"], "source_digest": stored["source_digest"], "parents": " ".join(stored["parents"]),
             "environments": ",".join(missing), **({"battery": battery} if battery else {})}
-    submitted = client._check(client.http.post(f"/api/v1/projects/{project}/commits", data=form))
+    submitted = client.request("POST", f"/api/v1/projects/{project}/commits", data=form)
     new = [r for r in submitted["runs"] if r["environment"] in missing]
     print(f"running {stored['sha'][:12]} in {', '.join(missing)} (runs {', '.join(str(r['id']) for r in new)}); "
           "waiting for them", file=sys.stderr, flush=True)

@@ -47,11 +47,8 @@ def _secret(*, env: str, path: Optional[Path], what: str, option: str) -> str:
 def _call(url: str, method: str, path: str, body: dict | None = None) -> dict | None:
     from service.cli.client import OptdriftClient
 
-    cli = _cli()
-    client = OptdriftClient(url)
-    with cli.expected_failures(url):
-        response = client.http.request(method, path, json=body)
-        return None if response.status_code == 204 else client._check(response)
+    with _cli().expected_failures(url):
+        return OptdriftClient(url).request(method, path, json=body)
 
 
 @notify_app.command("github")

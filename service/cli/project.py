@@ -39,9 +39,8 @@ def _cli():  # noqa: ANN202
 def _call(url: str, method: str, path: str, body: dict | None = None) -> dict:
     from service.cli.client import OptdriftClient
 
-    client = OptdriftClient(url)
     with _cli().expected_failures(url):
-        return client._check(client.http.request(method, path, json=body))
+        return OptdriftClient(url).request(method, path, json=body)
 
 
 def _fields(environment: list[str] | None, battery: str | None, adapter: str | None,

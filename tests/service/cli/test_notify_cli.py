@@ -1,42 +1,12 @@
 """`optdrift notify`: the settings set through the CLI against the real app on a port (uvicorn in a
-thread, the test's database session), secrets read from files or the environment only."""
+thread, the test's database session: tests/service_fixtures.py live_api), secrets read from files or the environment only."""
 
 from __future__ import annotations
 
-import threading
-import time
-
-import pytest
 from typer.testing import CliRunner
 
 from service.cli import app as cli_app
 from tests.notify_rows import make_project
-from tests.service_fixtures import free_port
-
-
-@pytest.fixture
-def live_api(db_session, api_settings):  # noqa: ANN001
-    import uvicorn
-
-    from service.api.main import create_app
-    from service.db.session import get_session
-    from service.settings import get_settings
-
-    app = create_app()
-    app.dependency_overrides[get_session] = lambda: db_session
-    app.dependency_overrides[get_settings] = lambda: api_settings
-    port = free_port()
-    # One worker thread at a time uses the test's session (uvicorn serves requests in turn here).
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
 
 
 def test_notify_cli_sets_github_and_a_webhook_from_secret_files(live_api, db_session, admin_token, tmp_path,

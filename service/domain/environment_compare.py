@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from service.core.results import EnvironmentFingerprint, RunComparison, RunResult
 from service.core.verdicts import compare_runs
-from service.db.models import DONE, Project, Run
+from service.db.models import DONE, Commit, Project, Run
 from service.domain import trajectories
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
 from service.domain.submissions import find_commit
@@ -85,27 +85,39 @@ def _finished_run(session: Session, *, project: Project, commit_id: int, environ
     return done[0]
 
 
+class Side:
+    """One environment's finished run of a commit, with its results loaded once."""
+
+    def __init__(self, session: Session, *, project: Project, commit: Commit, environment: str,
+                 battery: str | None) -> None:
+        self.environment = environment
+        self.run = _finished_run(session, project=project, commit_id=commit.id, environment=environment,
+                                 battery=battery, sha=commit.sha)
+        self.result = trajectories.run_result(session=session, run=self.run)
+
+
+def compare_sides(project: Project, commit: Commit, a: Side, b: Side) -> EnvironmentComparison:
+    """B's results judged against A's (both of `commit`, loaded)."""
+    if a.run.battery != b.run.battery:
+        raise BadInputError(f"the runs used different batteries ({a.run.battery!r} in {a.environment}, "
+                            f"{b.run.battery!r} in {b.environment}); name one with `battery`")
+    return EnvironmentComparison(
+        project=project.name, commit=commit.sha, battery=a.run.battery,
+        a=_side(a.environment, a.run, a.result), b=_side(b.environment, b.run, b.result),
+        fingerprint_changes=fingerprint_changes(a.result.environment, b.result.environment),
+        same_build=a.run.build_digest is not None and a.run.build_digest == b.run.build_digest,
+        comparison=compare_runs(b.result, a.result))
+
+
 def compare(*, session: Session, project: Project, ref: str, environment_a: str, environment_b: str,
             battery: str | None = None) -> EnvironmentComparison:
     """Commit `ref` as environment B ran it, judged against environment A's run of it."""
     if environment_a == environment_b:
         raise BadInputError(f"name two different environments (both are {environment_a!r})")
     commit = find_commit(session=session, project=project, ref=ref)
-    run_a = _finished_run(session, project=project, commit_id=commit.id, environment=environment_a,
-                          battery=battery, sha=commit.sha)
-    run_b = _finished_run(session, project=project, commit_id=commit.id, environment=environment_b,
-                          battery=battery or run_a.battery, sha=commit.sha)
-    if run_a.battery != run_b.battery:
-        raise BadInputError(f"the runs used different batteries ({run_a.battery!r} in {environment_a}, "
-                            f"{run_b.battery!r} in {environment_b}); name one with `battery`")
-    result_a = trajectories.run_result(session=session, run=run_a)
-    result_b = trajectories.run_result(session=session, run=run_b)
-    return EnvironmentComparison(
-        project=project.name, commit=commit.sha, battery=run_a.battery,
-        a=_side(environment_a, run_a, result_a), b=_side(environment_b, run_b, result_b),
-        fingerprint_changes=fingerprint_changes(result_a.environment, result_b.environment),
-        same_build=run_a.build_digest is not None and run_a.build_digest == run_b.build_digest,
-        comparison=compare_runs(result_b, result_a))
+    a = Side(session, project=project, commit=commit, environment=environment_a, battery=battery)
+    b = Side(session, project=project, commit=commit, environment=environment_b, battery=battery or a.run.battery)
+    return compare_sides(project, commit, a, b)
 
 
 def _side(environment: str, run: Run, result: RunResult) -> EnvironmentSide:

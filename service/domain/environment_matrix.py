@@ -45,14 +45,30 @@ class EnvironmentMatrix(BaseModel):
     rows: list[MatrixRow]
 
 
-def _cell(session: Session, project: Project, commit: Commit, reference: str, environment: str) -> MatrixCell:
+def _missing(environment: str, why: Exception) -> MatrixCell:
+    return MatrixCell(environment=environment, state="missing", note=str(why))
+
+
+def _row(session: Session, project: Project, commit: Commit, reference: str, others: list[str]) -> MatrixRow:
+    """One release: the reference environment's results loaded once, each other environment's
+    judged against them."""
     try:
-        answer = environment_compare.compare(session=session, project=project, ref=commit.sha,
-                                             environment_a=reference, environment_b=environment)
+        base = environment_compare.Side(session, project=project, commit=commit, environment=reference, battery=None)
+    except (NotFoundError, ConflictError) as missing:
+        return MatrixRow(release=commit.release_tag, sha=commit.sha, cells=[_missing(name, missing) for name in others])
+    return MatrixRow(release=commit.release_tag, sha=commit.sha,
+                     cells=[_cell(session, project, commit, base, name) for name in others])
+
+
+def _cell(session: Session, project: Project, commit: Commit, base: environment_compare.Side,
+          environment: str) -> MatrixCell:
+    try:
+        side = environment_compare.Side(session, project=project, commit=commit, environment=environment,
+                                        battery=base.run.battery)
+        answer = environment_compare.compare_sides(project, commit, base, side)
     except (NotFoundError, ConflictError, BadInputError) as missing:
-        return MatrixCell(environment=environment, state="missing", note=str(missing))
-    cases = answer.comparison.cases
-    moved = [case for case in cases if case.verdict == "changed"]
+        return _missing(environment, missing)
+    moved = [case for case in answer.comparison.cases if case.verdict == "changed"]
     steps = [case.first_divergent_step for case in moved if case.first_divergent_step]
     return MatrixCell(environment=environment, state=answer.comparison.verdict, changed=len(moved),
                       first_step=min(steps) if steps else None,
@@ -69,7 +85,5 @@ def matrix(*, session: Session, project: Project, reference: str | None = None) 
     releases = list(session.scalars(
         select(Commit).where(Commit.project_id == project.id, Commit.release_tag.is_not(None))
         .order_by(Commit.created_at.desc(), Commit.id.desc()).limit(MAX_RELEASES)))
-    rows = [MatrixRow(release=commit.release_tag, sha=commit.sha,
-                      cells=[_cell(session, project, commit, reference, name) for name in others])
-            for commit in releases]
+    rows = [_row(session, project, commit, reference, others) for commit in releases]
     return EnvironmentMatrix(project=project.name, reference=reference, environments=others, rows=rows)

@@ -27,9 +27,14 @@ os.environ.setdefault("OPTDRIFT_EXTRA_ADAPTERS", f"tinyopt={FIXTURE_ADAPTERS / '
                                                  f"compiled_adam={FIXTURE_ADAPTERS / 'compiled_adam.py'}")
 
 
+# Every build the suite makes, in this process or a child, goes to one cache: a test that builds
+# without naming a cache would otherwise use the user's (~/.cache/optdrift/builds), and its library
+# (same digest, different bytes) could not be loaded beside the shared build in the same process.
+os.environ.setdefault("OPTDRIFT_BUILD_CACHE", str(REPO_ROOT / ".optdrift" / "test-build-cache"))
+
+
 def _build_cache_dir() -> Path:
-    configured = os.environ.get("OPTDRIFT_BUILD_CACHE")
-    return Path(configured) if configured else REPO_ROOT / ".optdrift" / "test-build-cache"
+    return Path(os.environ["OPTDRIFT_BUILD_CACHE"])
 
 
 @pytest.fixture(scope="session")

@@ -300,7 +300,7 @@ def _build_and_compare(job, base_job, source: Path, baseline: Path | None, polic
                                                 adapter_paths=adapter_paths)
     print_verdict(comparison, console, show_unchanged=show_unchanged)
     print_attribution(attribution, console)
-    console.print(phases.line(), highlight=False)
+    console.print(phases.line(), highlight=False, soft_wrap=True)  # one line, for logs that grep it
     if json_out is not None:
         payload = {"commit": commit_run.model_dump(mode="json"),
                    "baseline": baseline_run.model_dump(mode="json") if baseline_run else None,

@@ -27,6 +27,7 @@ ENVIRONMENT_PATTERN = rf"^{_NAME}(?:\+{_NAME})?$"
 VARIANT_NAME = re.compile(rf"^{_NAME}$")
 # Flags a variant may not carry: what points the compiler at files or plugins (the operator writes
 # variants, but a typo here would reach every build of every project on the worker).
+_ARCH = re.compile(r"^[0-9]{1,2}\.[0-9][af]?(\+PTX)?$")
 _REFUSED_FLAG = re.compile(r"^(-fplugin|-B|-specs|--specs|-wrapper|-include|-imacros|@)")
 
 
@@ -46,6 +47,23 @@ class BuildVariant(BaseModel):
                                                    "absolute path), e.g. clang++; None: the worker's own")
     cflags: tuple[str, ...] = Field((), description="added to the host compiler's flags, after the tree's")
     cuda_cflags: tuple[str, ...] = Field((), description="added to nvcc's flags, after the tree's")
+    cuda_archs: tuple[str, ...] | None = Field(None, description="the CUDA architectures to build for, in place of "
+                                                                 "the worker's (TORCH_CUDA_ARCH_LIST entries: "
+                                                                 "'9.0', '8.0+PTX'); on a machine that builds "
+                                                                 "for CUDA only. ('8.0+PTX',) on a Hopper card "
+                                                                 "runs the PTX through the driver's JIT")
+
+    @field_validator("cuda_archs")
+    @classmethod
+    def _arch_entries(cls, archs: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if archs is not None:
+            if not archs:
+                raise ValueError("build variant cuda_archs: at least one architecture, or leave it out")
+            for arch in archs:
+                if not _ARCH.match(arch):
+                    raise ValueError(f"build variant architecture {arch!r}: major.minor with an optional "
+                                     "+PTX, as TORCH_CUDA_ARCH_LIST writes it ('9.0', '8.0+PTX')")
+        return archs
 
     @field_validator("cflags", "cuda_cflags")
     @classmethod

@@ -38,6 +38,35 @@ def test_a_variant_carries_compiler_options_only(flag: str) -> None:
         BuildVariant(cflags=(flag,))
 
 
+@pytest.mark.parametrize("archs", [(), ("sm_90",), ("9.0 -ccbin=/tmp/x",), ("compute_90",), ("9",)])
+def test_a_variant_names_architectures_as_the_arch_list_writes_them(archs: tuple[str, ...]) -> None:
+    with pytest.raises(ValueError, match="architecture|at least one"):
+        BuildVariant(cuda_archs=archs)
+    assert BuildVariant(cuda_archs=("8.0+PTX", "9.0", "9.0a")).cuda_archs == ("8.0+PTX", "9.0", "9.0a")
+
+
+def test_a_variant_s_architectures_reach_only_a_machine_that_builds_for_cuda(build_cache_dir: Path,
+                                                                             monkeypatch) -> None:  # noqa: ANN001
+    """On a CPU machine (no archs) the arch variant builds the plain build; where the machine builds
+    for CUDA, the variant's architectures replace the machine's. The CUDA build itself runs on the
+    H200 (bench/gpu/h200_env_variants.sh): this machine's torch cannot build CUDA extensions."""
+    from service.core.project_config import ProjectConfig
+    from worker.build import project
+    from worker.build.project import build_project
+
+    config = ProjectConfig()
+    ptx = BuildVariant(cuda_archs=("8.0+PTX",))
+    plain = build_project(REPO_ROOT / "csrc", config, cache_dir=build_cache_dir, cuda_archs=[])
+    on_cpu = build_project(REPO_ROOT / "csrc", config, cache_dir=build_cache_dir, cuda_archs=[], variant=ptx)
+    assert plain.ok and on_cpu.ok and on_cpu.digest == plain.digest and on_cpu.cuda_archs == []
+
+    asked: list[list[str]] = []
+    monkeypatch.setattr(project, "build_extension", lambda *a, cuda_archs, **k: asked.append(cuda_archs))
+    build_project(REPO_ROOT / "csrc", config, cuda_archs=["9.0"], variant=ptx)
+    build_project(REPO_ROOT / "csrc", config, cuda_archs=["9.0"], variant=BuildVariant(cflags=("-O2",)))
+    assert asked == [["8.0+PTX"], ["9.0"]]
+
+
 def test_the_worker_consumes_its_variants_after_each_kind_of_queue() -> None:
     assert consumed_queues("cpu", ["fma"]) == ["cpu", "cpu--fma", "cpu.verify", "cpu--fma.verify", "cpu.corun",
                                                "cpu--fma.corun"]
@@ -130,7 +159,7 @@ def test_flags_that_change_nothing_and_flags_that_move_adam_through_the_service(
             print(f"gcc against clang: {answer['comparison']['verdict']} {answer['comparison']['counts']}")
             detail = client.run(answer["b"]["run_id"])
             assert "clang" in (detail["toolchain"] or {}).get("cxx_version", ""), detail["toolchain"]
-            assert detail["build_variant"] == {"compiler": "clang++", "cflags": [], "cuda_cflags": []}
+            assert detail["build_variant"] == {"compiler": "clang++", "cflags": [], "cuda_cflags": [], "cuda_archs": None}
             assert detail["fingerprint"]["device_kind"] == "cpu"
         client.close()
     finally:

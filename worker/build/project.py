@@ -77,6 +77,13 @@ def build_project(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | 
     digest either way."""
     variant = variant or BuildVariant()
     source_dir = Path(source_dir).resolve()
+    if variant.cuda_archs is not None:
+        # A variant's architectures replace the machine's only where the machine builds for CUDA: a
+        # CPU worker serving the same variant name builds what it always builds.
+        if cuda_archs is None:
+            cuda_archs = detect_cuda_archs()
+        if cuda_archs:
+            cuda_archs = list(variant.cuda_archs)
     if max_timeout_s is not None and config.build.timeout_s > max_timeout_s:
         config = config.model_copy(update={"build": config.build.model_copy(update={"timeout_s": max_timeout_s})})
     build = config.build

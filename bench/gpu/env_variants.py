@@ -1,0 +1,121 @@
+"""Issue 36 on the GPU: the same commit (the bundled csrc) built three ways on one machine and
+compared through the service, as a maintainer about to change a toolchain setting would:
+
+    gpu.sm<cc>          today's build: SASS for the card, nvcc --fmad=false (worker/build/extension.py)
+    gpu.sm<cc>+fmad     nvcc --fmad=true: nvcc may contract a*b+c into one FMA (one rounding, not two)
+    gpu.sm<cc>+ptx80    TORCH_CUDA_ARCH_LIST=8.0+PTX: no SASS the card can run, so the driver JIT-compiles
+                        the compute_80 PTX (a wheel built for Ampere running on Hopper)
+
+`optdrift serve --no-worker` on its embedded default, `optdrift worker --gpus all` configured with
+both variants (OPTDRIFT_BUILD_VARIANTS), one submission to all three environments, then
+`GET .../environment-comparison` of each variant against the plain build. Prints one table: verdict,
+changed cases, first divergent step, closer/farther from float64, per optimizer x family.
+
+    python3 bench/gpu/env_variants.py --battery quick        # through bench/gpu/h200_env_variants.sh
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "bench")]
+
+from e2e_latency import (  # noqa: E402  (bench/ is not a package)
+    child_environment, free_port, gpu_environment, start, stop_service, tail, wait_ready, wait_worker,
+)
+
+from service.cli.client import OptdriftClient, pack_directory  # noqa: E402
+
+VARIANTS = {"fmad": {"cuda_cflags": ["--fmad=true"]}, "ptx80": {"cuda_archs": ["8.0+PTX"]}}
+PROJECT = "toolchains"
+SHA = "c" * 40
+
+
+def summarize(comparison: dict) -> list[str]:
+    """One line per optimizer x family: changed/total, first step (min), direction counts."""
+    groups: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
+    for case in comparison["cases"]:
+        groups[(case["optimizer"], case["family"])].append(case)
+    lines = []
+    for (optimizer, family), cases in sorted(groups.items()):
+        changed = [c for c in cases if c["verdict"] == "changed"]
+        steps = [c["first_divergent_step"] for c in changed if c.get("first_divergent_step") is not None]
+        directions = collections.Counter(c.get("direction") or "-" for c in changed)
+        lines.append(f"  {optimizer:<10} {family:<15} {len(changed):>3}/{len(cases):<3} changed"
+                     f"  first step {min(steps) if steps else '-':>4}"
+                     f"  {', '.join(f'{k} {v}' for k, v in sorted(directions.items())) or '-'}")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--battery", default="quick")
+    parser.add_argument("--gpus", default="all", help="`optdrift worker --gpus SPEC`; 'none': a CPU worker "
+                                                      "(a dry run of this script: the CUDA flags reach no build)")
+    parser.add_argument("--log-dir", type=Path, default=None)
+    parser.add_argument("--timeout-s", type=float, default=420)
+    args = parser.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="optdrift-env-variants-"))
+    log_dir = args.log_dir or home
+    log_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = child_environment(home, url)
+    env["OPTDRIFT_BUILD_VARIANTS"] = json.dumps(VARIANTS)
+    python = sys.executable
+    processes = []
+    try:
+        environment = "cpu" if args.gpus == "none" else gpu_environment(args.gpus)
+        names = [environment, *(f"{environment}+{name}" for name in VARIANTS)]
+        server = start([python, "-m", "service.cli", "serve", "--no-worker", "--port", str(port)], env=env,
+                       log_path=log_dir / "service.log")
+        processes.append(server)
+        wait_ready(url, server, log_dir / "service.log", timeout_s=180)
+        gpus = [] if args.gpus == "none" else ["--gpus", args.gpus]
+        worker = start([python, "-m", "service.cli", "worker", *gpus, "--loglevel", "INFO"], env=env,
+                       log_path=log_dir / "worker.log")
+        processes.append(worker)
+        client = OptdriftClient(url, token=(home / "admin-token").read_text().strip())
+        client.ensure_project(PROJECT, environments=names, default_battery=args.battery)
+        wait_worker(home, environment, worker, log_dir / "worker.log", timeout_s=180)
+        started = time.monotonic()
+        runs = client._check(client.http.post(f"/api/v1/projects/{PROJECT}/commits", data={
+            "sha": SHA, "environments": ",".join(names)},
+            files={"archive": ("csrc.tar.gz", pack_directory(REPO_ROOT / "csrc"), "application/gzip")}))["runs"]
+        finished = client.wait([r["id"] for r in runs], timeout_s=args.timeout_s)
+        print(f"{len(runs)} runs ({', '.join(names)}), battery {args.battery}, "
+              f"done in {time.monotonic() - started:.0f} s")
+        failed = [(r["environment"], r["status"], r.get("error")) for r in finished if r["status"] != "done"]
+        if failed:
+            print(f"FAILED: {failed}\n{tail(log_dir / 'worker.log')}")
+            return 2
+        for run in finished:
+            detail = client.run(run["id"])
+            toolchain = detail.get("toolchain") or {}
+            print(f"{run['environment']}: build {detail.get('build_digest', '')[:12]} "
+                  f"variant {json.dumps(detail.get('build_variant'))} nvcc {toolchain.get('nvcc_version')!r}")
+        for name in names[1:]:
+            answer = client.http.get(f"/api/v1/projects/{PROJECT}/environment-comparison",
+                                     params={"commit": SHA, "a": environment, "b": name})
+            answer.raise_for_status()
+            body = answer.json()
+            comparison = body["comparison"]
+            print(f"\n{name} against {environment}: {comparison['verdict']} {comparison['counts']} "
+                  f"(same build: {body['same_build']}; fingerprint differs in: "
+                  f"{', '.join(c['field'] for c in body['fingerprint_changes']) or '-'})")
+            print("\n".join(summarize(comparison)))
+        client.close()
+        return 0
+    finally:
+        stop_service(processes, home, cut_short=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -28,6 +28,7 @@ from service.core.verdicts import compare_runs, first_divergent_step
 from worker.battery import BUILTIN_BATTERIES, BatterySpec, battery_from_file, battery_from_tree
 from worker.build import BuildResult
 from worker.engine import reference_cache
+from worker.references.digest import case_reference_digests
 
 if TYPE_CHECKING:
     from worker.engine.host import KernelHost
@@ -306,12 +307,18 @@ def with_baseline_repeats(result: CaseResult, baseline: RepeatCheck | None) -> C
         update={"baseline_runs": baseline.runs, "baseline_differing": baseline.differing})})
 
 
+def reference_digests(job: Job, ran: Ran | None) -> dict[str, str]:
+    """case id -> digest of its references, from what the kernel host said of them ({}: nothing)."""
+    environment = ran.environment if ran else None
+    return case_reference_digests(job.cases, environment.references if environment else None)
+
+
 def run_result(job: Job, built: BuildResult, ran: Ran | None) -> RunResult:
     """The engine's RunResult for comparison (a failed build: no cases)."""
     return RunResult(battery_name=job.battery.name, battery_version=job.battery.version,
                      battery_digest=job.battery.digest, environment=ran.environment if ran else None,
                      build_digest=built.digest, build_ok=built.ok, build_error=built.error,
-                     cases=ran.results if ran else [])
+                     cases=ran.results if ran else [], reference_digests=reference_digests(job, ran))
 
 
 def compare(commit: RunResult, baseline: RunResult | None, diffs: dict[str, list[float]] | None = None) -> RunComparison:

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from service.core.results import ComparisonFigures, ScaleGroup
 from service.core.verdicts import figures_of
-from service.core.wording import before_after, number, scale_label, scale_line
+from service.core.wording import REFERENCE_CHANGED, before_after, number, scale_label, scale_line
 
 # A CI log line: at most one per run this often, sooner when the run changes phase.
 LINE_INTERVAL_S = 10.0
@@ -130,7 +130,8 @@ def changed_cases_table(runs: list[dict]) -> Table | None:
         # A nondeterministic case's blame (docs/ENGINE.md, Nondeterminism): introduced or pre-existing.
         verdict = case["verdict"] + (f" ({case['nondeterminism']})" if case.get("nondeterminism") else "")
         table.add_row(str(run_id), case["case_id"], verdict,
-                      str(case.get("first_divergent_step") or "-"), case.get("direction") or "-",
+                      str(case.get("first_divergent_step") or "-"),
+                      REFERENCE_CHANGED if case.get("reference_changed") else case.get("direction") or "-",
                       _number(max(diffs) if diffs else None),
                       _distance_text(case.get("baseline_peak_ref64_distance"),
                                      case.get("commit_peak_ref64_distance")),

@@ -126,6 +126,9 @@ class EnvironmentFingerprint(_Model):
     python_version: str
     platform: str
     class_key: str
+    references: dict[str, str] | None = Field(
+        None, description="per optimizer, the digest of the references the host measures against "
+                          "(torch, torch.optim's code as loaded, ours: worker/references/digest.py)")
 
 
 class RunResult(_Model):
@@ -139,6 +142,8 @@ class RunResult(_Model):
     build_ok: bool = True
     build_error: str | None = Field(None, description="the compiler's message when the build failed")
     cases: list[CaseResult] = []
+    reference_digests: dict[str, str] = Field({}, description="case id -> digest of the case's references "
+                                                              "(none recorded: {})")
 
 
 # ----------------------------------------------------------------------------- comparison
@@ -175,6 +180,8 @@ class CaseComparison(_Model):
     nondeterminism: NondeterminismOrigin | None = Field(
         None, description="a nondeterministic case's blame: introduced (the baseline build reproduces "
                           "itself: a change of this commit) or pre-existing (the baseline does not either)")
+    reference_changed: bool = Field(False, description="the case's references (torch, torch.optim) differ from "
+                                                       "the baseline's: its verdict stands, its direction is not judged")
 
 
 # Families whose states are quantized: their distance to float64 is the quantization error, by design.
@@ -229,6 +236,8 @@ class ComparisonFigures(_Model):
     nondeterministic_introduced: int = Field(0, description="cases this commit made nondeterministic")
     nondeterministic_pre_existing: int = Field(0, description="cases nondeterministic in the baseline too "
                                                               "(shown, not blamed)")
+    reference_changed: int = Field(0, description="cases whose references differ from the baseline's (torch "
+                                                  "or torch.optim changed): directions not judged")
 
 
 class RunComparison(_Model):

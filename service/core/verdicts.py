@@ -185,6 +185,18 @@ def _directions(commit: CaseResult, baseline: CaseResult, step: int) -> dict:
             "direction": trajectory_direction(peak, mean), "final_direction": final}
 
 
+def reference_moved(case: CaseComparison, commit_digests: Mapping[str, str],
+                    baseline_digests: Mapping[str, str]) -> CaseComparison:
+    """The case as compared, marked reference_changed when both runs recorded its references'
+    digest and the two differ (torch or torch.optim changed between them). Its verdict stays: it
+    compares the kernels' own trajectories, which no reference enters. Its directions go: each
+    run's distance was measured to its own reference, so the two distances are not comparable."""
+    ours, theirs = commit_digests.get(case.case_id), baseline_digests.get(case.case_id)
+    if ours is None or theirs is None or ours == theirs or case.verdict in ("not_applicable", "broken"):
+        return case
+    return case.model_copy(update={"reference_changed": True, "direction": None, "final_direction": None})
+
+
 def compare_runs(commit: RunResult, baseline: RunResult | None,
                  diffs: dict[str, list[float]] | None = None) -> RunComparison:
     """The verdict of `commit` against `baseline` (None: no-baseline). `diffs` maps case ids to the
@@ -198,6 +210,8 @@ def compare_runs(commit: RunResult, baseline: RunResult | None,
 
     baseline_cases = {c.case.case_id: c for c in baseline.cases} if baseline else {}
     cases = [compare_case(c, baseline_cases.get(c.case.case_id), diffs.get(c.case.case_id)) for c in commit.cases]
+    if baseline is not None:
+        cases = [reference_moved(case, commit.reference_digests, baseline.reference_digests) for case in cases]
     counts = Counter(c.verdict for c in cases)
     # not_applicable cases are listed and counted, never part of the verdict.
     if counts["broken"]:
@@ -254,7 +268,7 @@ def change_size_by_scale(cases: Iterable[CaseComparison | Mapping[str, Any]]) ->
     for (family, dtype), rows in sorted(groups.items()):
         before = [v for row in rows if (v := _finite(row.get("baseline_peak_ref64_distance"))) is not None]
         after = [v for row in rows if (v := _finite(row.get("commit_peak_ref64_distance"))) is not None]
-        ratios = [a / b for row in rows
+        ratios = [a / b for row in rows if not row.get("reference_changed")  # distances to two references
                   if (b := _finite(row.get("baseline_peak_ref64_distance")))
                   and (a := _finite(row.get("commit_peak_ref64_distance"))) is not None]
         diffs = [d for row in rows for d in (_finite(v) for v in row.get("max_abs_diff_per_step") or [])
@@ -279,7 +293,7 @@ def figures(cases: Iterable[CaseComparison | Mapping[str, Any]]) -> ComparisonFi
     changed = [row for row in rows if row.get("verdict") == "changed"]
     directions = Counter(row.get("direction") for row in changed if row.get("direction"))
     steps = Counter(step for row in changed if (step := row.get("first_divergent_step")))
-    ratios = [a / b for row in changed
+    ratios = [a / b for row in changed if not row.get("reference_changed")  # distances to two references
               if (b := _finite(row.get("baseline_final_ref64_distance")))
               and (a := _finite(row.get("commit_final_ref64_distance"))) is not None]
     return ComparisonFigures(
@@ -292,7 +306,8 @@ def figures(cases: Iterable[CaseComparison | Mapping[str, Any]]) -> ComparisonFi
         final_ratio_low=min(ratios) if ratios else None, final_ratio_high=max(ratios) if ratios else None,
         scales=change_size_by_scale(changed),
         nondeterministic_introduced=sum(1 for row in rows if row.get("nondeterminism") == "introduced"),
-        nondeterministic_pre_existing=sum(1 for row in rows if row.get("nondeterminism") == "pre-existing"))
+        nondeterministic_pre_existing=sum(1 for row in rows if row.get("nondeterminism") == "pre-existing"),
+        reference_changed=sum(1 for row in rows if row.get("reference_changed")))
 
 
 def figures_of(detail: Mapping[str, Any] | None) -> ComparisonFigures:

@@ -142,7 +142,23 @@ def summary(verdict: str, cases: list[CaseComparison], figures: ComparisonFigure
     changed = [c for c in cases if c.verdict == "changed"]
     if changed:
         lines += _changed_lines(changed, figures)
+    moved = [c for c in cases if c.reference_changed]
+    if moved:
+        lines.append(reference_changed_line(moved))
     return "\n".join(lines)
+
+
+REFERENCE_CHANGED = "reference changed"
+
+
+def reference_changed_line(cases: list[CaseComparison]) -> str:
+    """The cases whose references (torch, torch.optim) differ from the baseline's: not the commit's
+    doing; their verdicts stand (kernel against kernel), their directions are not judged."""
+    by_optimizer = Counter(c.optimizer for c in cases)
+    return (f"{REFERENCE_CHANGED} since the baseline (torch or torch.optim differs), not this commit's doing: "
+            + ", ".join(f"{o} {n}" for o, n in sorted(by_optimizer.items()))
+            + f" ({plural(len(cases), 'case')}); their verdicts compare the kernels alone, "
+              "their distance to the references is not compared")
 
 
 def _broken_line(cases: list[CaseComparison]) -> str:
@@ -201,6 +217,9 @@ def _changed_lines(changed: list[CaseComparison], figures: ComparisonFigures) ->
         lines.append("size, per family and dtype (each in its own scale, never compared across them):")
         lines += [f"  {scale_line(group)}" for group in figures.scales]
     moves = ", ".join(f"{n} {d}" for d, n in sorted(figures.directions.items()) if n)
+    unjudged = sum(1 for c in changed if c.reference_changed)
+    if unjudged:
+        moves = ", ".join(filter(None, [moves, f"{unjudged} not judged ({REFERENCE_CHANGED})"]))
     text = f"vs float64 reference: {moves} (peak and mean distance over the steps that differ"
     if figures.final_ratio_low is not None:
         text += (f"; final distance commit/baseline from {ratio(figures.final_ratio_low)} "
@@ -243,4 +262,12 @@ def changed_sentence(figures: ComparisonFigures, against: str | None) -> str:
     if figures.final_disagreeing:
         parts.append(f"The final step alone reads otherwise for {plural(figures.final_disagreeing, 'case')} "
                      "(marked below).")
+    if figures.reference_changed:
+        parts.append(reference_changed_sentence(figures))
     return " ".join(parts)
+
+
+def reference_changed_sentence(figures: ComparisonFigures) -> str:
+    """The dashboard's and the notifier's sentence for cases whose references moved."""
+    return (f"The {REFERENCE_CHANGED} for {plural(figures.reference_changed, 'case')} (torch or torch.optim "
+            "differs from the baseline's): not this commit's doing; those cases' directions are not judged.")

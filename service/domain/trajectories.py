@@ -150,4 +150,5 @@ def run_result(*, session: Session, run: Run) -> RunResult:
         build_ok=detail.get("build_ok", True),
         build_error=detail.get("build_error"),
         cases=[row_to_case_result(row) for row in list_rows(session=session, run_id=run.id)],
+        reference_digests=detail.get("reference_digests") or {},
     )

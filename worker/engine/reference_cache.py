@@ -12,8 +12,9 @@ metric series, 68 bytes a case-step (about 6 MB for the standard battery).
 
 The key is (environment, case, digest series):
 * environment: the kernel host's EnvironmentFingerprint.class_key (device class, torch and CUDA
-  versions, CPU vector ISA) and `engine_version()`, a digest of the source of the references, the
-  gradient streams, the metric definitions and the digest scheme; any change of either is a new
+  versions, CPU vector ISA), its reference digests (torch.optim's code as the host loaded it:
+  worker/references/digest.py) and `engine_version()`, a digest of the source of the references,
+  the gradient streams, the metric definitions and the digest scheme; any change of one is a new
   key, so stale entries are never read (they age out, see `MAX_ROWS`);
 * case: the whole CaseSpec (optimizer, hyperparameters, gradient stream, seed, size, dtype, ...);
 * digest series: `series_key(digests)`.
@@ -80,7 +81,11 @@ def engine_version() -> str:
 
 
 def environment_key(environment: EnvironmentFingerprint) -> str:
-    return hashlib.sha256(f"{environment.class_key}\n{engine_version()}".encode()).hexdigest()
+    # The host's reference digests too: torch.optim's code as the host loaded it can change under
+    # one torch version (an edited file, a function replaced at run time), and the metrics stored
+    # were measured against the references of their time.
+    references = json.dumps(environment.references or {}, sort_keys=True)
+    return hashlib.sha256(f"{environment.class_key}\n{engine_version()}\n{references}".encode()).hexdigest()
 
 
 def case_key(case: CaseSpec) -> str:

@@ -365,6 +365,7 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
             return fail(str(exceeded))
         if ran.environment is not None:
             fingerprint = ran.environment.model_dump(mode="json")
+            detail["reference_digests"] = pipeline.reference_digests(job, ran)
         if ran.adapter:  # what the kernel host loaded (the adapter's describe(): version, path)
             detail["adapter"] = ran.adapter
         claimed.finish({**detail, **({"fingerprint": fingerprint} if fingerprint else {})})

@@ -235,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     import worker.engine.cuda_errors  # noqa: F401
     import worker.engine.environment  # noqa: F401
     import worker.engine.trajectory  # noqa: F401
+    from worker.references.digest import reference_digests
 
     clock.mark("import engine")
     if args.harness_library:
@@ -260,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     if device is None:
         device, environment = _open_device(args.device)
         clock.mark("device")
+    # The references as loaded now, after the adapter (whatever it imported or replaced is what the
+    # cases are measured against): worker/references/digest.py.
+    environment = {**environment, "references": reference_digests()}
     protocol.write(ready_line(environment, description, clock.phases))
     # What the imports made lives as long as the host: kept out of every later full collection,
     # which then walks only what runs allocate (worker/gc_policy.py).

@@ -20,7 +20,9 @@ from rich.table import Table
 
 from service.core.results import ComparisonFigures, ScaleGroup
 from service.core.verdicts import figures_of
-from service.core.wording import REFERENCE_CHANGED, before_after, number, scale_label, scale_line
+from service.core.wording import (
+    REFERENCE_CHANGED, before_after, number, reference_changed_sentence, scale_label, scale_line,
+)
 
 # A CI log line: at most one per run this often, sooner when the run changes phase.
 LINE_INTERVAL_S = 10.0
@@ -200,6 +202,10 @@ def print_report(console: Console, runs: list[dict]) -> None:
     for run in runs:  # issue 34: how large, in each family and dtype's own scale
         for line in size_lines(run):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
+    for run in runs:  # issue 36: cases whose references moved under them (torch, torch.optim)
+        if _figures(run).reference_changed:
+            console.print(f"run {run['id']}: {reference_changed_sentence(_figures(run))}", markup=False,
+                          highlight=False, soft_wrap=True)
     details = full_messages(runs)
     if details:
         console.print("details (in full):", highlight=False)

@@ -62,6 +62,10 @@ def _code_of(function: types.FunctionType) -> bytes:
     return function.__qualname__.encode() + _code_bytes(function.__code__) + _constant(function.__defaults__ or ())
 
 
+def _unwrapped(member: object) -> object:
+    return inspect.unwrap(getattr(member, "__func__", member))  # staticmethod / classmethod: the function
+
+
 def _module_code(module: types.ModuleType) -> bytes:
     """Every function and class method bound in the module's namespace now, in name order."""
     parts = [module.__name__.encode()]
@@ -70,9 +74,13 @@ def _module_code(module: types.ModuleType) -> bytes:
             parts.append(name.encode() + _code_of(inspect.unwrap(value)))
         elif isinstance(value, type) and value.__module__ == module.__name__:
             for attribute, member in sorted(vars(value).items()):
-                member = getattr(member, "__func__", member)  # staticmethod / classmethod
-                if isinstance(member, types.FunctionType):
-                    parts.append(f"{name}.{attribute}".encode() + _code_of(inspect.unwrap(member)))
+                member = _unwrapped(member)
+                # torch.optim.Optimizer's first instance of a class binds the inherited step, wrapped,
+                # on that class: what it runs is its base's, digested there.
+                inherited = any(attribute in vars(base) and _unwrapped(vars(base)[attribute]) is member
+                                for base in value.__mro__[1:])
+                if isinstance(member, types.FunctionType) and not inherited:
+                    parts.append(f"{name}.{attribute}".encode() + _code_of(member))
     return b"\n".join(parts)
 
 

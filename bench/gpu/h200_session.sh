@@ -7,6 +7,7 @@
 #   3. `optdrift check --battery standard` on the decay reorder, its phase line — issue 34.
 # Here first: bash bench/gpu/fetch_wheels.sh; mkdir -p .tools && (cd .tools && apt-get download bubblewrap)
 # Through the device tool: run(command="bash bench/gpu/h200_session.sh", carry=[".whl", ".tools"], timeout_s=600)
+# $OUT (8 files): session.txt, env.txt, e2e_table.txt, e2e/{service,worker}.log, e2e/e2e.json, env_variants.txt, check_standard.txt.
 set -uo pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OPTDRIFT_CUDA_ARCHS=9.0
@@ -15,11 +16,11 @@ stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
 mkdir -p /tmp/bwrap-root && dpkg -x .tools/bubblewrap_*.deb /tmp/bwrap-root || exit 1
 export OPTDRIFT_BWRAP=/tmp/bwrap-root/usr/bin/bwrap
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  > "$OUT/pip.txt" 2>&1 || { cat "$OUT/pip.txt"; exit 2; }
+  > /tmp/pip.txt 2>&1 || { cat /tmp/pip.txt; exit 2; }
 export PYTHONPATH=/tmp/site:$PWD
 python3 -c "from worker import sandbox; print('sandbox:', sandbox.status())" 2>&1 | tee "$OUT/session.txt"
 stamp "1. end to end" | tee -a "$OUT/session.txt"
-E2E_TIMEOUT_S=${E2E_TIMEOUT_S:-250} E2E_DEADLINE_S=${E2E_DEADLINE_S:-215} bash bench/gpu/h200_e2e.sh > "$OUT/e2e.txt" 2>&1
+E2E_TIMEOUT_S=${E2E_TIMEOUT_S:-250} E2E_DEADLINE_S=${E2E_DEADLINE_S:-215} bash bench/gpu/h200_e2e.sh > /tmp/e2e.txt 2>&1; tail -25 /tmp/e2e.txt
 echo "e2e exit $?" | tee -a "$OUT/session.txt"
 stamp "2. environment variants" | tee -a "$OUT/session.txt"
 timeout 190 python3 bench/gpu/env_variants.py --battery quick --log-dir /tmp/variants --timeout-s 160 2>&1 \

@@ -20,10 +20,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD
 python3 -c "from worker import sandbox; print('sandbox:', sandbox.status())" 2>&1 | tee "$OUT/session.txt"
 stamp "1. end to end" | tee -a "$OUT/session.txt"
-E2E_TIMEOUT_S=${E2E_TIMEOUT_S:-250} E2E_DEADLINE_S=${E2E_DEADLINE_S:-215} bash bench/gpu/h200_e2e.sh > /tmp/e2e.txt 2>&1
+E2E_TIMEOUT_S=${E2E_TIMEOUT_S:-240} E2E_DEADLINE_S=${E2E_DEADLINE_S:-205} bash bench/gpu/h200_e2e.sh > /tmp/e2e.txt 2>&1
 rc=$?; tail -25 /tmp/e2e.txt; echo "e2e exit $rc" | tee -a "$OUT/session.txt"
 stamp "2. environment variants" | tee -a "$OUT/session.txt"
-timeout 190 python3 bench/gpu/env_variants.py --battery quick --log-dir /tmp/variants --timeout-s 160 2>&1 \
+timeout 200 python3 bench/gpu/env_variants.py --battery quick --log-dir /tmp/variants --timeout-s 175 2>&1 \
   | tee "$OUT/env_variants.txt" | tail -40
 stamp "3. check --battery standard on the decay reorder" | tee -a "$OUT/session.txt"
 python3 -c "from pathlib import Path; from worker.mutations import copy_tree, decay_after_update; decay_after_update(copy_tree(Path('csrc'), Path('/tmp/decay')))"

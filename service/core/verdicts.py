@@ -14,6 +14,10 @@ Per case:
              wander off the reference and come back by the last step.
   not_applicable   the adapter cannot run the case on this device: listed, not judged;
   nondeterministic repeats of the case on the same build differ from its first run.
+Reference changed: where both runs recorded a digest of a case's references (torch, torch.optim's
+code, ours: worker/references/digest.py) and the two differ, the case is marked reference_changed:
+its verdict stands (kernel against kernel), its direction is not judged (each run's distance was
+measured to its own reference), and the summary says so apart from the commit's changes.
 Sizes (how far a change moved the trajectories) are reported per kernel family and parameter dtype
 (`change_size_by_scale`), never as one figure across them: an 8-bit case's distance to float64 is
 its states' quantization error, ~1e4 times an fp32 case's by design.

@@ -122,6 +122,7 @@ def test_a_torch_optim_change_is_reference_changed_and_the_kernels_verdict_stand
         client = OptdriftClient(url, token=token)
         client.ensure_project("refs", environments=["cpu"], default_battery="refs_battery.json")
         env["OPTDRIFT_TOKEN"] = token
+        client.close()
         first = _submit("a" * 40, [], tree, url, env)
         assert first.returncode == 0, first.stdout + first.stderr  # no baseline
     finally:

@@ -1,10 +1,26 @@
-"""Server-side figures for the commit / verify page's headline (issue 34 item 1): read from the
-verdict's stored figures (service.core.verdicts.figures_of), never parsed back from its sentence."""
+"""Server-side figures for the commit / verify page (issue 34 item 1): the headline's figures, read
+from the verdict's stored figures (service.core.verdicts.figures_of), never parsed back from its
+sentence; and the small multiples above the fold, one panel per optimizer · family, each changed
+case drawn in its own scale, the one its table row states as "size relative to its scale"."""
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from service.core.attribution_view import CaseAttribution
 from service.core.results import ComparisonFigures
 from service.core.verdicts import figures_of
+from service.domain.dashboard_queries import ChangedCase
+
+# Panels above the fold: two rows of four at 1280 px. Groups past these are named under the plot.
+MAX_PANELS = 8
+# Lines in one panel: past a handful, a small panel is a blur; the rest of the group is in the table.
+MAX_LINES_PER_PANEL = 6
+
+ULP, BASELINE_DISTANCE = "ulp", "× baseline's distance to float64"
 
 
 def headline_figures(run) -> ComparisonFigures | None:  # noqa: ANN001
@@ -12,3 +28,150 @@ def headline_figures(run) -> ComparisonFigures | None:  # noqa: ANN001
     if run.verdict is None or not run.verdict.detail:
         return None
     return figures_of(run.verdict.detail)
+
+
+def is_eight_bit(case: ChangedCase) -> bool:
+    return (case.family or "").startswith("8bit")
+
+
+@dataclass(frozen=True)
+class CaseScale:
+    """The unit a case's change is measured in, and the case's size in it: the figure its table row
+    shows. `unit` is |Δ| per one of them, so per-step |Δ| / unit draws a curve whose peak is `size`."""
+
+    label: str          # ULP or BASELINE_DISTANCE
+    size: float
+    unit: float
+
+
+def case_scale(case: ChangedCase, attribution: CaseAttribution | None) -> CaseScale | None:
+    """The table's choice (templates/run.html, column "size relative to its scale"): ulps of the
+    parameter for a float case with an attribution; else the change relative to the baseline's own
+    distance to float64 (an 8-bit case's distance is its quantization error, so ulps would mislead);
+    else max |commit − baseline| / the baseline's peak distance, before the attribution exists.
+    None when nothing sizes the case."""
+    peak = case.max_abs_diff
+    if attribution is not None and attribution.peak_ulps is not None and not is_eight_bit(case):
+        return _scale(ULP, attribution.peak_ulps, peak)
+    if attribution is not None and attribution.change_vs_baseline_distance is not None:
+        return _scale(BASELINE_DISTANCE, attribution.change_vs_baseline_distance, peak)
+    if peak is not None and case.baseline_peak:
+        return _scale(BASELINE_DISTANCE, peak / case.baseline_peak, peak)
+    return None
+
+
+def _scale(label: str, size: float, peak_abs_diff: float | None) -> CaseScale | None:
+    if not _positive(size) or not _positive(peak_abs_diff):
+        return CaseScale(label, size, math.nan) if math.isfinite(size) else None
+    return CaseScale(label, size, peak_abs_diff / size)
+
+
+def _positive(value: float | None) -> bool:
+    return value is not None and math.isfinite(value) and value > 0
+
+
+@dataclass
+class Line:
+    case_id: str
+    label: str          # the short case name the table shows
+    steps: list[int]
+    values: list[float | None]  # per-step |Δ| in the case's unit; None where a log axis cannot draw it
+    size: float                 # the table's figure (the curve's peak)
+
+
+@dataclass
+class Panel:
+    group: str                  # "adamw · 32bit"
+    unit: str                   # ULP, BASELINE_DISTANCE, or both joined when the group mixes them
+    lines: list[Line] = field(default_factory=list)
+    more: int = 0               # changed cases of this group not drawn (they are in the table)
+
+
+@dataclass
+class SmallMultiples:
+    panels: list[Panel]
+    not_shown: list[tuple[str, str]]   # (group, the id of its first row in the table), past MAX_PANELS
+    unsized: int                       # changed cases with no scale to draw them in yet
+
+    @property
+    def estimated(self) -> bool:
+        """Some line is the change in distance to float64, the co-run's |commit − baseline| missing."""
+        return any(DISTANCE_CHANGE in panel.unit for panel in self.panels)
+
+    def as_json(self) -> str:
+        """The panels for dashboard.js, safe inside a <script> element."""
+        payload = [{"group": p.group, "unit": p.unit,
+                    "lines": [{"case_id": line.case_id, "label": line.label, "steps": line.steps,
+                               "values": line.values, "size": line.size} for line in p.lines]}
+                   for p in self.panels]
+        return json.dumps(payload, allow_nan=False).replace("<", "\\u003c")
+
+
+def group_of(case: ChangedCase) -> str:
+    return f"{case.optimizer} · {case.family or 'unknown family'}"
+
+
+def short_name(case_id: str) -> str:
+    return case_id.rsplit("#", 1)[-1] if "#" in case_id else case_id
+
+
+def row_id(index: int) -> str:
+    """The id of the changed-cases table's row `index` (0-based), which a group past MAX_PANELS links to."""
+    return f"changed-{index + 1}"
+
+
+DISTANCE_CHANGE = "|Δ distance to float64| × baseline's peak distance"
+
+
+def small_multiples(changed: list[ChangedCase], attribution: dict[str, CaseAttribution],
+                    diffs: Callable[[str], list[float | None] | None],
+                    distance_change: Callable[[str], list[float | None] | None]) -> SmallMultiples:
+    """Panels in the table's order (largest change relative to its scale first), at most MAX_PANELS.
+
+    `diffs(case_id)`: the co-run's per-step max |commit − baseline|, drawn in the case's scale
+    (case_scale), so the curve's peak is the table's figure. Before the co-run has recorded it,
+    `distance_change(case_id)`: per step |commit's − baseline's distance to float64| (a lower bound
+    of |commit − baseline|, from the stored trajectories), over the baseline's peak distance."""
+    panels: dict[str, Panel] = {}
+    not_shown: dict[str, str] = {}
+    unsized = 0
+    for index, case in enumerate(changed):
+        if case.verdict != "changed":
+            continue
+        group = group_of(case)
+        if group in not_shown:
+            continue
+        if group not in panels and len(panels) >= MAX_PANELS:
+            not_shown[group] = row_id(index)
+            continue
+        panel = panels.get(group)
+        if panel is not None and len(panel.lines) >= MAX_LINES_PER_PANEL:
+            panel.more += 1
+            continue
+        line = _line(case, attribution.get(case.case_id), diffs, distance_change)
+        if line is None:
+            unsized += 1
+            continue
+        line, unit = line
+        panel = panels.setdefault(group, Panel(group=group, unit=""))
+        panel.lines.append(line)
+        panel.unit = " / ".join(dict.fromkeys(u for u in (panel.unit, unit) if u))
+    return SmallMultiples(panels=list(panels.values()), not_shown=list(not_shown.items()), unsized=unsized)
+
+
+def _line(case: ChangedCase, attribution: CaseAttribution | None, diffs: Callable, distance_change: Callable
+          ) -> tuple[Line, str] | None:
+    scale = case_scale(case, attribution)
+    per_step = diffs(case.case_id) if scale is not None and math.isfinite(scale.unit) else None
+    if per_step:
+        unit, label, size = scale.unit, scale.label, scale.size
+    else:
+        per_step = distance_change(case.case_id) if _positive(case.baseline_peak) else None
+        if not per_step:
+            return None
+        peak = max((v for v in per_step if v is not None and math.isfinite(v)), default=None)
+        if peak is None:
+            return None
+        unit, label, size = case.baseline_peak, DISTANCE_CHANGE, peak / case.baseline_peak
+    values = [v / unit if _positive(v) else None for v in per_step]
+    return Line(case.case_id, short_name(case.case_id), list(range(1, len(values) + 1)), values, size), label

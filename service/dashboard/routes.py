@@ -82,11 +82,34 @@ def _run_page(request: Request, session: SessionDep, run_id: int) -> HTMLRespons
     adapter = (data.run.environment_detail or {}).get("adapter")
     adapter = adapter if isinstance(adapter, dict) else ({"adapter": adapter} if adapter else {})
     first_plot = data.changed[0].case_id if data.changed and data.changed[0].verdict == "changed" else None
+    attribution = _attribution(data.run)
+    multiples = _small_multiples(session, data, attribution["attribution"])
     return _page(request, "run.html", page=data, run=data.run, project=data.run.project,
                  sentence=wording.verdict_sentence(data), fingerprint=fingerprint, adapter=adapter,
-                 **_attribution(data.run),
+                 **attribution, build_line=wording.build_line(data.run.environment_detail),
+                 multiples=multiples,
+                 multiples_json=multiples.as_json(),
                  first_plot=first_plot, final=data.run.status in FINAL_STATUSES,
                  figures=commit_page_figures.headline_figures(data.run))
+
+
+def _small_multiples(session: SessionDep, data, attribution: dict):  # noqa: ANN001, ANN202
+    """The panels above the fold (service/dashboard/commit_page.py), their series made JSON-safe."""
+    detail = data.run.verdict.detail if data.run.verdict is not None else {}
+    stored = {c["case_id"]: c.get("max_abs_diff_per_step") for c in (detail or {}).get("cases", [])}
+
+    def diffs(case_id: str) -> list[float | None] | None:
+        values = stored.get(case_id)
+        return [_finite_or_none(float(v)) if v is not None else None for v in values] if values else None
+
+    def distance_change(case_id: str) -> list[float | None] | None:
+        series = queries.case_series(session=session, run_id=data.run.id, case_id=case_id)
+        if series["baseline"] is None:
+            return None
+        ours, theirs = series["commit"]["ref64_max_abs"], series["baseline"]["ref64_max_abs"]
+        return [_finite_or_none(abs(float(a) - float(b))) for a, b in zip(ours, theirs)]
+
+    return commit_page_figures.small_multiples(data.changed, attribution, diffs, distance_change)
 
 
 def _attribution(run) -> dict:  # noqa: ANN001

@@ -143,3 +143,19 @@ def size_sentence(changed: list[ChangedCase]) -> str:
          "commit_peak_ref64_distance": c.commit_peak,
          "max_abs_diff_per_step": [c.max_abs_diff] if c.max_abs_diff is not None else None}
         for c in changed]))
+
+
+def build_line(environment_detail: dict | None) -> str | None:
+    """What built the kernels, in one line (issue 36: the run's toolchain and build variant, as the
+    API returns them): "g++ (Debian 12.2.0-14) 12.2.0; nvcc release 12.4, V12.4.131 · variant:
+    compiler clang++, cflags -O3"; None before the worker has built."""
+    detail = environment_detail or {}
+    toolchain, variant = detail.get("toolchain") or {}, detail.get("build_variant") or {}
+    parts = []
+    if toolchain.get("cxx_version"):
+        parts.append(toolchain["cxx_version"] + (f"; nvcc {toolchain['nvcc_version']}"
+                                                 if toolchain.get("nvcc_version") else ""))
+    said = [f"{key.replace('_', ' ')} {' '.join(value) if isinstance(value, list | tuple) else value}"
+            for key, value in variant.items() if value not in (None, [], ())]
+    parts.append("build variant: " + (", ".join(said) if said else "the worker's default"))
+    return " · ".join(parts) if toolchain or variant else None

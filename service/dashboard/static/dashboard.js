@@ -60,6 +60,8 @@ const optdrift = (() => {
   function runPage() {
     const head = document.getElementById("run");
     if (head && head.dataset.final !== "true") pollRun(head.dataset.runId);
+    const panels = document.getElementById("divergence-data");
+    if (panels) smallMultiples(JSON.parse(panels.textContent));
     const plot = document.getElementById("ref-plot");
     if (plot) plotCase(plot.dataset.case);
     for (const button of document.querySelectorAll(".plot-button")) {
@@ -125,6 +127,29 @@ const optdrift = (() => {
       Plotly.purge(diffTarget); diffTarget.hidden = true; note.hidden = false;
     }
     target.dataset.plotted = caseId;
+  }
+
+  // Commit / verify page, above the fold: one small panel per optimizer · family, each changed case
+  // drawn in its own scale (service/dashboard/commit_page.py computed the values); no legend in a
+  // panel this small, the hover names the case and its value as the table writes it.
+  const PANEL_COLOURS = ["#cf222e", "#0969da", "#8250df", "#1a7f37", "#bc4c00", "#57606a"];
+  async function smallMultiples(panels) {
+    await Promise.all(panels.map((panel, index) => {
+      const target = document.getElementById(`panel-${index + 1}`);
+      const traces = panel.lines.map((line, i) => ({
+        name: line.label, x: line.steps, y: line.values, customdata: numbers(line.values),
+        hovertemplate: `${line.label}<br>step %{x}: %{customdata}<extra></extra>`, mode: "lines",
+        connectgaps: false, line: { color: PANEL_COLOURS[i % PANEL_COLOURS.length], width: 1.5 },
+      }));
+      const figure = {
+        margin: { l: 52, r: 8, t: 6, b: 30 }, showlegend: false, autosize: true, height: 170,
+        xaxis: { title: { text: "step", standoff: 2 }, automargin: true },
+        yaxis: { type: "log", exponentformat: "e", automargin: true },
+      };
+      return Plotly.react(target, traces, figure, { ...config, displayModeBar: false })
+        .then(() => { target.dataset.plotted = String(traces.length); });
+    }));
+    document.getElementById("divergence-panels").dataset.plotted = "true";
   }
 
   // Release drift: one line per case of the chosen family across releases.

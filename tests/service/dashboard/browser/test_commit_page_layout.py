@@ -1,5 +1,5 @@
 """The commit page and the verify page at desktop sizes (issue 34 item 1, the Proof's first bullet):
-nothing wider than its container, and the headline (the verdict) and the divergence plot above the fold.
+nothing wider than its container, and the headline (the verdict) and the small multiples above the fold.
 
 Screenshots go to docs/screenshots/ when OPTDRIFT_WRITE_SCREENSHOTS=1, otherwise to a scratch folder.
 """
@@ -57,7 +57,7 @@ def test_verdict_and_plot_are_above_the_fold(dashboard, sized_page, name: str) -
     width, height = sized_page.viewport
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     sized_page.screenshot(path=str(SCREENSHOT_DIR / f"{name}-{width}x{height}.png"))
-    for selector in ("#headline", "#ref-plot"):
+    for selector in ("#headline", "#panel-1"):
         box = sized_page.locator(selector).bounding_box()
         assert box is not None, selector
         assert box["y"] + box["height"] <= height, (selector, box, height)

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     )
     store_dir: Path | None = Field(default=None, description="Source archive store; default <home>/store.")
     build_cache_dir: Path | None = Field(default=None, description="Build cache; default <home>/builds.")
+    # The kernel hosts' inductor/Triton cache (<build cache>/compile, one folder per build digest:
+    # worker/engine/compile_cache.py): its folders together; the least recently used go first.
+    compile_cache_max_bytes: int = Field(default=20 * 1024 ** 3, gt=0)
     public_url: str = Field(
         default="http://127.0.0.1:8000",
         description="Where workers reach the API to fetch sources (workers may be on other hosts).",

@@ -192,12 +192,15 @@ def run_check(source: Path, baseline: Path | None, battery: str | None = None, *
     except (ProjectConfigError, BatteryError) as problem:
         error(str(problem))
         return EXIT_BAD_INPUT
+    from service.settings import get_settings
     from worker.build import default_cache_dir
 
     # References computed once (worker.engine.reference_cache): beside the builds, the user's own trees.
+    # Compiled code too (worker.engine.compile_cache), within OPTDRIFT_COMPILE_CACHE_MAX_BYTES.
     policy = pipeline.Policy(device=device, cache_dir=cache_dir, cuda_archs=[] if device == "cpu" else None,
                              case_timeout_s=case_timeout_s,
-                             reference_cache=Path(cache_dir or default_cache_dir()) / "references")
+                             reference_cache=Path(cache_dir or default_cache_dir()) / "references",
+                             compile_cache_max_bytes=get_settings().compile_cache_max_bytes)
 
     from worker.engine import host_reserve
 
@@ -222,7 +225,6 @@ def _build_and_compare(job, base_job, source: Path, baseline: Path | None, polic
                        console: Console, error, started: float, *, device: str, case_timeout_s: float,  # noqa: ANN001
                        json_out: Path | None, show_unchanged: bool, attribute: bool) -> int:
     from worker import pipeline
-    from worker.engine.corun import corun_battery
 
     commit_build = pipeline.build(job, policy)
     baseline_build = pipeline.build(base_job, policy) if base_job is not None else None
@@ -241,7 +243,7 @@ def _build_and_compare(job, base_job, source: Path, baseline: Path | None, polic
         if result.status == "broken":
             console.print(f"  {result.case.case_id}: broken: {result.message}", markup=False, highlight=False)
 
-    baseline_run, diffs = None, {}
+    baseline_run = None
     # What each kernel host loaded (the adapter's describe(): library version, path), as a run records it.
     adapters: dict[str, dict[str, str] | None] = {"commit": None, "baseline": None}
     if base_job is not None:
@@ -276,28 +278,18 @@ def _build_and_compare(job, base_job, source: Path, baseline: Path | None, polic
     changed = [c for c in job.cases if c.case_id in {x.case_id for x in comparison.cases if x.verdict == "changed"}]
     attribution: dict = {}
     if changed and baseline_build is not None:
-        # Per-step |commit - baseline| of the changed cases only, as the service's co-run stores.
-        adapter_paths = (job.adapter_folders, base_job.adapter_folders)
-        progress_line(f"co-run: per-step |commit - baseline| of {len(changed)} changed cases, both builds")
-        with phases("co-run"):
-            _, _, diffs = corun_battery(job.battery, commit_build.library_path, baseline_build.library_path,
-                                        device=device, case_timeout_s=case_timeout_s, cases=changed,
-                                        adapter=job.config.adapter, params_only=True, fast=policy.fast_engine,
-                                        adapter_paths=adapter_paths)
-        comparison = pipeline.compare(commit_run, baseline_run, diffs)
-        if attribute:
-            from worker.attribution.record import attribute_or_note
-            from worker.attribution.selection import DEFAULT_LIMIT
+        # The builds' compile caches, as their batteries' hosts had them: the co-run's and the
+        # attribution's hosts load what those compiled (worker.engine.compile_cache).
+        caches = (pipeline.compile_cache_for(commit_build.digest, policy),
+                  pipeline.compile_cache_for(baseline_build.digest, policy))
+        try:
+            comparison, attribution = _corun_and_attribute(
+                job, base_job, commit_build, baseline_build, commit_run, baseline_run, changed, policy, phases,
+                caches, device=device, case_timeout_s=case_timeout_s, attribute=attribute)
+        finally:
+            from worker.engine import compile_cache
 
-            progress_line(f"attribution: what kind of change, for the {len(changed)} changed cases"
-                          if len(changed) <= DEFAULT_LIMIT else
-                          f"attribution: what kind of change, for {DEFAULT_LIMIT} of the {len(changed)} changed cases "
-                          "(one per optimizer, family, dtype and hyperparameter point in turn)")
-            with phases("attribution"):
-                attribution = attribute_or_note(comparison, baseline_run, changed, commit_build.library_path,
-                                                baseline_build.library_path, device=device,
-                                                adapter=job.config.adapter, case_timeout_s=case_timeout_s,
-                                                adapter_paths=adapter_paths)
+            compile_cache.release(*caches)
     print_verdict(comparison, console, show_unchanged=show_unchanged)
     print_attribution(attribution, console)
     console.print(phases.line(), highlight=False, soft_wrap=True)  # one line, for logs that grep it
@@ -310,6 +302,39 @@ def _build_and_compare(job, base_job, source: Path, baseline: Path | None, polic
 
         Path(json_out).write_text(json.dumps(payload))
     return exit_code(comparison)
+
+
+def _corun_and_attribute(job, base_job, commit_build, baseline_build,  # noqa: ANN001, ANN202
+                         commit_run, baseline_run, changed, policy, phases, caches,  # noqa: ANN001
+                         *, device: str, case_timeout_s: float, attribute: bool):
+    """(the comparison with per-step |commit - baseline| of the changed cases, as the service's
+    co-run stores, and their attribution when `attribute`); `caches`: the two builds' compile caches."""
+    from worker import pipeline
+    from worker.engine.corun import corun_battery
+
+    adapter_paths = (job.adapter_folders, base_job.adapter_folders)
+    progress_line(f"co-run: per-step |commit - baseline| of {len(changed)} changed cases, both builds")
+    with phases("co-run"):
+        _, _, diffs = corun_battery(job.battery, commit_build.library_path, baseline_build.library_path,
+                                    device=device, case_timeout_s=case_timeout_s, cases=changed,
+                                    adapter=job.config.adapter, params_only=True, fast=policy.fast_engine,
+                                    adapter_paths=adapter_paths, compile_caches=caches)
+    comparison = pipeline.compare(commit_run, baseline_run, diffs)
+    if not attribute:
+        return comparison, {}
+    from worker.attribution.record import attribute_or_note
+    from worker.attribution.selection import DEFAULT_LIMIT
+
+    progress_line(f"attribution: what kind of change, for the {len(changed)} changed cases"
+                  if len(changed) <= DEFAULT_LIMIT else
+                  f"attribution: what kind of change, for {DEFAULT_LIMIT} of the {len(changed)} changed cases "
+                  "(one per optimizer, family, dtype and hyperparameter point in turn)")
+    with phases("attribution"):
+        attribution = attribute_or_note(comparison, baseline_run, changed, commit_build.library_path,
+                                        baseline_build.library_path, device=device,
+                                        adapter=job.config.adapter, case_timeout_s=case_timeout_s,
+                                        adapter_paths=adapter_paths, compile_caches=caches)
+    return comparison, attribution
 
 
 if __name__ == "__main__":  # python -m worker.check SOURCE [BASELINE]

@@ -60,6 +60,8 @@ class Policy:
     # the build cache's file system, so a build is hard-linked there, not copied).
     warm_host: bool = False
     host_slot_root: Path | None = None
+    # The compile cache's cap (OPTDRIFT_COMPILE_CACHE_MAX_BYTES; None: none): worker.engine.compile_cache.
+    compile_cache_max_bytes: int | None = None
 
 
 @dataclass
@@ -163,7 +165,7 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
     adapter_paths = job.adapter_folders
     load = {"device": policy.device, "adapter": job.config.adapter, "adapter_paths": adapter_paths,
             "case_timeout_s": policy.case_timeout_s, "deadline": policy.deadline,
-            "compile_cache": _compile_cache(built, policy)}
+            "compile_cache": compile_cache_for(built.digest, policy)}
     if host is not None:
         spare = host_reserve.adopted(host, built.library_path, **load)
     else:
@@ -179,18 +181,22 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
                                            compile_cache=load["compile_cache"]),
                        cases, policy, job, on_result, baseline_digests, on_pause, unsteady)
     finally:
+        if load["compile_cache"] is not None:  # its host is closed (_run_on): evictable again
+            load["compile_cache"].release()
         if policy.warm_host:  # the next (unboxed: only now), or any that died meanwhile
             host_reserve.replenish(device=policy.device, slot_root=policy.host_slot_root)
 
 
-def _compile_cache(built: BuildResult, policy: Policy):  # noqa: ANN202
-    """The build's inductor/Triton cache under the build cache's root, read-only to an untrusted
-    run (worker.engine.compile_cache)."""
+def compile_cache_for(build_digest: str | None, policy: Policy):  # noqa: ANN201
+    """The inductor/Triton cache of the build `build_digest` under the build cache's root, read-only
+    to an untrusted run, capped by the policy (worker.engine.compile_cache), held in use until its
+    `release()`: every kernel host of that build is given it (a run's, a co-run's, an attribution's,
+    a timing's), so a torch.compile-based library compiles once per build."""
     from worker.build.cache import default_cache_dir
     from worker.engine import compile_cache
 
-    return compile_cache.for_build(Path(policy.cache_dir or default_cache_dir()), built.digest,
-                                   trusted=policy.trusted)
+    return compile_cache.for_build(Path(policy.cache_dir or default_cache_dir()), build_digest,
+                                   trusted=policy.trusted, max_bytes=policy.compile_cache_max_bytes)
 
 
 def _builtin_battery(battery: BatterySpec) -> bool:

@@ -28,17 +28,21 @@ ANALYSIS_TIMEOUT_S = 600.0
 def record_parameters(commit_library: str | Path, baseline_library: str | Path, cases: list[CaseSpec],
                       workdir: Path, *, device: str = "auto", adapter: str = "bundled",
                       case_timeout_s: float = 300.0,
-                      adapter_paths: tuple[list[Path], list[Path]] = ([], [])) -> dict[str, tuple[Path, Path, int | None]]:
+                      adapter_paths: tuple[list[Path], list[Path]] = ([], []),
+                      compile_caches: tuple = (None, None)) -> dict[str, tuple[Path, Path, int | None]]:
     """case id -> (commit file, baseline file, first divergent step of the re-run's digests):
     float32 parameters after each step, (steps, size). Cases that did not run on both sides
     (broken, not applicable) are left out. `adapter_paths`: (the commit's, the baseline's) folders
-    their adapter module is imported from (a tree's adapter_path), as the run's hosts had them."""
+    their adapter module is imported from (a tree's adapter_path), as the run's hosts had them.
+    `compile_caches`: (the commit's, the baseline's) build compile caches (worker.engine.compile_cache),
+    so a torch.compile-based library loads what its run compiled; the caller releases them."""
     files: dict[str, tuple[Path, Path, int | None]] = {}
     commit_paths, baseline_paths = adapter_paths
+    commit_cache, baseline_cache = compile_caches
     with (KernelHost(commit_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
-                     adapter_paths=list(commit_paths)) as commit_host,
+                     adapter_paths=list(commit_paths), compile_cache=commit_cache) as commit_host,
           KernelHost(baseline_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
-                     adapter_paths=list(baseline_paths)) as baseline_host):
+                     adapter_paths=list(baseline_paths), compile_cache=baseline_cache) as baseline_host):
         KernelHost.start_together([commit_host, baseline_host])
         for index, case in enumerate(cases):
             commit_file, baseline_file = workdir / f"{index}.commit.f32", workdir / f"{index}.baseline.f32"

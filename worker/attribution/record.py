@@ -23,11 +23,12 @@ def attribute_changed(comparison: RunComparison, baseline: RunResult, cases: lis
                       commit_library: str | Path, baseline_library: str | Path, *, device: str = "auto",
                       adapter: str = "bundled", case_timeout_s: float = 300.0,
                       adapter_paths: tuple[list[Path], list[Path]] = ([], []),
-                      limit: int | None = None) -> dict[str, dict]:
+                      limit: int | None = None, compile_caches: tuple = (None, None)) -> dict[str, dict]:
     """case id -> attribution for the changed cases of `comparison` among `cases`. `adapter_paths`:
     (the commit's, the baseline's) adapter folders, which must exist until this returns. At most
     `limit` cases (None: selection.DEFAULT_LIMIT) are analysed (worker.attribution.selection); the others are listed with the case
-    that stands for their group."""
+    that stands for their group. `compile_caches`: the two builds' compile caches
+    (worker.engine.compile_cache), handed to their hosts."""
     first_steps = {c.case_id: c.first_divergent_step for c in comparison.cases
                    if c.verdict == "changed" and c.first_divergent_step}
     changed = [case for case in cases if case.case_id in first_steps]
@@ -37,7 +38,8 @@ def attribute_changed(comparison: RunComparison, baseline: RunResult, cases: lis
     wanted, stands_for = selection.sample(changed, limit or selection.DEFAULT_LIMIT)
     with tempfile.TemporaryDirectory(prefix="optdrift-attribution-") as tmp:
         files = record_parameters(commit_library, baseline_library, wanted, Path(tmp), device=device,
-                                  adapter=adapter, case_timeout_s=case_timeout_s, adapter_paths=adapter_paths)
+                                  adapter=adapter, case_timeout_s=case_timeout_s, adapter_paths=adapter_paths,
+                                  compile_caches=compile_caches)
         requests = []
         answers = {case_id: selection.left_out_entry(representative) for case_id, representative in stands_for.items()}
         for case in wanted:

@@ -94,7 +94,8 @@ def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_lib
                   fast: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                   adapter_paths: tuple[list[Path], list[Path]] = ([], []),
                   hosts: tuple[KernelHost, KernelHost] | None = None, timings: dict[str, float] | None = None,
-                  close_hosts: bool = True) -> tuple[RunResult, RunResult, dict[str, list[float]]]:
+                  close_hosts: bool = True, compile_caches: tuple = (None, None),
+                  ) -> tuple[RunResult, RunResult, dict[str, list[float]]]:
     """(commit run, baseline run, per-step max |commit - baseline| of the cases whose digests differ).
     `between_cases()` runs before each case, or each chunk when `fast` (the worker's co-run yields
     to waiting runs there). `params_only`: the kernels alone in both hosts, no references (the
@@ -107,13 +108,16 @@ def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_lib
     `close_hosts=False` and they were handed in (the worker's co-run closes them after storing its
     diffs: a CUDA host's exit takes about a second). `timings` gains "hosts_s" (starting the hosts
     not yet running, together), "kernels_s" (the rest) and, when it closes them, "close_s"; when
-    `fast`, the kernels' split too (_corun_fast)."""
+    `fast`, the kernels' split too (_corun_fast). `compile_caches`: (the commit's, the baseline's)
+    build compile caches (worker.engine.compile_cache) for the hosts started here; the caller
+    releases them."""
     cases = battery.expand() if cases is None else cases
     if hosts is None:
         close_hosts = True  # started here: closed here
         hosts = tuple(KernelHost(library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
-                                 adapter_paths=paths)
-                      for library, paths in zip((commit_library, baseline_library), adapter_paths))
+                                 adapter_paths=paths, compile_cache=cache)
+                      for library, paths, cache in zip((commit_library, baseline_library), adapter_paths,
+                                                       compile_caches))
     hosts = list(hosts)
     timings = {} if timings is None else timings
     began = time.monotonic()

@@ -49,7 +49,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
     `corun_seconds` is writing the verdict) and how its kernels phase split (`corun_kernels`:
     chunks, each host's busy seconds, the diffs', which overlap; worker.engine.corun)."""
     # The engine is imported by the task's process when a co-run comes, never by the Celery parent.
-    from worker.engine import host_reserve
+    from worker.engine import compile_cache, host_reserve
     from worker.engine.corun import corun_battery
     from worker.engine.host import KernelHost
 
@@ -71,6 +71,9 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
     # are fetched and built: the worker's waiting spare and one more, given their builds after.
     spares = (host_reserve.spares(2, device=settings.worker_device, slot_root=slot_root)
               if settings.resolved_warm_host else [None, None])
+    # Each build's compile cache (worker.engine.compile_cache), as its run's host had it: the co-run's
+    # and the attribution's hosts load what the run compiled. Held until the hosts are closed.
+    caches: dict[str, object] = {}
     try:
         with Workspace(settings, prefix=f"optdrift-diffs-{run_id}-") as workspace:
             sources = {}
@@ -94,6 +97,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
                                     build.error)
                         return 0
                     libraries[side] = build.library_path
+                    caches[side] = pipeline.compile_cache_for(build.digest, policy)
             battery, adapter = job.battery, job.config.adapter
             adapter_paths = (jobs["commit"].adapter_folders, jobs["baseline"].adapter_folders)
             if between_cases:  # a run that came meanwhile gets the spares, still without a build
@@ -101,7 +105,8 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
             with phases("adopt"):
                 hosts = tuple(host_reserve.adopted(spare, libraries[side], device=settings.worker_device,
                                                    adapter=adapter, adapter_paths=paths,
-                                                   case_timeout_s=settings.case_timeout_s)
+                                                   case_timeout_s=settings.case_timeout_s,
+                                                   compile_cache=caches.get(side))
                               for spare, side, paths in zip(spares, ("commit", "baseline"), adapter_paths))
             spares = []  # theirs now: closed below, once the diffs are stored
             timings: dict[str, float] = {}
@@ -136,7 +141,8 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
             # Inside the sources' folder: a tree's own adapter is imported from it (adapter_path).
             store_attribution(run_id=run_id, comparison=comparison, baseline=baseline_result, cases=cases,
                               libraries=libraries, settings=settings, adapter=adapter,
-                              adapter_paths=adapter_paths)
+                              adapter_paths=adapter_paths,
+                              compile_caches=(caches.get("commit"), caches.get("baseline")))
             return len(diffs)
     finally:
         # Spares not given a build (the co-run stopped before: a run waits, a tree no longer builds)
@@ -144,6 +150,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
         host_reserve.put_back(spares, device=settings.worker_device)
         if settings.resolved_warm_host:
             host_reserve.replenish(device=settings.worker_device, slot_root=slot_root)
+        compile_cache.release(*caches.values())
 
 
 class _Phases:
@@ -181,12 +188,15 @@ def _store(*, run_id: int, commit_result: RunResult, baseline_result: RunResult,
 
 def store_attribution(*, run_id: int, comparison: RunComparison, baseline: RunResult, cases: list[CaseSpec],
                       libraries: dict[str, str], settings: Settings, adapter: str,
-                      adapter_paths: tuple[list[Path], list[Path]] = ([], [])) -> None:
+                      adapter_paths: tuple[list[Path], list[Path]] = ([], []),
+                      compile_caches: tuple = (None, None)) -> None:
     """The attribution of `run_id`'s changed cases (worker/attribution/record.py) into its verdict's
-    detail, after the co-run stored the diffs; the outcome and every other key stay as they are."""
+    detail, after the co-run stored the diffs; the outcome and every other key stay as they are.
+    `compile_caches`: (the commit's, the baseline's) build compile caches for its hosts."""
     attribution = attribute_or_note(comparison, baseline, cases, libraries["commit"], libraries["baseline"],
                                     device=settings.worker_device, adapter=adapter,
-                                    case_timeout_s=settings.case_timeout_s, adapter_paths=adapter_paths)
+                                    case_timeout_s=settings.case_timeout_s, adapter_paths=adapter_paths,
+                                    compile_caches=compile_caches)
     run_store.add_attribution(run_id, attribution)
 
 

@@ -18,6 +18,7 @@ from service import run_store
 from service.broker.queueing import TIMING_TASK_NAME
 from service.run_store import DONE
 from service.settings import Settings
+from worker import pipeline
 from worker.jobs import follow_ups
 from worker.jobs.workspace import Workspace
 from worker.speed.record import ANSWER_SLACK_S, TimingYielded, budget_s, measure, plan
@@ -33,14 +34,21 @@ def time_and_store(*, run_id: int, job, built, policy, settings: Settings,  # no
     if seconds <= 0 or not job.config.kernel_speed:
         return None
     started = time.monotonic()
+    # The build's compile cache, as its run's host had it (read-only for a verify run): a
+    # torch.compile-based library loads what the run compiled (worker.engine.compile_cache).
+    cache = pipeline.compile_cache_for(built.digest, policy)
     try:
-        answer = measure(job, built, policy, timing_plan=plan(settings, seconds), should_yield=should_yield)
+        answer = measure(job, built, policy, timing_plan=plan(settings, seconds), should_yield=should_yield,
+                         compile_cache=cache)
         count = run_store.store_timings(run_id, answer)
     except TimingYielded:
         raise
     except Exception as error:  # noqa: BLE001 - speed is judged apart: the run stands without it
         log.warning("run %s: timing the kernels failed: %s", run_id, error)
         return f"failed: {error}"[:500]
+    finally:
+        if cache is not None:
+            cache.release()
     errors = sum(1 for t in answer["timings"] if t.get("error"))
     note = f"{count} kernel timings on {answer.get('device')} in {time.monotonic() - started:.1f} s"
     if answer.get("not_timed"):

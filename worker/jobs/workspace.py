@@ -80,7 +80,8 @@ class Workspace:
             device=settings.worker_device, fast_engine=settings.fast_engine,
             cache_dir=settings.resolved_build_cache_dir,
             cuda_archs=[] if settings.worker_device == "cpu" else None, trusted=not untrusted,
-            max_build_s=build_limit_s(settings, untrusted=untrusted), build_variant=variant, **warm_hosts, **limits)
+            max_build_s=build_limit_s(settings, untrusted=untrusted), build_variant=variant,
+            compile_cache_max_bytes=settings.compile_cache_max_bytes, **warm_hosts, **limits)
 
     def build(self, job: pipeline.Job, policy: pipeline.Policy) -> BuildResult:
         """The tree built per its configuration (a digest-cache hit when built before); never

@@ -42,10 +42,12 @@ def plan(settings: Settings, seconds: float) -> dict:
 
 
 def measure(job, built, policy, *, timing_plan: dict,  # noqa: ANN001
-            should_yield: Callable[[], bool] | None = None) -> dict:
+            should_yield: Callable[[], bool] | None = None, compile_cache=None) -> dict:  # noqa: ANN001
     """The kernel host's `time_kernels` answer for this build; raises RuntimeError with the reason,
     or TimingYielded when `should_yield()` (asked before a host is taken, then every YIELD_POLL_S
-    while the host times) said a run is waiting. The host is a spare started ahead where the policy keeps them (host_reserve)."""
+    while the host times) said a run is waiting. The host is a spare started ahead where the policy keeps them (host_reserve).
+    `compile_cache`: the build's (worker.engine.compile_cache), so the timed host loads what the run
+    compiled instead of timing against a cold compile; the caller releases it."""
     from worker.engine import host_reserve
     from worker.engine.host import KernelHost
 
@@ -56,9 +58,10 @@ def measure(job, built, policy, *, timing_plan: dict,  # noqa: ANN001
         raise TimingYielded("a run is waiting for this worker")
     host = host_reserve.take(built.library_path, device=policy.device, adapter=job.config.adapter,
                              adapter_paths=job.adapter_folders, case_timeout_s=policy.case_timeout_s,
-                             deadline=policy.deadline) if policy.warm_host else None
+                             deadline=policy.deadline, compile_cache=compile_cache) if policy.warm_host else None
     host = host or KernelHost(built.library_path, device=policy.device, adapter=job.config.adapter,
-                              deadline=policy.deadline, adapter_paths=job.adapter_folders)
+                              deadline=policy.deadline, adapter_paths=job.adapter_folders,
+                              compile_cache=compile_cache)
     try:
         with host, _interrupted_when(should_yield, host) as yielded:
             answer = host.ask({"op": "time_kernels", "plan": timing_plan},

@@ -1,7 +1,9 @@
-"""Server-side figures for the commit / verify page (issue 34 item 1): the headline's figures, read
-from the verdict's stored figures (service.core.verdicts.figures_of), never parsed back from its
-sentence; and the small multiples above the fold, one panel per optimizer · family, each changed
-case drawn in its own scale, the one its table row states as "size relative to its scale"."""
+"""Server-side figures for the commit / verify page (issue 34 item 1): the headline's figures and
+the small multiples above the fold.
+
+The headline's figures are the verdict's stored figures (service.core.verdicts.figures_of), never
+parsed back from its sentence. The small multiples are one panel per optimizer · family, each
+changed case drawn in its own scale: the one its table row states as "size relative to its scale"."""
 
 from __future__ import annotations
 

@@ -138,7 +138,8 @@ const optdrift = (() => {
       const target = document.getElementById(`panel-${index + 1}`);
       const traces = panel.lines.map((line, i) => ({
         name: line.label, x: line.steps, y: line.values, customdata: numbers(line.values),
-        hovertemplate: `${line.label}<br>step %{x}: %{customdata}<extra></extra>`, mode: "lines",
+        hovertemplate: `${line.label}<br>step %{x}: %{customdata}<extra></extra>`,
+        mode: line.values.length > 2 ? "lines" : "lines+markers",  // a one-step case is a point
         connectgaps: false, line: { color: PANEL_COLOURS[i % PANEL_COLOURS.length], width: 1.5 },
       }));
       const figure = {

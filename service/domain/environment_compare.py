@@ -62,6 +62,17 @@ def fingerprint_changes(a: EnvironmentFingerprint | None, b: EnvironmentFingerpr
         if left != right:
             changes.append(FingerprintChange(field=name, a=None if left is None else str(left),
                                              b=None if right is None else str(right)))
+    # The references (torch.optim's code, ours), per optimizer whose digest differs: the optimizer's
+    # name says which reference moved, the digest's head tells the two apart. Unknown on either side
+    # (an older worker): silent.
+    if a.references and b.references:
+        moved = sorted(name for name in a.references.keys() | b.references.keys()
+                       if a.references.get(name) != b.references.get(name))
+
+        def side(references: dict[str, str]) -> str:
+            return ", ".join(f"{name} {references.get(name, '-')[:12]}" for name in moved)
+        if moved:
+            changes.append(FingerprintChange(field="references", a=side(a.references), b=side(b.references)))
     return changes
 
 

@@ -169,10 +169,34 @@ def test_one_panel_per_family_each_case_in_its_own_scale(dashboard, bnb_like, pa
     assert max(eight) > 1e3 * max(fp32), (max(eight), max(fp32))
 
 
-def test_the_run_page_says_what_built_it(dashboard, bnb_like, page) -> None:  # noqa: ANN001
+def test_headline_and_table_show_the_apis_numbers(dashboard, bnb_like, page) -> None:  # noqa: ANN001
+    """The headline's counts and each row's first step, direction and size (max |commit − baseline|
+    over the baseline's peak distance, parsed back within SHOWN) are the API's."""
+    _open(page, dashboard, f"/projects/{PROJECT}/commits/{SHA}")
+    verdict = _api_run(page, dashboard, bnb_like)["verdict"]
+    figures, cases = verdict["figures"], {c["case_id"]: c for c in verdict["detail"]["cases"]}
+    assert page.locator("#headline-first-step strong").inner_text() == str(figures["first_divergent_step"])
+    for direction in ("farther", "closer", "same"):
+        shown = page.locator(f"#headline-directions [data-direction={direction}] strong").inner_text()
+        assert int(shown) == figures["directions"].get(direction, 0), direction
+    rows = page.locator("#changed-cases tbody tr").all()
+    assert len(rows) == sum(1 for c in cases.values() if c["verdict"] in ("changed", "broken"))
+    for row in rows:
+        case = cases[row.get_attribute("data-case-id")]
+        assert row.locator("td.first-step").inner_text() == str(case["first_divergent_step"])
+        assert row.locator("td.direction .badge").inner_text() == case["direction"]
+        expected = max(d for d in case["max_abs_diff_per_step"] if d is not None) / case["baseline_peak_ref64_distance"]
+        assert float(row.locator("td.scale .diff-ratio").inner_text()) == pytest.approx(expected, rel=SHOWN)
+        # 8-bit rows say why their distance to float64 is large, 32-bit rows do not.
+        notes = row.locator("td.scale .eight-bit-note").count()
+        assert notes == (1 if case["family"] == "8bit_blockwise" else 0), case["case_id"]
+
+
+@pytest.mark.parametrize("path", ["run", "commit"])
+def test_the_run_page_says_what_built_it(dashboard, bnb_like, page, path: str) -> None:  # noqa: ANN001
     """Issue 36's toolchain and build variant, as the API returns them, in the run's head and its
-    environment table."""
-    _open(page, dashboard, f"/runs/{bnb_like}")
+    environment table, on /runs/N and on the commit's page alike."""
+    _open(page, dashboard, f"/runs/{bnb_like}" if path == "run" else f"/projects/{PROJECT}/commits/{SHA}")
     run = _api_run(page, dashboard, bnb_like)
     line = page.locator("#build-line").inner_text()
     assert run["toolchain"]["cxx_version"] in line and "-O3" in line

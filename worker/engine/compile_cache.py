@@ -34,8 +34,10 @@ two (worker.jobs.corun, worker.engine.corun), the attribution's two (worker.attr
 and the timing's (worker.speed.record), in the service and in `optdrift check` alike.
 
 Disk. The digest folders together are kept under a cap (OPTDRIFT_COMPILE_CACHE_MAX_BYTES,
-service.settings, handed in as `max_bytes`): when a build's cache is taken and again when a trusted
-one is released, the least recently used digest folders go first (`evict`). A folder in use is
+service.settings, handed in as `max_bytes`): when a new build's folder is made and again when a
+trusted use that made it is released, the least recently used digest folders go first (`evict`).
+A build whose folder exists (a warm run) does not walk the cache: only a new build brings a cold
+compile's worth of files, and it pays the walk beside its compile. A folder in use is
 never evicted: `for_build` holds a shared flock on `<root>/compile/.locks/<digest>.lock` until
 `release()` (or until the CompileCache is dropped), and eviction takes only folders whose lock it
 can hold exclusively, so two workers on one machine never pull a cache from under each other's
@@ -78,6 +80,7 @@ class CompileCache:
     folder: Path
     writable: bool
     max_bytes: int | None = None  # the cap `release()` evicts to (None: no cap)
+    created: bool = False  # this use made the folder (a new build): it evicts
     _hold: IO | None = field(default=None, compare=False, repr=False)
 
     def host_arguments(self) -> list[str]:
@@ -91,7 +94,7 @@ class CompileCache:
         try:
             if self.writable:
                 _mark_used(self.folder)
-                if self.max_bytes is not None:
+                if self.max_bytes is not None and self.created:
                     evict(self.folder.parent.parent, self.max_bytes)
         finally:
             self._hold.close()
@@ -102,24 +105,25 @@ def for_build(cache_root: Path | None, build_digest: str | None, *, trusted: boo
     """The compile cache of the build `build_digest` under `cache_root` (the build cache's root), made
     when missing and held in use until its `release()`; None without a digest (a failed or
     digest-less build: nothing to key it by). `max_bytes`: the cap on all digests' folders
-    (OPTDRIFT_COMPILE_CACHE_MAX_BYTES); the least recently used others are evicted down to it now,
-    and again when a trusted use is released."""
+    (OPTDRIFT_COMPILE_CACHE_MAX_BYTES): when the folder is new, the least recently used others are
+    evicted down to it now, and again when a trusted use is released."""
     if cache_root is None or not build_digest or not _DIGEST.fullmatch(build_digest):
         return None
     compile_root = Path(cache_root) / FOLDER
     hold = _hold_shared(compile_root / LOCKS / f"{build_digest}.lock")
     try:
         folder = compile_root / build_digest
+        created = not folder.is_dir()
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o755)  # the sandbox user reads it (a verify host, which is not handed it)
         if trusted:
             _mark_used(folder)
-        if max_bytes is not None:
+        if max_bytes is not None and created:
             evict(Path(cache_root), max_bytes)
     except BaseException:
         hold.close()
         raise
-    return CompileCache(folder=folder.resolve(), writable=trusted, max_bytes=max_bytes, _hold=hold)
+    return CompileCache(folder=folder.resolve(), writable=trusted, max_bytes=max_bytes, created=created, _hold=hold)
 
 
 def release(*caches: CompileCache | None) -> None:

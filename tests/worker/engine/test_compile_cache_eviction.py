@@ -53,6 +53,12 @@ def test_least_recently_used_go_first_down_to_the_cap(tmp_path: Path):
     assert _digests(tmp_path) == {"newest", "fresh"}
     taken.release()
     assert not list((tmp_path / compile_cache.FOLDER).glob(f"{compile_cache.EVICTED}*"))  # removed, not left renamed
+    # A build whose folder exists (a warm run) does not walk the cache, taking or releasing it; the
+    # next new build's folder brings the cap back.
+    compile_cache.for_build(tmp_path, "newest", trusted=True, max_bytes=1).release()
+    assert _digests(tmp_path) == {"newest", "fresh"}
+    compile_cache.for_build(tmp_path, "next", trusted=True, max_bytes=1).release()
+    assert "newest" not in _digests(tmp_path) and "next" in _digests(tmp_path)
 
 
 def test_a_folder_in_use_is_never_evicted(tmp_path: Path):

@@ -16,8 +16,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 OptimizerName = Literal["adam", "ademamix", "lion", "momentum", "rmsprop", "adagrad"]
-# "32bit": fp32 states. "8bit_blockwise": quantized states (issue 6); the engine dispatches on it.
-KernelFamily = Literal["32bit", "8bit_blockwise"]
+# The state families of service.core.families.FAMILIES (its table says what each is; equal to its
+# FAMILY_NAMES: tests/service/core/test_families.py). Stored rows keep these names.
+KernelFamily = Literal["32bit", "8bit_blockwise", "4bit_blockwise", "fp8_e4m3", "fp8_e5m2", "paged_8bit_blockwise"]
 ParamDtype = Literal["float32", "float16", "bfloat16"]
 GradientKind = Literal["open", "closed"]
 
@@ -65,6 +66,12 @@ class Trajectory(_Model):
     # max_i |p_i - r_i| against the same algorithm run in the parameter dtype (torch.optim where it
     # has the algorithm). None when the case has no same-precision reference.
     same_precision_max_abs: list[float] | None = None
+    # Quantized families: the mean over the states' elements of |state - the quantization-aware
+    # float64 reference's| in quantization steps (worker.references.blockwise_quant.state_steps);
+    # direction is judged on it (service.core.verdicts). None where not measured.
+    quant_ref_steps: list[float] | None = None
+    # ... and max_i |p_i - that reference's p_i|: the parameters against the same reference.
+    quant_ref_max_abs: list[float] | None = None
     # NaN/Inf elements in the parameters plus all optimizer states after the step.
     nonfinite_count: list[int]
     # per-step digest of parameter then state bits (schema order) after the step, prefixed by its
@@ -164,6 +171,10 @@ class CaseComparison(_Model):
     first_divergent_step: int | None = Field(None, description="1-based; the first step whose digest differs")
     # max_i |commit_i - baseline_i| per step (needs both trajectories: the baseline co-run).
     max_abs_diff_per_step: list[float] | None = None
+    # Quantized cases with quant_ref_steps on both sides: the peak over the differing steps of that
+    # figure (quantization steps), the one their direction is judged on.
+    commit_peak_quant_steps: float | None = None
+    baseline_peak_quant_steps: float | None = None
     commit_final_ref64_distance: float | None = None
     baseline_final_ref64_distance: float | None = None
     # Over the steps where the two trajectories differ (from first_divergent_step on): the largest

@@ -12,6 +12,9 @@ Per case:
              smaller same-precision distance, and for float16/bfloat16 anything within a factor
              of 2). The final-step judgement is kept beside it (final_direction), since a change can
              wander off the reference and come back by the last step.
+             A quantized family's case (service.core.families) with its states' distance to the
+             quantization-aware float64 reference recorded (Trajectory.quant_ref_steps) is judged on
+             that, in quantization steps, a move under QUANT_STEP_MARGIN being "same".
   not_applicable   the adapter cannot run the case on this device: listed, not judged;
   nondeterministic repeats of the case on the same build differ from its first run.
 Reference changed: where both runs recorded a digest of a case's references (torch, torch.optim's
@@ -35,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from service.core import wording
+from service.core.families import FAMILIES, QUANTIZED
 from service.core.results import (
     CaseComparison, CaseResult, ComparisonFigures, RunComparison, RunResult, ScaleGroup,
 )
@@ -49,6 +53,12 @@ DIRECTION_RELATIVE_MARGIN = 0.01
 # there: within a factor of 2 is "same".
 DIRECTION_RELATIVE_MARGIN_16BIT = 1.0
 _MARGIN_BY_DTYPE = {"float16": DIRECTION_RELATIVE_MARGIN_16BIT, "bfloat16": DIRECTION_RELATIVE_MARGIN_16BIT}
+# Quantized families (service.core.families.QUANTIZED) are judged on their states' distance to the
+# quantization-aware float64 reference in quantization steps (Trajectory.quant_ref_steps): a correct
+# implementation differs from it only at code boundaries (mean 0.002-0.004 steps on the low-bit
+# fixture, tests/worker/references/test_quant_direction.py), a biased rounding by ~half a step on every
+# element (rounding down: 0.4-0.8). A move of less than a quarter of a step is "same".
+QUANT_STEP_MARGIN = 0.25
 
 
 def direction(commit_distance: float, baseline_distance: float, rounding_floor: float = 0.0,
@@ -172,6 +182,7 @@ def _directions(commit: CaseResult, baseline: CaseResult, step: int) -> dict:
     it the two are bit-identical, so their distances are equal and would only dilute the mean)."""
     margin = _MARGIN_BY_DTYPE.get(commit.case.param_dtype, DIRECTION_RELATIVE_MARGIN)
     ours, theirs = commit.trajectory.ref64_max_abs, baseline.trajectory.ref64_max_abs
+    quantized = _quant_directions(commit, baseline, step)
     shared = min(len(ours), len(theirs))
     start = step - 1 if step <= shared else 0  # diverged only in length: judge the whole of both
 
@@ -186,6 +197,41 @@ def _directions(commit: CaseResult, baseline: CaseResult, step: int) -> dict:
     return {"commit_final_ref64_distance": commit_final, "baseline_final_ref64_distance": baseline_final,
             "commit_peak_ref64_distance": commit_peak, "baseline_peak_ref64_distance": baseline_peak,
             "commit_mean_ref64_distance": commit_mean, "baseline_mean_ref64_distance": baseline_mean,
+            "direction": trajectory_direction(peak, mean), "final_direction": final, **quantized}
+
+
+def _quant_directions(commit: CaseResult, baseline: CaseResult, step: int) -> dict:
+    """A quantized case with quant_ref_steps on both sides: its directions (final, and over the
+    differing steps by peak and mean) against the quantization-aware float64 reference, since its
+    distance to torch.optim in float64 is its quantization error and says nothing of a commit's
+    move: the states in quantization steps (a move under QUANT_STEP_MARGIN is "same") and, where
+    recorded, the parameters' distance to that reference (margins as for the float64 one); farther
+    when either is. Anything else: nothing (the parameters' distances to float64 judge it)."""
+    ours, theirs = commit.trajectory.quant_ref_steps, baseline.trajectory.quant_ref_steps
+    if commit.case.family not in QUANTIZED or not ours or not theirs:
+        return {}
+    shared = min(len(ours), len(theirs))
+    start = step - 1 if step <= shared else 0
+
+    def judge(reduce) -> tuple[float, float, str]:  # noqa: ANN001
+        mine, base = reduce(ours[start:shared]), reduce(theirs[start:shared])
+        return mine, base, direction(mine, base, QUANT_STEP_MARGIN)
+
+    commit_peak, baseline_peak, peak = judge(_peak)
+    mean = judge(_mean)[2]
+    final = direction(ours[-1], theirs[-1], QUANT_STEP_MARGIN)
+    params_ours, params_theirs = commit.trajectory.quant_ref_max_abs, baseline.trajectory.quant_ref_max_abs
+    if params_ours and params_theirs and len(params_ours) == len(ours) and len(params_theirs) == len(theirs):
+        # A change of the parameter's update alone (the decay order) leaves the states where they
+        # were: the parameters' distance to the same reference judges it, as for fp32 cases.
+        # No same-precision floor: torch.optim's distance is the quantization error here, which
+        # would hide any move; the relative margin alone (1 %, or 2x at 16 bits).
+        margin = _MARGIN_BY_DTYPE.get(commit.case.param_dtype, DIRECTION_RELATIVE_MARGIN)
+        param_peak = direction(_peak(params_ours[start:shared]), _peak(params_theirs[start:shared]), 0.0, margin)
+        param_mean = direction(_mean(params_ours[start:shared]), _mean(params_theirs[start:shared]), 0.0, margin)
+        peak, mean = trajectory_direction(peak, param_peak), trajectory_direction(mean, param_mean)
+        final = trajectory_direction(final, direction(params_ours[-1], params_theirs[-1], 0.0, margin))
+    return {"commit_peak_quant_steps": commit_peak, "baseline_peak_quant_steps": baseline_peak,
             "direction": trajectory_direction(peak, mean), "final_direction": final}
 
 
@@ -237,7 +283,6 @@ def compare_runs(commit: RunResult, baseline: RunResult | None,
 
 
 _DTYPE_BY_SHORT = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-_FAMILIES = ("32bit", "8bit_blockwise")
 
 
 def case_scale(case: Mapping[str, Any]) -> tuple[str, str]:
@@ -248,7 +293,7 @@ def case_scale(case: Mapping[str, Any]) -> tuple[str, str]:
     if family and dtype:
         return family, dtype
     parts = str(case.get("case_id", "")).split(".")
-    if len(parts) > 2 and parts[1] in _FAMILIES and parts[2] in _DTYPE_BY_SHORT:
+    if len(parts) > 2 and parts[1] in FAMILIES and parts[2] in _DTYPE_BY_SHORT:
         return family or parts[1], dtype or _DTYPE_BY_SHORT[parts[2]]
     return family or "unknown family", dtype or "unknown dtype"
 

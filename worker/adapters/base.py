@@ -1,8 +1,9 @@
 """The adapter interface: how the engines drive one kernel project's optimizer ops.
 
 A project adapter is one short module (see `tests/fixtures/adapters/tinyopt.py` for the smallest complete one). It says
-how to load a build into the kernel host process and, per kernel family ("32bit",
-"8bit_blockwise"), how to run one case of that family:
+how to load a build into the kernel host process and, per state family it implements (a row of
+service.core.families.FAMILIES: "32bit", "8bit_blockwise", "4bit_blockwise", "fp8_e4m3", ...), how
+to run one case of that family:
 
     class MyProject(ProjectAdapter):
         name = "myproject"

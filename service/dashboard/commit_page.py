@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from service.core.attribution_view import CaseAttribution
+from service.core.families import QUANTIZED
 from service.core.results import ComparisonFigures
 from service.core.verdicts import figures_of
 from service.domain.dashboard_queries import ChangedCase
@@ -33,7 +34,8 @@ def headline_figures(run) -> ComparisonFigures | None:  # noqa: ANN001
 
 
 def is_eight_bit(case: ChangedCase) -> bool:
-    return (case.family or "").startswith("8bit")
+    """A quantized state family's case (service.core.families: 8-bit, 4-bit, FP8, paged)."""
+    return case.family in QUANTIZED
 
 
 @dataclass(frozen=True)

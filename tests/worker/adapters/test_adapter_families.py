@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from service.core.families import FAMILIES
 from worker.adapters import bundled, torchao
-from worker.adapters.bitsandbytes import BitsandbytesAdapter
 from worker.adapters.lion_pytorch import LionPytorchAdapter
 
 

@@ -22,6 +22,9 @@ SERIES: dict[str, str] = {
     "ref64_max_rel": "d",
     "same_precision_max_abs": "d",
     "nonfinite_count": "q",
+    # quantized families (issue 37): absent from rows stored before them, and wherever not measured
+    "quant_ref_steps": "d",
+    "quant_ref_max_abs": "d",
 }
 
 

@@ -42,3 +42,18 @@ def test_quantization_steps():
     assert quantization_step("fp8_e5m2", 1.0) == 0.25
     assert quantization_step("fp8_e4m3", 0.0) == 2.0 ** -9  # subnormal spacing: 2**(-6-3)
     assert quantization_step("32bit", 1.0) == 2.0 ** -23
+
+
+def test_the_quantized_figures_are_stored_with_the_series():
+    # service/domain/trajectories.py packs the per-step series a later comparison reads back;
+    # the step figures must survive it (direction is judged on them), older layouts lack them.
+    from service.core.results import Trajectory
+    from service.domain.trajectories import pack_series, unpack_series
+
+    trajectory = Trajectory(ref64_max_abs=[1.0], ref64_max_rel=[1.0], nonfinite_count=[0], digests=["od2:a"],
+                            quant_ref_steps=[0.5], quant_ref_max_abs=[2.0 ** -20])
+    series = unpack_series(*pack_series(trajectory))
+    assert series["quant_ref_steps"] == [0.5] and series["quant_ref_max_abs"] == [2.0 ** -20]
+    assert Trajectory(digests=["od2:a"], **series) == trajectory
+    older = Trajectory(ref64_max_abs=[1.0], ref64_max_rel=[1.0], nonfinite_count=[0], digests=["od2:a"])
+    assert "quant_ref_steps" not in unpack_series(*pack_series(older))

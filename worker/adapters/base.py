@@ -140,6 +140,18 @@ class FamilyAdapter(ABC):
         claims: such a case reads `not_applicable` with the reason instead of running."""
         return None
 
+    def quantization_codec(self, case: "CaseSpec") -> Any:
+        """A quantized family's `worker.references.blockwise_quant.Codec` for `case` (how the library
+        stores its states), or None (the default): with one, the engine runs the quantization-aware
+        float64 reference beside the case and records Trajectory.quant_ref_steps / quant_ref_max_abs
+        from `dequantized_states`, which the direction of quantized cases is judged on."""
+        return None
+
+    def dequantized_states(self, handle: Any) -> "Mapping[str, torch.Tensor]":
+        """With a quantization_codec: the case's states as the float values they stand for, by the
+        reference's names ("exp_avg", "exp_avg_sq")."""
+        raise AdapterContractError(f"{type(self).__qualname__} has a quantization_codec but no dequantized_states")
+
     def close(self, handle: Any) -> None:
         """Tear the case down (free library objects). Always called once per opened handle, also
         after an error. The default does nothing."""

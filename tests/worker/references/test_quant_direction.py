@@ -105,3 +105,21 @@ def test_a_32bit_case_is_judged_on_float64_alone(baseline: CaseResult):
     as_32 = {"case": CASE.model_copy(update={"family": "32bit"})}
     verdict = compare_case(_run(rounding="down").model_copy(update=as_32), baseline.model_copy(update=as_32))
     assert verdict.commit_peak_quant_steps is None and verdict.direction is not None
+
+
+def test_the_engine_records_the_step_figures_and_the_verdict_reads_them():
+    # End to end through the engine (worker/engine/trajectory.run_case): the fixture's adapter names
+    # its codec, so each step records the states' distance to the quantization-aware reference.
+    from tests.fixtures.lowbit.adapter import LowBitAdamWFamily
+    from worker.engine.trajectory import run_case
+
+    case = make_case(optimizer="adam", family="8bit_blockwise", param_dtype="float32", hyper=HYPER,
+                     gradient=GradientStreamSpec(), seed=0, size=SIZE, steps=6)
+    cpu = torch.device("cpu")
+    results = {name: run_case(case, cpu, families={"8bit_blockwise": LowBitAdamWFamily(**options)})
+               for name, options in (("base", {}), ("down", {"rounding": "down"}),
+                                     ("reorder", {"denominator": "divided"}))}
+    base = results["base"].trajectory
+    assert len(base.quant_ref_steps) == 6 and max(base.quant_ref_steps) < 0.01, base.quant_ref_steps
+    assert compare_case(results["down"], results["base"]).direction == "farther"
+    assert compare_case(results["reorder"], results["base"]).direction == "same"

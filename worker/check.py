@@ -272,7 +272,9 @@ def _build_and_compare(job, base_job, source: Path, baseline: Path | None, polic
         commit_run = pipeline.run_result(job, commit_build, commit_ran)
         adapters["commit"] = commit_ran.adapter
         if commit_ran.adapter:
-            console.print("adapter: " + "; ".join(f"{k}: {v}" for k, v in commit_ran.adapter.items()),
+            # The adapter's own name first, unlabelled ("adapter: bundled; library: ..."), not "adapter: adapter: ...".
+            console.print("adapter: " + "; ".join(str(v) if k == "adapter" else f"{k}: {v}"
+                                                  for k, v in commit_ran.adapter.items()),
                           markup=False, highlight=False, soft_wrap=True)
     comparison = pipeline.compare(commit_run, baseline_run)
     changed = [c for c in job.cases if c.case_id in {x.case_id for x in comparison.cases if x.verdict == "changed"}]

@@ -38,6 +38,7 @@ def test_a_changed_check_says_its_phases_and_bounds_attribution(tmp_path: Path, 
     assert {"builds", "baseline battery", "commit battery and repeats", "co-run", "attribution"} <= named, line
     assert 95 <= sum(shares.values()) <= 105, line
     assert f"attribution: what kind of change, for 4 of the {len(changed)} changed cases" in result.output
+    assert "adapter: bundled; library: " in result.output and "adapter: adapter" not in result.output
 
     # Four analysed, one per group in turn; every other changed case names its stand-in.
     attribution = payload["attribution"]

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 def main() -> None:
     import pytest  # noqa: F401 - the test module's fixtures are plain functions underneath
 
-    from tests import test_real_library_torchao as t
+    from tests.scenarios import test_real_library_torchao as t
 
     work = Path(tempfile.mkdtemp(prefix="torchao-bench-"))
 

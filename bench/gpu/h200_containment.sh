@@ -9,15 +9,7 @@
 # Here first: bash bench/gpu/fetch_wheels.sh; mkdir -p .tools && (cd .tools && apt-get download bubblewrap)
 # Through the device tool: run(command="bash bench/gpu/h200_containment.sh", carry=[".whl", ".tools"], timeout_s=600)
 set -uo pipefail
-OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 OPTDRIFT_CUDA_ARCHS=9.0
-T0=$(date +%s)
-stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
-mkdir -p /tmp/bwrap-root && dpkg -x .tools/bubblewrap_*.deb /tmp/bwrap-root || exit 1
-export OPTDRIFT_BWRAP=/tmp/bwrap-root/usr/bin/bwrap
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  > "$OUT/pip.txt" 2>&1 || { cat "$OUT/pip.txt"; exit 2; }
-export PYTHONPATH=/tmp/site:$PWD
+source "$(dirname "$0")/boxed_device.sh" || exit 2
 { stamp "environment"; id; nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   python3 -c "from worker import sandbox; from worker.sandbox import launcher; print('sandbox:', sandbox.status()); print(launcher.launcher())"

@@ -7,15 +7,7 @@
 #      (two builds, co-run, attribution; exit 1 expected).
 # Through the device tool: run(command="bash bench/gpu/h200_final.sh", carry=[".whl", ".tools"], timeout_s=540)
 set -uo pipefail
-OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 OPTDRIFT_CUDA_ARCHS=9.0
-T0=$(date +%s)
-stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
-mkdir -p /tmp/bwrap-root && dpkg -x .tools/bubblewrap_*.deb /tmp/bwrap-root || exit 1
-export OPTDRIFT_BWRAP=/tmp/bwrap-root/usr/bin/bwrap
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  > /tmp/pip.txt 2>&1 || { cat /tmp/pip.txt; exit 2; }
-export PYTHONPATH=/tmp/site:$PWD
+source "$(dirname "$0")/boxed_device.sh" || exit 2
 stamp "1. sandbox and CUDA engine tests" | tee "$OUT/final.txt"
 timeout 270 python3 -m pytest -q -rs -p no:cacheprovider tests/worker/sandbox tests/worker/engine/test_fast_engine.py \
   tests/worker/engine/test_od2_op.py tests/worker/engine/test_cuda_errors.py tests/worker/engine/test_reference_cache.py \

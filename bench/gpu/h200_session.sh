@@ -9,15 +9,7 @@
 # Through the device tool: run(command="bash bench/gpu/h200_session.sh", carry=[".whl", ".tools"], timeout_s=600)
 # $OUT (8 files): session.txt, env.txt, e2e_table.txt, e2e/{service,worker}.log, e2e/e2e.json, env_variants.txt, check_standard.txt.
 set -uo pipefail
-OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 OPTDRIFT_CUDA_ARCHS=9.0
-T0=$(date +%s)
-stamp() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
-mkdir -p /tmp/bwrap-root && dpkg -x .tools/bubblewrap_*.deb /tmp/bwrap-root || exit 1
-export OPTDRIFT_BWRAP=/tmp/bwrap-root/usr/bin/bwrap
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  > /tmp/pip.txt 2>&1 || { cat /tmp/pip.txt; exit 2; }
-export PYTHONPATH=/tmp/site:$PWD
+source "$(dirname "$0")/boxed_device.sh" || exit 2
 python3 -c "from worker import sandbox; print('sandbox:', sandbox.status())" 2>&1 | tee "$OUT/session.txt"
 stamp "1. end to end" | tee -a "$OUT/session.txt"
 E2E_TIMEOUT_S=${E2E_TIMEOUT_S:-240} E2E_DEADLINE_S=${E2E_DEADLINE_S:-205} bash bench/gpu/h200_e2e.sh > /tmp/e2e.txt 2>&1

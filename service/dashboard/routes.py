@@ -102,12 +102,16 @@ def _small_multiples(session: SessionDep, data, attribution: dict):  # noqa: ANN
         values = stored.get(case_id)
         return [_finite_or_none(float(v)) if v is not None else None for v in values] if values else None
 
+    baseline_run_id = queries.baseline_run_of(session=session, run_id=data.run.id)
+
     def distance_change(case_id: str) -> list[float | None] | None:
-        series = queries.case_series(session=session, run_id=data.run.id, case_id=case_id)
-        if series["baseline"] is None:
+        if baseline_run_id is None:
             return None
-        ours, theirs = series["commit"]["ref64_max_abs"], series["baseline"]["ref64_max_abs"]
-        return [_finite_or_none(abs(float(a) - float(b))) for a, b in zip(ours, theirs)]
+        pair = queries.reference_distances(session=session, run_id=data.run.id, baseline_run_id=baseline_run_id,
+                                           case_id=case_id)
+        if pair is None:
+            return None
+        return [_finite_or_none(abs(float(a) - float(b))) for a, b in zip(*pair)]
 
     return commit_page_figures.small_multiples(data.changed, attribution, diffs, distance_change)
 

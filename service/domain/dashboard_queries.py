@@ -366,6 +366,23 @@ def commit_run_id(*, session: Session, project_name: str, sha: str, run_id: int 
     return ids[0]
 
 
+def baseline_run_of(*, session: Session, run_id: int) -> int | None:
+    """The run `run_id`'s verdict compared against, or None (no verdict yet, or no baseline)."""
+    return session.scalar(select(Verdict.baseline_run_id).where(Verdict.run_id == run_id))
+
+
+def reference_distances(*, session: Session, run_id: int, baseline_run_id: int,
+                        case_id: str) -> tuple[list[float], list[float]] | None:
+    """One case's per-step max |parameters − float64 reference| in the run and in its baseline,
+    read in one query of the two trajectory rows (no verdict detail: the commit page asks this for
+    each case it draws before the co-run's diffs exist); None when either run lacks the series."""
+    rows = session.execute(select(Trajectory.run_id, Trajectory.series_layout, Trajectory.series_data).where(
+        Trajectory.run_id.in_((run_id, baseline_run_id)), Trajectory.case_id == case_id)).all()
+    series = {row.run_id: unpack_series(row.series_layout, row.series_data).get("ref64_max_abs") for row in rows}
+    ours, theirs = series.get(run_id), series.get(baseline_run_id)
+    return None if ours is None or theirs is None else (ours, theirs)
+
+
 def case_series(*, session: Session, run_id: int, case_id: str) -> dict[str, Any]:
     """Per-step series of one case for the commit's run and, when the verdict has one, its
     baseline run; plus the co-run |commit - baseline| when the verdict carries it."""

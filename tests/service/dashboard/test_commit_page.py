@@ -69,3 +69,62 @@ def test_before_the_co_run_the_change_in_distance_is_drawn_and_said() -> None:
     assert panel.unit == commit_page.DISTANCE_CHANGE and multiples.estimated
     assert panel.lines[0].values[0] is None and panel.lines[0].values[1:] == pytest.approx([0.5, 1.0], rel=1e-15)
     assert '"values": [null, 0.5, 1.0]' in multiples.as_json()
+
+
+def test_the_page_draws_the_distance_change_from_both_runs_stored_series(api, db_session) -> None:  # noqa: ANN001
+    """Before the co-run, the route reads each drawn case's two ref64 series from the database
+    (dashboard_queries.reference_distances) and draws |commit's − baseline's distance| per step."""
+    import json
+    import re
+
+    from service.core.results import CaseResult, CaseSpec, RunResult, Trajectory
+    from service.core.verdicts import compare_runs
+    from service.db.models import DONE, Commit, Project, Run, SourceArchive, Verdict
+    from service.domain import trajectories
+
+    spec = CaseSpec(case_id="adam-a", optimizer="adam", hyper={"lr": 0.1, "weight_decay": 0.1}, seed=0, size=8,
+                    steps=3)
+
+    def result(distances: list[float], digests: list[str]) -> RunResult:
+        trajectory = Trajectory(ref64_max_abs=distances, ref64_max_rel=[0.0] * 3, nonfinite_count=[0] * 3,
+                                digests=digests)
+        return RunResult(battery_name="quick", battery_version=1, battery_digest="q",
+                         cases=[CaseResult(case=spec, status="ok", trajectory=trajectory, duration_s=0.1)])
+
+    base = result([1.0, 2.0, 2.5], ["od2:" + "a" * 32] * 3)
+    ours = result([1.0, 3.0, 4.0], ["od2:" + "a" * 32, "od2:" + "b" * 32, "od2:" + "c" * 32])
+    project = Project(name="distance-page", environments=["cpu"])
+    db_session.add(project)
+    if db_session.get(SourceArchive, "0" * 64) is None:
+        db_session.add(SourceArchive(digest="0" * 64, size_bytes=1, member_count=1))
+    db_session.flush()
+    runs = {}
+    for sha, stored in (("base", base), ("ours", ours)):
+        commit = Commit(project_id=project.id, sha=sha, parents=["base"] if sha == "ours" else [],
+                        source_digest="0" * 64)
+        db_session.add(commit)
+        db_session.flush()
+        runs[sha] = Run(project_id=project.id, commit_id=commit.id, source_digest="0" * 64, battery="quick",
+                        battery_hash="q", environment="cpu", status=DONE)
+        db_session.add(runs[sha])
+        db_session.flush()
+        trajectories.store_case_result(session=db_session, run_id=runs[sha].id, case_index=0,
+                                       result=stored.cases[0])
+    comparison = compare_runs(ours, base)  # no co-run diffs yet
+    db_session.add(Verdict(run_id=runs["ours"].id, baseline_run_id=runs["base"].id, outcome=comparison.verdict,
+                           flagged=True, changed_cases=1, first_divergent_step=2,
+                           detail=comparison.model_dump(mode="json")))
+    db_session.flush()
+
+    page = api.get("/projects/distance-page/commits/ours")
+
+    assert page.status_code == 200, page.text
+    payload = json.loads(re.search(r'id="divergence-data">(.*?)</script>', page.text, re.S).group(1))
+    (panel,) = payload
+    assert panel["unit"] == commit_page.DISTANCE_CHANGE
+    (line,) = panel["lines"]
+    # |commit − baseline distance| per step is [0, 1, 1.5], drawn from the first divergent step (2) in
+    # the baseline's scale, so the two drawn values keep that ratio whatever the normalisation.
+    values = line["values"]
+    assert values[0] is None and values[1] > 0, line
+    assert values[2] / values[1] == pytest.approx(1.5, rel=1e-12)  # exact binary floats: only rounding

@@ -209,3 +209,28 @@ def test_a_run_without_detail_built_and_has_no_cases_yet(db_session) -> None:
     run = _run(db_session)
     result = trajectories.run_result(session=db_session, run=run)
     assert (result.build_ok, result.battery_version, result.cases) == (True, 0, [])
+
+
+def test_the_commit_page_reads_a_case_s_two_reference_distances_from_its_rows(db_session) -> None:
+    """dashboard_queries.reference_distances: the run's and its baseline's ref64 series of one case,
+    each from its own run (swapped or mixed up, the page's |Δ distance| would still be drawn)."""
+    from service.db.models import Verdict
+    from service.domain import dashboard_queries
+
+    commit, baseline = _run(db_session, battery="commit-side"), _run(db_session, battery="baseline-side")
+    for run, values in ((commit, [1.0, 4.0]), (baseline, [1.0, 2.5])):
+        trajectories.store_case_result(session=db_session, run_id=run.id, case_index=0,
+                                       result=_result("adam-1", abs_values=values))
+    trajectories.store_case_result(session=db_session, run_id=commit.id, case_index=1,
+                                   result=_result("adam-only-here", abs_values=[3.0, 3.0]))
+    db_session.add(Verdict(run_id=commit.id, baseline_run_id=baseline.id, outcome="changed", flagged=True,
+                           changed_cases=1, first_divergent_step=1, detail={}))
+    db_session.flush()
+
+    assert dashboard_queries.baseline_run_of(session=db_session, run_id=commit.id) == baseline.id
+    assert dashboard_queries.baseline_run_of(session=db_session, run_id=baseline.id) is None
+    assert dashboard_queries.reference_distances(session=db_session, run_id=commit.id, baseline_run_id=baseline.id,
+                                                 case_id="adam-1") == ([1.0, 4.0], [1.0, 2.5])
+    # A case the baseline never ran has no pair to compare.
+    assert dashboard_queries.reference_distances(session=db_session, run_id=commit.id, baseline_run_id=baseline.id,
+                                                 case_id="adam-only-here") is None

@@ -8,13 +8,15 @@ it is (tensor subclasses are digested through their inner tensors, worker.engine
 
 Families (the state families optimizer cases can claim, service.core.results.KernelFamily):
 - "32bit": `torchao.optim._AdamW` (fp32 states, the compiled single-parameter step);
-- "8bit_blockwise": `torchao.optim.AdamW8bit` (block size 256);
+- "8bit_blockwise": `torchao.optim.AdamW8bit` (block size 256 in 0.18.0);
 - "4bit_blockwise": `torchao.optim.AdamW4bit` (block size 128, two codes a byte), labelled 4-bit;
 - "fp8_e4m3": `torchao.optim.AdamWFp8` (float8_e4m3fn values, one scale per 256).
-Block sizes are the families' (service.core.families), which are torchao's defaults. torchao keeps
-fp32 states where a parameter has fewer than 4096 elements or its size is not a multiple of the
-block: each low-bit family declares its codes (`declared_state`), so such a case reads
-`not_applicable` with the reason instead of being run as the family it claims.
+Each optimizer is made with the library's own defaults for everything the case does not set (block
+size included), as its users get it: a commit that changes a default block size changes the states'
+layout from the first step, and the digests see it. torchao keeps fp32 states where a parameter has
+fewer than 4096 elements or its size is not a multiple of the block: each low-bit family declares
+its codes (`declared_state`), so such a case reads `not_applicable` with the reason instead of
+being run as the family it claims.
 
 `adam` cases only, decoupled weight decay (AdamW, as the bundled kernels), no gradient scale and
 no zero skipping. The build puts the `torchao` package in a folder of its output
@@ -34,20 +36,15 @@ from types import ModuleType
 
 import torch
 
-from service.core.families import FAMILIES
 from service.core.results import CaseSpec
 from worker.adapters.base import AdapterContractError, AdapterError, FamilyAdapter, ProjectAdapter, StateDeclaration
 from worker.build.cache import INSTALLED
 
 PACKAGE = "torchao"
-BLOCK_SIZE = FAMILIES["8bit_blockwise"].block_size  # AdamW8bit's default
 # The families this adapter implements: the torchao class of each, and the dtype of its codes.
 OPTIMIZER_BY_FAMILY = {"32bit": "_AdamW", "8bit_blockwise": "AdamW8bit", "4bit_blockwise": "AdamW4bit",
                        "fp8_e4m3": "AdamWFp8"}
 CODE_DTYPE = {"8bit_blockwise": "uint8", "4bit_blockwise": "uint8", "fp8_e4m3": "float8_e4m3fn"}
-# AdamWFp8 scales per 256 elements, as the 8-bit family.
-FAMILY_BLOCK_SIZE = {"8bit_blockwise": BLOCK_SIZE, "4bit_blockwise": FAMILIES["4bit_blockwise"].block_size,
-                     "fp8_e4m3": 256}
 
 
 @dataclass(eq=False)
@@ -68,10 +65,9 @@ class TorchaoFamily(FamilyAdapter):
 
     def open(self, case: CaseSpec, param: torch.Tensor, device: torch.device) -> TorchaoCase:
         h = case.hyper
-        options = {"block_size": FAMILY_BLOCK_SIZE[self.family]} if self.family in FAMILY_BLOCK_SIZE else {}
         as_parameter = torch.nn.Parameter(param, requires_grad=False)  # same storage as `param`
         optimizer = self.optimizer_class([as_parameter], lr=h["lr"], betas=(h["beta1"], h["beta2"]),
-                                         eps=h["eps"], weight_decay=h["weight_decay"], **options)
+                                         eps=h["eps"], weight_decay=h["weight_decay"])
         return TorchaoCase(case=case, param=as_parameter, optimizer=optimizer)
 
     def step(self, handle: TorchaoCase, param: torch.Tensor, grad: torch.Tensor, step: int) -> None:

@@ -32,3 +32,23 @@ def test_4bit_and_fp8_cases_carry_their_family_and_a_fallen_back_one_is_not_appl
         assert ran.status == "ok" and ran.case.family == family, (ran.status, ran.message)
         assert ran.case.case_id.startswith(f"adam.{family}.")
         assert small.status == "not_applicable" and "fell back" in small.message, (small.status, small.message)
+
+
+def test_the_library_s_own_default_block_size_reaches_the_optimizer():
+    """The adapter sets only what the case sets: a torchao commit that changes AdamW8bit's default
+    block size (issue 37's 256 -> 128) must change what the cases run, not be overridden by a block
+    size the adapter imposes. A subclass with another default stands for that commit."""
+    import torch
+    from torchao.optim import AdamW8bit
+
+    from worker.adapters.torchao import TorchaoFamily
+
+    class DefaultBlock128(AdamW8bit):
+        def __init__(self, params, *args, block_size: int = 128, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+            super().__init__(params, *args, block_size=block_size, **kwargs)
+
+    for optimizer_class, block in ((AdamW8bit, 256), (DefaultBlock128, 128)):
+        family = TorchaoFamily("8bit_blockwise", optimizer_class)
+        handle = family.open(_case("8bit_blockwise", 8192), torch.zeros(8192), torch.device("cpu"))
+        assert handle.optimizer.block_size == block
+        family.close(handle)

@@ -14,7 +14,10 @@ Per case:
              wander off the reference and come back by the last step.
              A quantized family's case (service.core.families) with its states' distance to the
              quantization-aware float64 reference recorded (Trajectory.quant_ref_steps) is judged on
-             that, in quantization steps, a move under QUANT_STEP_MARGIN being "same".
+             that, in quantization steps, a move under QUANT_STEP_MARGIN being "same"; one without
+             the figures on both sides (an adapter that names no codec, an optimizer the figure is
+             not measured for, a result stored before) has no direction, and its message says so:
+             its distance to float64 is its quantization error, not a commit's move.
   not_applicable   the adapter cannot run the case on this device: listed, not judged;
   nondeterministic repeats of the case on the same build differ from its first run.
 Reference changed: where both runs recorded a digest of a case's references (torch, torch.optim's
@@ -59,6 +62,9 @@ _MARGIN_BY_DTYPE = {"float16": DIRECTION_RELATIVE_MARGIN_16BIT, "bfloat16": DIRE
 # fixture, tests/worker/references/test_quant_direction.py), a biased rounding by ~half a step on every
 # element (rounding down: 0.4-0.8). A move of less than a quarter of a step is "same".
 QUANT_STEP_MARGIN = 0.25
+QUANT_DIRECTION_WITHHELD = ("direction not judged: the states are quantized, so the distance to float64 is "
+                            "their quantization error, and {missing} recorded no distance to the "
+                            "quantization-aware float64 reference (quant_ref_steps) to judge it on")
 
 
 def direction(commit_distance: float, baseline_distance: float, rounding_floor: float = 0.0,
@@ -183,6 +189,11 @@ def _directions(commit: CaseResult, baseline: CaseResult, step: int) -> dict:
     margin = _MARGIN_BY_DTYPE.get(commit.case.param_dtype, DIRECTION_RELATIVE_MARGIN)
     ours, theirs = commit.trajectory.ref64_max_abs, baseline.trajectory.ref64_max_abs
     quantized = _quant_directions(commit, baseline, step)
+    if commit.case.family in QUANTIZED and not quantized:
+        missing = " and ".join(side for side, result in (("the commit", commit), ("the baseline", baseline))
+                               if not result.trajectory.quant_ref_steps)
+        quantized = {"direction": None, "final_direction": None,
+                     "message": QUANT_DIRECTION_WITHHELD.format(missing=missing)}
     shared = min(len(ours), len(theirs))
     start = step - 1 if step <= shared else 0  # diverged only in length: judge the whole of both
 

@@ -8,21 +8,55 @@ absmax change is a digest change. The maps come from worker.references.quant_map
 Against the float64 torch.optim reference the engine measures, a one-step case from a zero state
 is the closed-form check: step 1 of torch.optim.AdamW from zero is p(1 - lr wd) - lr g/(|g|+eps)
 (worker/references/blockwise8.py), and the 8-bit kernel's step 1 is that to float32 rounding.
+
+The family names its codec (`quantization_codec`: the dynamic maps it hands the kernels, per
+block of quant_map.BLOCK_SIZE) and gives its states' values (`dequantized_states`), so the engine
+measures the states against the quantization-aware float64 reference in quantization steps
+(worker.references.blockwise_quant), which the direction of an 8-bit case is judged on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from service.core.results import CaseSpec
-from worker.adapters.base import HandedOverStates
+from worker.adapters.base import CaseStates, HandedOverStates
+
+if TYPE_CHECKING:  # pragma: no cover
+    from worker.references.blockwise_quant import DynamicMapCodec
 
 
 class EightBitBlockwiseAdapter(HandedOverStates):
     def __init__(self) -> None:
         self._maps: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._codec: DynamicMapCodec | None = None
+
+    def quantization_codec(self, case: CaseSpec) -> "DynamicMapCodec":
+        """The codec of every case: the maps step_states hands the kernels (their CPU copies: the
+        same values on every device), BLOCK_SIZE elements per absmax, nearest code."""
+        from worker.references.blockwise_quant import DynamicMapCodec
+        from worker.references.quant_map import BLOCK_SIZE
+
+        if self._codec is None:
+            signed_map, unsigned_map = self.maps(torch.device("cpu"))
+            self._codec = DynamicMapCodec(signed_map, unsigned_map, BLOCK_SIZE)
+        return self._codec
+
+    def dequantized_states(self, handle: CaseStates) -> dict[str, torch.Tensor]:
+        """map[code] * absmax of each state, in float64 (exact: a float32 product of two float32s)."""
+        from worker.adapters import bundled_ops
+        from worker.references.quant_map import dequantize
+
+        states, optimizer = handle.states, handle.case.optimizer
+        values = {}
+        for name, signed in zip(bundled_ops.OPTIMIZER_STATES[optimizer], bundled_ops.STATE_SIGNED_8BIT[optimizer]):
+            codes = states[f"{name}_codes"]
+            qmap = self.maps(codes.device)[0 if signed else 1].to(torch.float64)
+            values[name] = dequantize(codes, states[f"{name}_absmax"], qmap).reshape(codes.shape)
+        return values
 
     def maps(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         from worker.references.quant_map import dynamic_map

@@ -70,6 +70,7 @@ from worker.engine import step_inputs
 from worker.engine.wave_plan import (  # noqa: F401  (the plan's names are the fast engine's too)
     ALIGN, MERGE_PADDING_FRACTION, plan_waves, reference_key, round_up as _round_up, width_classes,
 )
+from worker.engine.quant_series import QuantRefSeries
 from worker.engine.step_inputs import StepInputs, mask_key, stream_key
 from worker.references.optimizers import make_reference
 from worker.engine.trajectory import RELATIVE_ERROR_FLOOR, TORCH_DTYPES, FamilyAdapter, bundled_families, run_case
@@ -449,6 +450,13 @@ class _Wave:
                 self.broken.add(index)
                 continue
             self._to_bind[index] = (family, handle, rows)
+        # Quantized cases whose adapter names a codec: the quantization-aware reference beside
+        # each, from its parameter before step 1 (worker.engine.quant_series, as run_case).
+        self.quant: dict[int, tuple[QuantRefSeries, object]] = {}
+        for index in self._to_bind if self.with_references else ():
+            series = QuantRefSeries.for_case(self.cases[index], family_of[index], params[index])
+            if series is not None:
+                self.quant[index] = (series, handle_of[index])
 
     def close_handles(self, quiet: bool = False) -> None:
         """Close every handle this wave opened, once (lifecycle.close_all); `quiet` while an
@@ -596,6 +604,13 @@ class _Wave:
                     reference.step(step, arena.view(arena.same_grad, row))
                     arena.view(arena.same, row).copy_(reference.param.detach())
 
+    def quantized(self, step: int) -> None:
+        """The quantization-aware references' step and figures, per case (they read each case's
+        states through its adapter, after the kernels' step)."""
+        for index, (series, handle) in self.quant.items():
+            if index not in self.broken and self.cases[index].steps >= step:
+                series.observe(step, handle, self._params[index])
+
     def _allocate_observation(self) -> None:
         n, device = len(self.cases), self.device
         self.hist_f64 = torch.zeros((3, self.steps, n), dtype=torch.float64, device=device)
@@ -682,6 +697,8 @@ class _Wave:
                 t2 = wait()
                 self.references(step)
                 t3 = wait()
+                self.quantized(step)
+                t3q = wait()
                 if not use_graph:
                     self.observe()
                 elif graph is None:
@@ -692,7 +709,8 @@ class _Wave:
                 phases["gradients"] += t1 - t0
                 phases["kernels"] += t2 - t1
                 phases["references"] += t3 - t2
-                phases["observe"] += t4 - t3
+                phases["quantized references"] += t3q - t3
+                phases["observe"] += t4 - t3q
         finally:
             inputs.close()
         t5 = time.perf_counter()
@@ -715,9 +733,11 @@ class _Wave:
 
     def _trajectory(self, index: int, steps: int, f64: torch.Tensor, i64: torch.Tensor,
                     digests: list[str]) -> Trajectory:
+        quant_steps, quant_abs = self.quant[index][0].series() if index in self.quant else (None, None)
         return Trajectory(ref64_max_abs=f64[0, :steps, index].tolist(), ref64_max_rel=f64[1, :steps, index].tolist(),
                           same_precision_max_abs=f64[2, :steps, index].tolist(),
-                          nonfinite_count=i64[0, :steps, index].tolist(), digests=digests)
+                          nonfinite_count=i64[0, :steps, index].tolist(), digests=digests,
+                          quant_ref_steps=quant_steps, quant_ref_max_abs=quant_abs)
 
 
 def _captured(device: torch.device, ops: Callable[[], None], undo: Callable[[], None] | None = None,

@@ -61,6 +61,7 @@ USED_REFRESH_S = 600.0
 _LOOKUP_CHUNK = 500  # case keys per query (SQLite's variable limit)
 # What a metric depends on besides the kernel's parameters (relative to the worker package).
 ENGINE_SOURCES = ("references/*.py", "engine/gradients.py", "engine/trajectory.py", "engine/fast.py",
+                  "engine/quant_series.py", "adapters/*.py",  # a quantized case's codec and states: its adapter
                   "engine/kernels_only.py", "engine/digest.py", "engine/step_inputs.py")
 
 
@@ -93,9 +94,14 @@ def case_key(case: CaseSpec) -> str:
 
 
 def _encode(trajectory: Trajectory) -> tuple[str, bytes, bytes, int]:
+    # metrics: ref64 abs and rel, then the same-precision series (has_same), then a quantized
+    # case's two figures against its quantization-aware reference when recorded (told apart by
+    # the row count: they depend on the kernel's states, which the digests cover, like the rest).
     series = [trajectory.ref64_max_abs, trajectory.ref64_max_rel]
     if trajectory.same_precision_max_abs is not None:
         series.append(trajectory.same_precision_max_abs)
+    if trajectory.quant_ref_steps is not None:
+        series += [trajectory.quant_ref_steps, trajectory.quant_ref_max_abs]
     metrics = np.asarray(series, dtype="<f8").tobytes()
     return ("\n".join(trajectory.digests), metrics, np.asarray(trajectory.nonfinite_count, dtype="<i8").tobytes(),
             int(trajectory.same_precision_max_abs is not None))
@@ -104,9 +110,12 @@ def _encode(trajectory: Trajectory) -> tuple[str, bytes, bytes, int]:
 def _decode(digests: str, metrics: bytes, nonfinite: bytes, has_same: int) -> Trajectory:
     steps = digests.split("\n")
     series = np.frombuffer(metrics, dtype="<f8").reshape(-1, len(steps))
+    quantized = len(series) == 2 + has_same + 2
     return Trajectory(ref64_max_abs=series[0].tolist(), ref64_max_rel=series[1].tolist(),
                       same_precision_max_abs=series[2].tolist() if has_same else None,
-                      nonfinite_count=np.frombuffer(nonfinite, dtype="<i8").tolist(), digests=steps)
+                      nonfinite_count=np.frombuffer(nonfinite, dtype="<i8").tolist(), digests=steps,
+                      quant_ref_steps=series[-2].tolist() if quantized else None,
+                      quant_ref_max_abs=series[-1].tolist() if quantized else None)
 
 
 def _complete(result: CaseResult) -> bool:
@@ -117,6 +126,8 @@ def _complete(result: CaseResult) -> bool:
     lengths = {len(t.digests), len(t.ref64_max_abs), len(t.ref64_max_rel), len(t.nonfinite_count)}
     if t.same_precision_max_abs is not None:
         lengths.add(len(t.same_precision_max_abs))
+    if t.quant_ref_steps is not None:
+        lengths |= {len(t.quant_ref_steps), len(t.quant_ref_max_abs or [])}
     return lengths == {result.case.steps}
 
 

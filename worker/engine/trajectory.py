@@ -4,7 +4,10 @@ Per step (after the step, steps 1-based) it records, at full precision:
   * max |p - r64| and max relative error against the float64 reference,
   * max |p - r| against the same-precision reference,
   * the NaN/Inf count over parameters and states,
-  * a digest of the parameter and state bytes (the bitwise fingerprint).
+  * a digest of the parameter and state bytes (the bitwise fingerprint),
+  * for a quantized case whose adapter names its codec: the states' mean distance to the
+    quantization-aware float64 reference in quantization steps and the parameters' max distance to
+    it (worker.engine.quant_series; the fast engine records the same).
 The scalar metrics stay on the device as 0-d tensors and are copied to the host once per case, so
 a GPU run does not synchronise on every metric. Digests are worker.engine.digest's `od2` scheme (integer
 lanes computed on the device; this straightforward path copies two integers per step), the same
@@ -29,7 +32,7 @@ from worker.adapters.base import StateNotAsDeclared
 from worker.engine import lifecycle
 from worker.engine.digest import digest_tensors
 from worker.engine.gradients import GradientStream, initial_parameters
-from worker.references.blockwise_quant import QuantAwareAdamW, state_steps
+from worker.engine.quant_series import QuantRefSeries
 from worker.references.optimizers import make_reference
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -115,13 +118,9 @@ def run_case(case: CaseSpec, device: torch.device, params_out: BinaryIO | None =
     ref64 = make_reference(case, param.to(torch.float64))
     ref_same = make_reference(case, param.clone())
 
-    # A quantized family whose adapter names its codec: the quantization-aware float64 reference
-    # (adam only: the one written there), for the direction in quantization steps.
-    codec = family.quantization_codec(case) if case.optimizer == "adam" else None
-    qref = None if codec is None else QuantAwareAdamW(
-        param, codec, lr=case.hyper["lr"], betas=(case.hyper["beta1"], case.hyper["beta2"]), eps=case.hyper["eps"],
-        weight_decay=case.hyper["weight_decay"])
-    quant_steps, quant_abs = [], []
+    # A quantized family whose adapter names its codec: the quantization-aware float64 reference,
+    # for the direction in quantization steps (worker.engine.quant_series).
+    quant = QuantRefSeries.for_case(case, family, param)
 
     abs64, rel64, abs_same, nonfinite, digests = [], [], [], [], []
     handle = lifecycle.open_case(family, case, param, device)
@@ -142,10 +141,8 @@ def run_case(case: CaseSpec, device: torch.device, params_out: BinaryIO | None =
             rel64.append((delta / r64.abs().clamp_min(RELATIVE_ERROR_FLOOR)).max())
             abs_same.append((p64 - ref_same.param.detach().to(torch.float64)).abs().max())
             nonfinite.append(_nonfinite(digested))
-            if qref is not None:
-                qref.step(stream.reference_gradient(step, qref.p))
-                quant_steps.append(state_steps(family.dequantized_states(handle), qref.states(), codec))
-                quant_abs.append((p64 - qref.p).abs().max().item())
+            if quant is not None:
+                quant.observe(step, handle, param)
             if params_out is not None:
                 params_out.write(param.detach().to(torch.float32).cpu().numpy().tobytes())
     except StateNotAsDeclared as error:
@@ -153,13 +150,14 @@ def run_case(case: CaseSpec, device: torch.device, params_out: BinaryIO | None =
     finally:
         lifecycle.close_all([(family, handle)])
 
+    quant_steps, quant_abs = quant.series() if quant is not None else (None, None)
     trajectory = Trajectory(
         ref64_max_abs=torch.stack(abs64).cpu().tolist(),
         ref64_max_rel=torch.stack(rel64).cpu().tolist(),
         same_precision_max_abs=torch.stack(abs_same).cpu().tolist(),
         nonfinite_count=[int(n) for n in torch.stack(nonfinite).cpu().tolist()],
         digests=digests,
-        quant_ref_steps=quant_steps if qref is not None else None,
-        quant_ref_max_abs=quant_abs if qref is not None else None,
+        quant_ref_steps=quant_steps,
+        quant_ref_max_abs=quant_abs,
     )
     return CaseResult(case=case, status="ok", trajectory=trajectory, duration_s=time.perf_counter() - started)

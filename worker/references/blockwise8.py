@@ -9,7 +9,9 @@
     A zero state quantizes exactly and the parameter update uses the float32 (not the
     requantized) state, so step 1 is free of quantization error and must match this formula to
     the float32 rounding bound of (a). It is what sees a decay-ordering change in 8-bit kernels.
-(c) Long runs are measured against torch.optim in float64: worker.references.make_reference.
+(c) Long runs are measured against torch.optim in float64 (worker.references.make_reference) and,
+    for the direction of a change, against the free-running quantization-aware reference built on
+    `rule_step` (worker.references.blockwise_quant: (a)'s rule and requantization, no bounds).
 
 Error bound (running error analysis, first order). Every float32 operation of the kernel returns
 the exact result of its float32 inputs times (1 + d), |d| <= u = 2**-24 (IEEE round to nearest;
@@ -162,6 +164,19 @@ RULES = {"adam": _adam, "ademamix": _ademamix, "lion": _lion, "momentum": _momen
          "rmsprop": _rmsprop, "adagrad": _adagrad}
 
 
+def rule_step(optimizer: str, hyper: dict, step: int, p: Bounded, g: Bounded,
+              old: list[Bounded]) -> tuple[Bounded, list[Bounded]]:
+    """One step of the kernels' per-element rule (the parameter, then the states before
+    requantization) from the dequantized states `old`, elements the kernel leaves untouched kept:
+    non-finite gradients (always), zero gradients (adam's skip_zeros). Shared by `reference_step`
+    and the free-running quantization-aware reference (worker.references.blockwise_quant)."""
+    new_p, new_states = RULES[optimizer](p, g, old, hyper, step)
+    updated = torch.isfinite(g.v)
+    if optimizer == "adam" and hyper.get("skip_zeros", False):
+        updated &= g.v != 0
+    return new_p.where(updated, p), [s.where(updated, o) for s, o in zip(new_states, old)]
+
+
 @dataclass
 class StepReference:
     """One step of the reference, with bounds on a correct kernel's deviation from it."""
@@ -177,14 +192,16 @@ class StepReference:
     codes_high: list[torch.Tensor]
 
 
-def _block_max(x: torch.Tensor, numel: int) -> torch.Tensor:
-    padded = torch.zeros(num_blocks(numel) * BLOCK_SIZE, dtype=x.dtype, device=x.device)
+def block_max(x: torch.Tensor, numel: int, block_size: int = BLOCK_SIZE) -> torch.Tensor:
+    """Per block of `block_size` elements of flat `x` (the last one may be partial): its max."""
+    padded = torch.zeros(num_blocks(numel, block_size) * block_size, dtype=x.dtype, device=x.device)
     padded[:numel] = x
-    return padded.view(-1, BLOCK_SIZE).amax(dim=1)
+    return padded.view(-1, block_size).amax(dim=1)
 
 
-def _per_element(per_block: torch.Tensor, numel: int) -> torch.Tensor:
-    return per_block.repeat_interleave(BLOCK_SIZE)[:numel]
+def per_element(per_block: torch.Tensor, numel: int, block_size: int = BLOCK_SIZE) -> torch.Tensor:
+    """A per-block value repeated over the block's elements, flat, `numel` long."""
+    return per_block.repeat_interleave(block_size)[:numel]
 
 
 def nearest_codes(x: torch.Tensor, qmap64: torch.Tensor, *, ties: str) -> torch.Tensor:
@@ -218,13 +235,7 @@ def reference_step(optimizer: str, hyper: dict, step: int, param: torch.Tensor, 
         value = dequantize(code.reshape(-1), block_absmax, qmap64)
         old.append(Bounded(value, U32 * value.abs()))
 
-    new_p, new_states = RULES[optimizer](p, g, old, hyper, step)
-    # Elements the kernel leaves untouched: non-finite gradients (always), zero gradients (skip_zeros).
-    updated = torch.isfinite(g.v)
-    if optimizer == "adam" and hyper.get("skip_zeros", False):
-        updated &= g.v != 0
-    new_p = new_p.where(updated, p)
-    new_states = [s.where(updated, o) for s, o in zip(new_states, old)]
+    new_p, new_states = rule_step(optimizer, hyper, step, p, g, old)
 
     param_bound = new_p.e * BOUND_SAFETY + _DTYPE_HALF_ULP[dtype] * (new_p.v.abs() + new_p.e) \
         + _DTYPE_HALF_MIN_SUBNORMAL[dtype]
@@ -232,10 +243,10 @@ def reference_step(optimizer: str, hyper: dict, step: int, param: torch.Tensor, 
                            absmax=[], absmax_bounds=[], codes=[], codes_low=[], codes_high=[])
     for state, qmap64 in zip(new_states, maps64):
         bound = state.e * BOUND_SAFETY
-        block_absmax = _block_max(state.v.abs(), numel)
-        absmax_bound = _block_max(bound, numel)       # max is 1-Lipschitz in each element
-        a = _per_element(block_absmax, numel)
-        a_bound = _per_element(absmax_bound, numel)
+        block_absmax = block_max(state.v.abs(), numel)
+        absmax_bound = block_max(bound, numel)       # max is 1-Lipschitz in each element
+        a = per_element(block_absmax, numel)
+        a_bound = per_element(absmax_bound, numel)
         safe_a = torch.where(a > 0, a, torch.ones_like(a))
         x = torch.where(a > 0, state.v / safe_a, torch.zeros_like(a))
         # x_kernel = s32 / a32 rounded once: |x_kernel - x| <= (e_s + |x| e_a) / (a - e_a) + u|x|.

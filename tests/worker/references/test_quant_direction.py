@@ -123,3 +123,13 @@ def test_the_engine_records_the_step_figures_and_the_verdict_reads_them():
     assert len(base.quant_ref_steps) == 6 and max(base.quant_ref_steps) < 0.01, base.quant_ref_steps
     assert compare_case(results["down"], results["base"]).direction == "farther"
     assert compare_case(results["reorder"], results["base"]).direction == "same"
+
+
+def test_a_quantized_case_without_the_step_figures_on_both_sides_has_no_direction(baseline: CaseResult):
+    # A baseline stored before its engine recorded the figures (or a library whose adapter names no
+    # codec): the float64 distance is quantization error, so no direction, and the message says why.
+    older = baseline.model_copy(update={"trajectory": baseline.trajectory.model_copy(
+        update={"quant_ref_steps": None, "quant_ref_max_abs": None})})
+    verdict = compare_case(_run(rounding="down"), older)
+    assert verdict.verdict == "changed" and verdict.direction is None and verdict.final_direction is None
+    assert verdict.message.startswith("direction not judged") and "the baseline recorded no distance" in verdict.message

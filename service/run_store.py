@@ -2,10 +2,11 @@
 
 A worker claims a run, beats its heart, stores its results in batches, finishes or fails it,
 gives it back (retry later, a verify run yielding), has it judged, adds the co-run's per-step
-diffs, the attribution and the kernel timings beside it, and says it is alive (presence). It
-reads what a job needs as plain values (RunFacts, ProjectFacts, CorunInputs: pydantic, never a
-row of the ORM). The rules stay in the service's domain modules (runs, trajectories, baselines,
-verdict_store, kernel_speed, workers); this module is what calls them for the worker, and what
+diffs, the attribution and the kernel timings beside it, opens and stores a build variant's
+attribution against its base environment, and says it is alive (presence). It reads what a job
+needs as plain values (RunFacts, ProjectFacts, CorunInputs, EnvironmentAttributionInputs: pydantic,
+never a row of the ORM). The rules stay in the service's domain modules (runs, trajectories,
+baselines, verdict_store, kernel_speed, environment_attribution, workers); this module is what calls them for the worker, and what
 tells the notifier (service.notify.hooks) that a run changed.
 
 Each function opens its own session; `session=` is for tests, which pass their transaction.
@@ -28,9 +29,13 @@ from sqlalchemy.orm import Session
 from service.broker.queueing import send_run
 from service.core.archives import ArchiveLimits
 from service.core.results import CaseResult, RunComparison, RunResult
+from service.core.verdicts import compare_runs
+from service.db.environment_models import EnvironmentAttribution
 from service.db.models import CANCELLED, DONE, ERROR, FAILED, RUNNING, Project, Run, UnsteadyCase, Verdict
 from service.db.session import get_sessionmaker
-from service.domain import baselines, kernel_speed, runs, trajectories, verdict_store, workers
+from service.domain import (
+    baselines, environment_attribution, kernel_speed, runs, trajectories, verdict_store, workers,
+)
 from service.domain.storage import archive_limits as _archive_limits
 from service.notify import hooks as notify
 from service.settings import Settings
@@ -398,6 +403,77 @@ def add_attribution(run_id: int, attribution: dict, *, session: Session | None =
             return
         verdict.detail = {**verdict.detail, "attribution": attribution}
         session.commit()
+
+
+# ----------------------------------------------------------------------------- a build variant against its base
+class EnvironmentAttributionInputs(BaseModel):
+    """What the co-run of a base environment's build and its variant's needs
+    (worker/jobs/environment_attribution.py): A the base environment's run, B the variant's."""
+
+    id: int
+    run_a: RunFacts
+    run_b: RunFacts
+    project: ProjectFacts
+    changed_ids: set[str]
+    result_a: RunResult
+    result_b: RunResult
+
+
+def open_environment_attributions(run_id: int, *, session: Session | None = None) -> list[tuple[int, str]]:
+    """When a commit run is done: (attribution id, the variant's environment) of each pair of it and
+    a finished partner run (its base environment's or its variants') whose trajectories differ,
+    opened queued (service.domain.environment_attribution.open_for)."""
+    with _session(session) as session:
+        run = _run(session, run_id)
+        if run is None:
+            return []
+        return [(row.id, row.environment_b) for row in environment_attribution.open_for(session=session, run=run)]
+
+
+def claim_environment_attribution(attribution_id: int, *, worker: str, stale_after_s: float | None = None,
+                                  session: Session | None = None) -> bool:
+    """The attribution is `worker`'s now (service.domain.environment_attribution.claim)."""
+    with _session(session) as session:
+        return environment_attribution.claim(session=session, attribution_id=attribution_id, worker=worker,
+                                             stale_after_s=stale_after_s)
+
+
+def environment_attribution_inputs(attribution_id: int, *,
+                                   session: Session | None = None) -> EnvironmentAttributionInputs | None:
+    """Both runs, their results and the changed cases; None when the row or a run is gone."""
+    with _session(session) as session:
+        row = session.get(EnvironmentAttribution, attribution_id)
+        if row is None:
+            return None
+        run_a, run_b = _run(session, row.run_a_id), _run(session, row.run_b_id)
+        if run_a is None or run_b is None or run_a.status != DONE or run_b.status != DONE:
+            return None
+        result_a = trajectories.run_result(session=session, run=run_a)
+        result_b = trajectories.run_result(session=session, run=run_b)
+        return EnvironmentAttributionInputs(
+            id=row.id, run_a=_run_facts(run_a), run_b=_run_facts(run_b),
+            project=_project_facts(session.get(Project, row.project_id)),
+            changed_ids=environment_attribution.changed_case_ids(compare_runs(result_b, result_a)),
+            result_a=result_a, result_b=result_b)
+
+
+def environment_attribution_queue(attribution_id: int, *, session: Session | None = None) -> str | None:
+    """The environment whose co-run queue the attribution waits on (the variant's)."""
+    with _session(session) as session:
+        row = session.get(EnvironmentAttribution, attribution_id)
+        return None if row is None else row.environment_b
+
+
+def finish_environment_attribution(attribution_id: int, *, detail: dict | None = None, error: str | None = None,
+                                   session: Session | None = None) -> None:
+    """done with `detail` (per case: per-step max |B − A|, the attribution), or failed with `error`."""
+    with _session(session) as session:
+        environment_attribution.finish(session=session, attribution_id=attribution_id, detail=detail, error=error)
+
+
+def requeue_environment_attribution(attribution_id: int, *, session: Session | None = None) -> None:
+    with _session(session) as session:
+        environment_attribution.requeue(session=session, attribution_id=attribution_id)
 
 
 def store_timings(run_id: int, answer: dict, *, session: Session | None = None) -> int:

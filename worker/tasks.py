@@ -1,10 +1,12 @@
-"""The Celery face of the worker: three thin tasks over the jobs (worker/jobs/), and the worker's
+"""The Celery face of the worker: four thin tasks over the jobs (worker/jobs/), and the worker's
 signals (the sandbox's state, the harness built before the first run, builds released after each
 task).
 
 - optdrift.execute_run: a run, given only its id (worker/jobs/run.py)
 - optdrift.record_baseline_diffs: a judged run's co-run (worker/jobs/corun.py)
 - optdrift.time_kernels: a finished run's kernel timing (worker/jobs/timing.py)
+- optdrift.attribute_environments: a build variant's changed cases against its base environment's
+  build (worker/jobs/environment_attribution.py)
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ import time
 
 from celery.signals import task_postrun, worker_ready
 
-from service.broker.queueing import CORUN_TASK_NAME, RUN_TASK_NAME, TIMING_TASK_NAME
+from service.broker.queueing import (
+    CORUN_TASK_NAME, ENVIRONMENT_ATTRIBUTION_TASK_NAME, RUN_TASK_NAME, TIMING_TASK_NAME,
+)
 from service.settings import get_settings
 from worker import gc_policy, sandbox
 from worker.celery_app import app
 from worker.jobs.corun import record_and_tell
+from worker.jobs.environment_attribution import attribute_and_store
 from worker.jobs.run import execute_run
 from worker.jobs.timing import time_or_yield
 from worker.sandbox import log_tail
@@ -93,3 +98,11 @@ def time_kernels_task(run_id: int) -> str:
     """The kernels' own speed of a finished run (worker/jobs/timing.py). Like the co-run it never
     holds a run back: while runs wait for this environment it is queued again for later."""
     return time_or_yield(run_id, get_settings())
+
+
+@app.task(name=ENVIRONMENT_ATTRIBUTION_TASK_NAME, ignore_result=True)
+@gc_policy.collect_after  # a full collection after the task, none during it
+def attribute_environments_task(attribution_id: int) -> str:
+    """A build variant's changed cases against its base environment's build, co-run here
+    (worker/jobs/environment_attribution.py); like the co-run, it yields to waiting runs."""
+    return attribute_and_store(attribution_id, get_settings())

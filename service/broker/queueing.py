@@ -25,6 +25,11 @@ CORUN_TASK_NAME = "optdrift.record_baseline_diffs"
 TIMING_TASK_NAME = "optdrift.time_kernels"
 
 
+# A build variant's changed cases against its base environment's build (worker/jobs/environment_attribution.py),
+# on the variant's co-run queue: the workers that serve the variant serve its base environment too.
+ENVIRONMENT_ATTRIBUTION_TASK_NAME = "optdrift.attribute_environments"
+
+
 VERIFY_KIND = "verify"
 
 

@@ -1,7 +1,10 @@
 """`optdrift compare --commit X --env A --env B`: one commit as two environments ran it (issue 36).
 
 B's trajectories are judged against A's as a commit is judged against its parent, with what differs
-between the two environments' fingerprints named first. Exit codes as `submit`'s: 0 unchanged, 1
+between the two environments' fingerprints named first. For a base environment and its build
+variant, each changed case then shows what it looks like ("looks like FMA contraction: ... -mfma"),
+once the worker has co-run the two builds (service/domain/environment_attribution.py); `--run`
+waits for that as `submit --wait` waits for the co-run detail (`--no-detail` does not). Exit codes as `submit`'s: 0 unchanged, 1
 changed, 3 broken, 5 nondeterministic; 2 bad input (an environment not registered, no run there),
 4 optdrift or service error."""
 
@@ -19,6 +22,9 @@ EXIT_CODES = ("Exit codes: 0 unchanged; 1 changed (B moved trajectories against 
               "(or a run not done yet); 5 nondeterministic.")
 EXIT_BY_VERDICT = {"unchanged": 0, "no-baseline": 0, "changed": 1, "broken": 3, "nondeterministic": 5}
 MAX_ROWS = 40
+# The attribution's states that are still coming (service/domain/environment_compare.py).
+ATTRIBUTION_COMING = ("expected", "queued", "running")
+PROGRESS_EVERY_S = 15.0
 
 
 def compare(
@@ -31,6 +37,13 @@ def compare(
         "--run", help="first run the commit's stored tree in whichever of the two environments has no run of it "
                       "(a submit token), and wait for it: the upgrade check, e.g. release R on a new toolchain")] = False,
     timeout: Annotated[float, typer.Option(help="seconds to wait for those runs")] = 3600.0,
+    detail: Annotated[bool, typer.Option(
+        "--detail/--no-detail", help="with --run and a build variant whose trajectories differ from its base "
+                                     "environment's: also wait for the attribution of the changed cases (max ulps, "
+                                     "what they look like); --no-detail compares as soon as both runs are done")] = True,
+    detail_timeout: Annotated[float, typer.Option(
+        "--detail-timeout", min=0, help="seconds to wait for that attribution; past it the comparison is "
+                                        "printed and the attribution follows")] = 600.0,
     url: Annotated[str, typer.Option("--url", help="the optdrift API (env OPTDRIFT_URL)")] = DEFAULT_URL,
 ) -> None:
     """Did environment B (another toolchain, torch, driver or device) move the commit's trajectories
@@ -49,6 +62,9 @@ def compare(
             _run_where_missing(client, project=project, commit=commit, environments=env, battery=battery,
                                timeout_s=timeout)
         answer = client.request("GET", f"/api/v1/projects/{project}/environment-comparison", params=params)
+        if run and detail and answer.get("attribution_status") in ATTRIBUTION_COMING:
+            answer = _wait_for_attribution(client, f"/api/v1/projects/{project}/environment-comparison", params,
+                                           answer, timeout_s=detail_timeout)
     verdict = answer["comparison"]["verdict"]
     if output == "json":
         print(json.dumps({**answer, "run_url": client.dashboard_url(answer["b"]["run_id"])}, indent=2))
@@ -82,6 +98,24 @@ def _run_where_missing(client, *, project: str, commit: str, environments: list[
     client.wait([r["id"] for r in new], on_update=_every(15.0, progress), timeout_s=timeout_s)
 
 
+def _wait_for_attribution(client, path: str, params: dict, answer: dict, *, timeout_s: float) -> dict:  # noqa: ANN001
+    """Poll the comparison until the worker's attribution of the changed cases is done or failed (or
+    `timeout_s` passed), a line on stderr when it starts and every PROGRESS_EVERY_S; the last answer."""
+    import sys
+    import time
+
+    changed = sum(1 for case in answer["comparison"]["cases"] if case["verdict"] == "changed")
+    print(f"waiting for the attribution of {changed} changed cases ({answer['b']['environment']}'s build co-run with "
+          f"{answer['a']['environment']}'s); --no-detail skips this", file=sys.stderr, flush=True)
+    report = _every(PROGRESS_EVERY_S, lambda state: print(f"  attribution {state}", file=sys.stderr, flush=True))
+    deadline = time.monotonic() + timeout_s
+    while answer.get("attribution_status") in ATTRIBUTION_COMING and time.monotonic() < deadline:
+        report(answer["attribution_status"])
+        time.sleep(1.0)
+        answer = client.request("GET", path, params=params)
+    return answer
+
+
 def _every(seconds: float, report):  # noqa: ANN001, ANN202
     """`report`, called at most once per `seconds` (a poll answers every second)."""
     import time
@@ -100,7 +134,7 @@ def _print(answer: dict) -> None:
     from rich.table import Table
 
     from service.cli.report import make_console
-    from service.core.wording import number
+    from service.core.wording import looks_like_headline, number
 
     console = make_console()
     a, b, comparison = answer["a"], answer["b"], answer["comparison"]
@@ -112,15 +146,28 @@ def _print(answer: dict) -> None:
     console.print("same build digest in both" if answer["same_build"] else
                   "different build digests (sources, flags or toolchain differ)", markup=False, highlight=False)
     moved = [case for case in comparison["cases"] if case["verdict"] != "unchanged"]
+    attributed = any(case.get("attribution") for case in moved)
     if moved:
         table = Table(title=f"{comparison['verdict']}: {len(moved)} of {len(comparison['cases'])} cases")
-        for column in ("case", "verdict", "first step", "to float64 A → B", "direction"):
+        columns = ("case", "verdict", "first step", "to float64 A → B", "direction")
+        for column in columns + (("max ulps", "looks like") if attributed else ()):
             table.add_column(column, overflow="fold")
         for case in moved[:MAX_ROWS]:
-            table.add_row(case["case_id"], case["verdict"], str(case.get("first_divergent_step") or "—"),
-                          f"{number(case.get('baseline_final_ref64_distance'))} → "
-                          f"{number(case.get('commit_final_ref64_distance'))}", case.get("direction") or "—")
+            cells = [case["case_id"], case["verdict"], str(case.get("first_divergent_step") or "—"),
+                     f"{number(case.get('baseline_final_ref64_distance'))} → "
+                     f"{number(case.get('commit_final_ref64_distance'))}", case.get("direction") or "—"]
+            if attributed:
+                cells += [number(case.get("max_ulps")), (case.get("attribution") or {}).get("label") or "—"]
+            table.add_row(*cells)
         if len(moved) > MAX_ROWS:
             table.caption = f"... and {len(moved) - MAX_ROWS} more (--format json lists them all)"
         console.print(table)
     console.print(comparison["summary"], markup=False, highlight=False)
+    status = answer.get("attribution_status", "none")
+    if attributed:
+        console.print("attribution: " + (looks_like_headline(
+            [(case["attribution"]["looks_like"], tuple(case["attribution"]["evidence"].get("flags") or ()))
+             for case in moved if case.get("attribution")]) or ""), markup=False, highlight=False)
+    elif status != "none":
+        console.print(f"attribution {status}" + (f": {answer['attribution_note']}" if answer.get("attribution_note")
+                                                 else ""), markup=False, highlight=False)

@@ -271,3 +271,75 @@ def reference_changed_sentence(figures: ComparisonFigures) -> str:
     """The dashboard's and the notifier's sentence for cases whose references moved."""
     return (f"The {REFERENCE_CHANGED} for {plural(figures.reference_changed, 'case')} (torch or torch.optim "
             "differs from the baseline's): not this commit's doing; those cases' directions are not judged.")
+
+
+# ----------------------------------------------------------------------------- a build variant's change
+# What each fast-math family flag approximates (service/core/environment_attribution.py decides
+# which flags are of the family; the first one named decides the words).
+_FAST_MATH_WORDS = {"ftz": "flush-to-zero of subnormals", "prec-sqrt": "an approximate square root",
+                    "fassociative-math": "fast-math reassociation"}
+FAST_MATH_RECIPROCAL = "a fast-math reciprocal"
+
+
+def fast_math_words(flag: str) -> str:
+    """'a fast-math reciprocal' (-ffast-math, -freciprocal-math, --use_fast_math, -prec-div=false),
+    'flush-to-zero of subnormals' (-ftz=true), ..."""
+    name = flag.lstrip("-").partition("=")[0]
+    return _FAST_MATH_WORDS.get(name, FAST_MATH_RECIPROCAL)
+
+
+def _which_build_has(flags: list[str], added: tuple[str, ...], a: str, b: str) -> str:
+    """'cpu+fma builds with -mfma, cpu without' per flag."""
+    return "; ".join(f"{b} builds with {flag}, {a} without" if flag in added else f"{a} builds with {flag}, {b} without"
+                     for flag in flags)
+
+
+def _ulps_from(first_step: int | None, first_step_ulps: float | None, peak_ulps: float | None) -> str:
+    """'1.000e+00 ulp at step 1, 2.000e+01 ulp at most (ulps of the case's scale)'."""
+    at = f" at step {first_step}" if first_step else " at the first divergent step"
+    return f"{size(first_step_ulps, 'ulp')}{at}, {size(peak_ulps, 'ulp')} at most (ulps of the case's scale)"
+
+
+def environment_looks_like(kind: str, *, numerical_class: str, a: str, b: str, flags: list[str],
+                           flags_added: tuple[str, ...], compilers: tuple[str | None, str | None] | None,
+                           first_step: int | None, first_step_ulps: float | None, peak_ulps: float | None,
+                           variant_label: str | None = None, note: str | None = None) -> str:
+    """The label of one case of B against A (service.core.environment_attribution.looks_like), naming
+    its evidence: the flag that differs and the ulps, or the compilers. A change beyond rounding is
+    said to be so, never called a rounding."""
+    ulps = _ulps_from(first_step, first_step_ulps, peak_ulps)
+    which = _which_build_has(flags, flags_added, a, b)
+    if kind == "fma-contraction":
+        return f"looks like FMA contraction: rounding-level, {ulps}; {which}"
+    if kind == "fast-math" and numerical_class == "rounding-level":
+        return f"looks like {fast_math_words(flags[0])}: rounding-level, {ulps}; {which}"
+    compilers_text = (f"{a} built by {compilers[0] or 'an unrecorded compiler'}, {b} by "
+                      f"{compilers[1] or 'an unrecorded compiler'}" if compilers else "")
+    differs = "; ".join(part for part in (compilers_text, which) if part)
+    if kind == "another-compiler":
+        return f"rounding-level (another compiler): {ulps}; {differs}"
+    if kind == "rounding-level":
+        return f"rounding-level: {ulps}; " + (differs or "no flag or compiler differs between the two builds")
+    if kind == "not-attributed":
+        return f"not attributed: {note}" if note else "not attributed"
+    what = numerical_class + (f", follows {variant_label}" if variant_label else "")
+    beyond = (f"beyond rounding ({what}): {size(peak_ulps, 'ulp')} at its peak from step {first_step or '?'} "
+              "(ulps of the case's scale)")
+    if kind == "fast-math":
+        return f"{beyond}; {which}: looks like {fast_math_words(flags[0])} taken past a rounding"
+    return f"{beyond}: not a rounding difference of the same arithmetic" + (f" ({differs})" if differs else "")
+
+
+LOOKS_LIKE_HEADINGS = {"fma-contraction": "looks like FMA contraction", "fast-math": "looks like fast math",
+                       "another-compiler": "rounding-level (another compiler)", "rounding-level": "rounding-level",
+                       "beyond-rounding": "beyond rounding", "not-attributed": "not attributed"}
+
+
+def looks_like_headline(calls: list[tuple[str, tuple[str, ...]]]) -> str | None:
+    """One line for a variant's changed cases, most common call first, each with the flags it rests
+    on: 'looks like FMA contraction, -mfma (38); not attributed (4)'; None without calls."""
+    if not calls:
+        return None
+    counted = Counter(calls)
+    return "; ".join(f"{LOOKS_LIKE_HEADINGS.get(kind, kind)}{', ' + ' '.join(flags) if flags else ''} ({n})"
+                     for (kind, flags), n in counted.most_common())

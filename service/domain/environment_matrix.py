@@ -14,8 +14,9 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from service.core.wording import looks_like_headline
 from service.db.models import Commit, Project
-from service.domain import environment_compare
+from service.domain import environment_attribution, environment_compare
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
 
 MAX_RELEASES = 20
@@ -30,6 +31,10 @@ class MatrixCell(BaseModel):
     farther: int = 0
     closer: int = 0
     note: str | None = Field(None, description="why a cell is missing")
+    attribution_status: str | None = Field(None, description="the co-run of a build variant with its base "
+                                                             "environment's build (environment_compare)")
+    looks_like: str | None = Field(None, description="what the changed cases look like, most common first, with "
+                                                     "the flags each call rests on")
 
 
 class MatrixRow(BaseModel):
@@ -65,7 +70,8 @@ def _cell(session: Session, project: Project, commit: Commit, base: environment_
     try:
         side = environment_compare.Side(session, project=project, commit=commit, environment=environment,
                                         battery=base.run.battery)
-        answer = environment_compare.compare_sides(project, commit, base, side)
+        answer = environment_compare.compare_sides(project, commit, base, side, environment_attribution.find(
+            session=session, run_a_id=base.run.id, run_b_id=side.run.id))
     except (NotFoundError, ConflictError, BadInputError) as missing:
         return _missing(environment, missing)
     moved = [case for case in answer.comparison.cases if case.verdict == "changed"]
@@ -73,7 +79,11 @@ def _cell(session: Session, project: Project, commit: Commit, base: environment_
     return MatrixCell(environment=environment, state=answer.comparison.verdict, changed=len(moved),
                       first_step=min(steps) if steps else None,
                       farther=sum(case.direction == "farther" for case in moved),
-                      closer=sum(case.direction == "closer" for case in moved))
+                      closer=sum(case.direction == "closer" for case in moved),
+                      attribution_status=answer.attribution_status,
+                      looks_like=looks_like_headline([(case.attribution.looks_like,
+                                                       tuple(case.attribution.evidence.get("flags") or ()))
+                                                      for case in moved if case.attribution]))
 
 
 def matrix(*, session: Session, project: Project, reference: str | None = None) -> EnvironmentMatrix:

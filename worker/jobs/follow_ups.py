@@ -1,6 +1,8 @@
 """What a run sends after its verdict, each a task of its own on the environment's co-run queue so
 the next run never waits behind it: the co-run (per-step |commit - baseline| of the changed cases,
-worker/jobs/corun.py) and the kernel timing (worker/jobs/timing.py), and which goes first.
+worker/jobs/corun.py), a build variant's attribution against its base environment
+(worker/jobs/environment_attribution.py) and the kernel timing (worker/jobs/timing.py), and which
+goes first.
 
 Tasks are sent by name through the worker's Celery app (worker/tasks.py defines them), so the jobs
 never import the tasks that call them.
@@ -11,7 +13,10 @@ from __future__ import annotations
 import logging
 import time
 
-from service.broker.queueing import CORUN_TASK_NAME, TIMING_TASK_NAME, corun_queue_for
+from service import run_store
+from service.broker.queueing import (
+    CORUN_TASK_NAME, ENVIRONMENT_ATTRIBUTION_TASK_NAME, TIMING_TASK_NAME, corun_queue_for,
+)
 from service.run_store import corun_environment
 from service.settings import Settings
 from worker.celery_app import app
@@ -39,6 +44,24 @@ def send_corun(run_id: int) -> None:
         log.exception("run %s: could not queue the baseline co-run", run_id)
 
 
+def send_environment_attributions(run_id: int) -> None:
+    """When a commit run is done and a partner run of its commit (its base environment's or one of
+    its build variants') is too and their trajectories differ: the pair's attribution, on the
+    variant's co-run queue (its workers serve the base environment too). Identical digests send
+    nothing. Never fails the run: a pair the broker did not take is marked failed, saying so."""
+    try:
+        opened = run_store.open_environment_attributions(run_id)
+    except Exception:  # noqa: BLE001  (the run and its verdict stand without it)
+        log.exception("run %s: could not open its environment attributions", run_id)
+        return
+    for attribution_id, environment in opened:
+        try:
+            app.send_task(ENVIRONMENT_ATTRIBUTION_TASK_NAME, args=[attribution_id], queue=corun_queue_for(environment))
+        except Exception as error:  # noqa: BLE001
+            log.exception("run %s: could not queue environment attribution %s", run_id, attribution_id)
+            run_store.finish_environment_attribution(attribution_id, error=f"the broker did not take it: {error}")
+
+
 def corun_started(run_id: int) -> None:
     """The co-run of `run_id` started here: the timings no longer wait for it."""
     _corun_sent.pop(run_id, None)
@@ -56,8 +79,9 @@ def send_timing(run_id: int, settings: Settings) -> None:
 
 
 def send_later(task_name: str, run_id: int, *, environment: str, countdown: float) -> None:
-    """A co-run or timing that yielded to waiting runs, queued again to start after `countdown` s
-    (raises if the broker does not take it)."""
+    """A co-run, environment attribution or timing that yielded to waiting runs, queued again to
+    start after `countdown` s (raises if the broker does not take it). `run_id`: the task's one
+    argument (an environment attribution's is its row's id)."""
     app.send_task(task_name, args=[run_id], queue=corun_queue_for(environment), countdown=countdown)
 
 

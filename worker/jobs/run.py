@@ -178,6 +178,7 @@ def execute_run(run_id: int, *, settings: Settings | None = None, worker: str | 
         for dependant in waited_for_this:
             follow_ups.send_corun(dependant)
         follow_ups.send_corun(run_id)
+        follow_ups.send_environment_attributions(run_id)
         follow_ups.send_timing(run_id, settings)
     return status
 

@@ -5,6 +5,8 @@ which semantic change of the algorithm, if any, the commit's trajectory follows.
   variants.py   the catalogue of float64 algorithm variants (decay after the update, eps inside
                 the square root, ...) and their replay over a case's exact gradients (torch)
   analysis.py   one case: commit and baseline parameters per step -> the attribution (torch)
+  states.py     the optimizer state beside the parameters: codes, scales, float states compared
+  drift.py      a change within rounding that moves one way: the sign test and the sub-ulp naming
   child.py      the analysis in a child process, for a worker process that must not import torch
   pair_run.py   re-runs the changed cases' kernels on both builds (kernel hosts) and asks the child
 """

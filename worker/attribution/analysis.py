@@ -26,6 +26,15 @@ rounding-level, beyond it at the first divergent step semantic, and within it th
 later "quantization": the divergence began where the parameters agreed, in the quantized state,
 and grew through requantization.
 
+Within rounding is not yet rounding-level: a rounding-level change is *unbiased*, its flipped
+roundings go either way, while a systematic change below one ulp (decay after the update at
+lr = wd = 1e-2 on bfloat16, ~1/4000 of an ulp per step) flips them one way. A case within rounding
+is tested for that (worker/attribution/drift.py: a sign test of the elements' moves against the
+float64 reference's update and against the parameter's sign, allowing what a float32 rounding of a
+factor shared by all elements moves, at a false-alarm rate of 1e-3 per case); a systematic drift
+is semantic (or precision), named after the variant whose own sub-ulp difference predicts as much
+drift along its signs as there is, or unexplained.
+
 Which semantic change: each float64 variant V of worker/attribution/variants.py replays the case's
 gradients from the same start as the correct algorithm V0. If the commit implements V and the
 baseline V0, then commit − baseline = (V − V0) + the difference of their roundings, so
@@ -49,6 +58,7 @@ import torch
 
 from service.core.results import CaseSpec
 from service.core.wording import size
+from worker.attribution import drift
 from worker.attribution import states as state_compare
 from worker.attribution import variants as catalogue
 from worker.attribution.ulps import check_representable, ulp, ulp_distance
@@ -123,6 +133,7 @@ class _Residuals:
         self.fits = dict.fromkeys(names, True)
         self.distance = dict.fromkeys(names, 0.0)
         self.reference_distance = 0.0
+        self.difference: dict[str, np.ndarray] = {}  # V − V0 at the latest step (the drift's naming)
 
     def add(self, params: dict, delta: np.ndarray, commit: np.ndarray, units: np.ndarray, allowed: float) -> None:
         reference = params[catalogue.CORRECT.name].numpy()
@@ -130,7 +141,8 @@ class _Residuals:
             self.reference_distance = max(self.reference_distance, _finite_max(np.abs(commit - reference)))
             for name in self.peak:
                 path = params[name].numpy()
-                residual = _finite_max(np.abs(delta - (path - reference)) / units)
+                self.difference[name] = path - reference
+                residual = _finite_max(np.abs(delta - self.difference[name]) / units)
                 self.peak[name] = max(self.peak[name], residual)
                 self.fits[name] = self.fits[name] and residual <= allowed
                 self.distance[name] = max(self.distance[name], _finite_max(np.abs(commit - path)))
@@ -245,9 +257,71 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
     if not matched:
         result.update({"class": result["scale"], "variant": None,
                        "note": "8-bit case first divergent after step 1: variants carry no quantization, not matched"})
-        return result
-    result.update(_verdict(candidates, residuals, change_peak, result["scale"]))
+    else:
+        result.update(_verdict(candidates, residuals, change_peak, result["scale"]))
+    if result["class"] == "rounding-level":
+        # Within rounding in every dtype's ulps: unbiased, or a systematic drift below one ulp?
+        # Variants name it only where they were replayed to the last step (32-bit cases).
+        named = residuals if matched and not eight_bit else None
+        result.update(_judge_drift(case, commit, baseline, elements, candidates, named))
     return result
+
+
+def _judge_drift(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, elements: np.ndarray | None,
+                 candidates: list, residuals: _Residuals | None) -> dict:
+    """The drift tests (worker/attribution/drift.py) of a case within rounding, and the call they
+    make: nothing more when no test is systematic; otherwise semantic (or precision), named after
+    the variant that explains the drift, or unexplained."""
+    chosen = slice(None) if elements is None else elements
+    dtype = case.param_dtype
+    counter = drift.DriftCounter(case.size if elements is None else int(elements.size))
+    replay = catalogue.replay_steps(case, [catalogue.CORRECT], None if elements is None else torch.from_numpy(elements))
+    start = initial_parameters(case.seed, case.size).to(catalogue._DTYPES[dtype]).double().numpy()[chosen]
+    reference_before, baseline_before, delta_before = start, start, np.zeros_like(start)
+    for t in range(1, case.steps + 1):
+        reference_after = next(replay)[1][catalogue.CORRECT.name].numpy()
+        b = baseline[t - 1][chosen].astype(np.float64)
+        delta = commit[t - 1][chosen].astype(np.float64) - b
+        counter.add(delta - delta_before, reference_after - reference_before, baseline_before, b, dtype)
+        reference_before, baseline_before, delta_before = reference_after, b, delta
+    tests = counter.tests()
+    out: dict = {"drift": [test.as_dict() for test in tests]}
+    systematic = [test for test in tests if test.systematic]
+    if not systematic:
+        return out
+    strongest = min(systematic, key=lambda test: test.p_value)
+    where = ({"with": "with the update", "against": "against the update"} if strongest.direction == "step"
+             else {"with": "away from zero", "against": "toward zero"})[strongest.way]
+    note = (f"a drift below one ulp, one way: {strongest.one_way} of the {strongest.moved} elements that moved went "
+            f"{where} "
+            f"(p = {strongest.p_value:.1e}; a rounding-level change's shared factor allows "
+            f"{strongest.allowance:.2g} of them)")
+    out.update({"class": "semantic", "variant": None, "label": "unexplained", "note": note})
+    if residuals is None:
+        return out
+    own = ulp(np.maximum(np.abs(baseline_before), np.abs(baseline_before + delta_before)), dtype)
+    observed = delta_before / own
+    fits = sorted((drift.drift_fit(v.name, observed, residuals.difference[v.name] / own)
+                   for v in candidates if residuals.fits[v.name] and v.name in residuals.difference),
+                  key=lambda fit: fit.deviation)
+    out["drift_fits"] = [{"variant": f.variant, "predicted_ulps": f.predicted, "observed_ulps": f.observed,
+                          "sigma": f.sigma} for f in fits[:3]]
+    explaining = [fit for fit in fits if fit.explains]
+    if not explaining:
+        return out
+    best = explaining[0]
+    variant = catalogue.BY_NAME[best.variant]
+    others = [fit for fit in fits if fit is not best]
+    following = others[0] if others else None
+    out.update({"class": "precision" if variant.kind == "precision" else "semantic", "variant": variant.name,
+                "label": variant.label, "kind": variant.kind, "residual_ulps": residuals.peak[variant.name],
+                "distance": residuals.distance[variant.name], "next_best": following.variant if following else None,
+                # how many times farther the next best's prediction is from the drift, in sigmas
+                "next_best_ratio": (following.deviation / max(best.deviation, 1.0 / drift.NAMING_SIGMAS)
+                                    if following else math.inf),
+                "note": note + f"; {variant.name} predicts {best.predicted:.3g} ulps of it along its signs, "
+                               f"{best.observed:.3g} observed (sigma {best.sigma:.2g})"})
+    return out
 
 
 def _judge_quantized(ulps: list[float], allowance: np.ndarray, s: int,

@@ -57,7 +57,7 @@ import numpy as np
 import torch
 
 from service.core.results import CaseSpec
-from service.core.wording import size
+from service.core.wording import number, size
 from worker.attribution import drift
 from worker.attribution import states as state_compare
 from worker.attribution import variants as catalogue
@@ -294,8 +294,8 @@ def _judge_drift(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, eleme
              else {"with": "away from zero", "against": "toward zero"})[strongest.way]
     note = (f"a drift below one ulp, one way: {strongest.one_way} of the {strongest.moved} elements that moved went "
             f"{where} "
-            f"(p = {strongest.p_value:.1e}; a rounding-level change's shared factor allows "
-            f"{strongest.allowance:.2g} of them)")
+            f"(p = {number(strongest.p_value)}; a rounding-level change's shared factor allows "
+            f"{number(strongest.allowance)} of them)")
     out.update({"class": "semantic", "variant": None, "label": "unexplained", "note": note})
     if residuals is None:
         return out
@@ -319,8 +319,8 @@ def _judge_drift(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, eleme
                 # how many times farther the next best's prediction is from the drift, in sigmas
                 "next_best_ratio": (following.deviation / max(best.deviation, 1.0 / drift.NAMING_SIGMAS)
                                     if following else math.inf),
-                "note": note + f"; {variant.name} predicts {best.predicted:.3g} ulps of it along its signs, "
-                               f"{best.observed:.3g} observed (sigma {best.sigma:.2g})"})
+                "note": note + f"; {variant.name} predicts {size(best.predicted, 'ulps')} of it along its signs, "
+                               f"{number(best.observed)} observed (sigma {number(best.sigma)})"})
     return out
 
 

@@ -59,6 +59,7 @@ def test_a_variant_that_changes_nothing_and_one_that_contracts_adam(tmp_path: Pa
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPTDRIFT_")}
+    env["COLUMNS"] = "400"  # one line per row: the label is matched whole
     env.update({"OPTDRIFT_HOME": str(tmp_path / "home"), "OPTDRIFT_DATABASE_URL": database_url,
                 "OPTDRIFT_BROKER_URL": E2E_REDIS, "OPTDRIFT_PUBLIC_URL": url, "PYTHONPATH": str(REPO_ROOT),
                 "OPTDRIFT_BUILD_CACHE_DIR": shared_build_cache(), "OPTDRIFT_BUILD_VARIANTS": json.dumps(VARIANTS),

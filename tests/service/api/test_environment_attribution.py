@@ -142,7 +142,7 @@ def test_the_comparison_carries_max_ulps_and_the_label_once_stored(api, db_sessi
 def test_the_compare_command_shows_the_label_and_what_is_still_coming(live_api, db_session) -> None:  # noqa: ANN001
     _, runs = _project(db_session, ["cpu", "cpu+fma"])
     args = ["compare", "--project", "variants", "--commit", SHA, "--env", "cpu", "--env", "cpu+fma", "--url", live_api]
-    runner = CliRunner()
+    runner = CliRunner(env={"COLUMNS": "400"})  # one line per row: the label is matched whole
     coming = runner.invoke(cli_app, args)
     assert coming.exit_code == 1 and "attribution expected" in coming.output, coming.output
     ((attribution_id, _),) = run_store.open_environment_attributions(runs["cpu+fma"].id, session=db_session)

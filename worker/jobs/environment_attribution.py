@@ -55,6 +55,8 @@ def attribute_environments(*, attribution_id: int, settings: Settings, between_c
         with phases("build"):
             job = workspace.prepare(source, project=inputs.project, battery=run_b.battery)
             # "commit" is the side judged (B), "baseline" the one it is judged against (A).
+            # Commit runs only (environment_attribution.open_for), so the trust a commit run gets, as in
+            # the baseline co-run (a verify run's tree would be untrusted).
             policies = {side: workspace.policy(untrusted=False, environment=run.environment,
                                                case_timeout_s=settings.case_timeout_s)
                         for side, run in (("commit", run_b), ("baseline", run_a))}

@@ -5,11 +5,14 @@ compared through the service, as a maintainer about to change a toolchain settin
     gpu.sm<cc>+fmad     nvcc --fmad=true: nvcc may contract a*b+c into one FMA (one rounding, not two)
     gpu.sm<cc>+ptx80    TORCH_CUDA_ARCH_LIST=8.0+PTX: no SASS the card can run, so the driver JIT-compiles
                         the compute_80 PTX (a wheel built for Ampere running on Hopper)
+    gpu.sm<cc>+fastmath nvcc --use_fast_math: approximate division and square root, flush to zero, FMA
 
 `optdrift serve --no-worker` on its embedded default, `optdrift worker --gpus all` configured with
 both variants (OPTDRIFT_BUILD_VARIANTS), one submission to all three environments, then
 `GET .../environment-comparison` of each variant against the plain build. Prints one table: verdict,
-changed cases, first divergent step, closer/farther from float64, per optimizer x family.
+changed cases, first divergent step, closer/farther from float64, per optimizer x family; for a
+variant that changed, the worker's environment attribution (worker/jobs/environment_attribution.py)
+once it is done: class and looks-like per optimizer x family, the ulps, one label.
 
     python3 bench/gpu/env_variants.py --battery quick        # through bench/gpu/h200_env_variants.sh
 """
@@ -33,7 +36,9 @@ from e2e_latency import (  # noqa: E402  (bench/ is not a package)
 
 from service.cli.client import OptdriftClient, pack_directory  # noqa: E402
 
-VARIANTS = {"fmad": {"cuda_cflags": ["--fmad=true"]}, "ptx80": {"cuda_archs": ["8.0+PTX"]}}
+VARIANTS = {"fmad": {"cuda_cflags": ["--fmad=true"]}, "ptx80": {"cuda_archs": ["8.0+PTX"]},
+            "fastmath": {"cuda_cflags": ["--use_fast_math"]}}
+ATTRIBUTION_COMING = ("expected", "queued", "running")
 PROJECT = "toolchains"
 SHA = "c" * 40
 
@@ -54,11 +59,44 @@ def summarize(comparison: dict) -> list[str]:
     return lines
 
 
+def attribution_lines(client: OptdriftClient, a: str, b: str, timeout_s: float) -> list[str]:
+    """Wait for the worker's environment attribution of b against a (worker/jobs/environment_attribution.py)
+    and tally its calls: class and looks-like per optimizer x family, the ulps range, one label."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = client.http.get(f"/api/v1/projects/{PROJECT}/environment-comparison",
+                                 params={"commit": SHA, "a": a, "b": b})
+        answer.raise_for_status()
+        body = answer.json()
+        if body["attribution_status"] not in ATTRIBUTION_COMING or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    lines = [f"  attribution {body['attribution_status']}" + (f" ({body['attribution_note']})"
+                                                               if body.get("attribution_note") else "")]
+    tally: dict[tuple, list[dict]] = collections.defaultdict(list)
+    for case in body["comparison"]["cases"]:
+        call = case.get("attribution") or {}
+        if case["verdict"] == "changed" and call:
+            tally[(case["optimizer"], case["family"], call.get("class"), call.get("looks_like"))].append(case)
+    label = None
+    for (optimizer, family, klass, looks_like), cases in sorted(tally.items(), key=str):
+        ulps = [c["max_ulps"] for c in cases if c.get("max_ulps") is not None]
+        span = f"{min(ulps):.3g}-{max(ulps):.3g} ulps" if ulps else "no ulps"
+        lines.append(f"    {optimizer:<10} {family:<15} {len(cases):>3} {klass} / {looks_like}  {span}")
+        label = label or next((c["attribution"].get("label") for c in cases if c["attribution"].get("label")), None)
+    if label:
+        lines.append(f"    e.g. {label}")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--battery", default="quick")
     parser.add_argument("--gpus", default="all", help="`optdrift worker --gpus SPEC`; 'none': a CPU worker "
                                                       "(a dry run of this script: the CUDA flags reach no build)")
+    parser.add_argument("--variants", type=json.loads, default=VARIANTS,
+                        help="OPTDRIFT_BUILD_VARIANTS as JSON (default: fmad, ptx80, fastmath); a CPU dry run of the "
+                             "attribution path: --gpus none --variants '{\"fma\": {\"cflags\": [\"-mfma\"]}}'")
     parser.add_argument("--log-dir", type=Path, default=None)
     parser.add_argument("--timeout-s", type=float, default=420)
     args = parser.parse_args()
@@ -68,12 +106,12 @@ def main() -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = child_environment(home, url)
-    env["OPTDRIFT_BUILD_VARIANTS"] = json.dumps(VARIANTS)
+    env["OPTDRIFT_BUILD_VARIANTS"] = json.dumps(args.variants)
     python = sys.executable
     processes = []
     try:
         environment = "cpu" if args.gpus == "none" else gpu_environment(args.gpus)
-        names = [environment, *(f"{environment}+{name}" for name in VARIANTS)]
+        names = [environment, *(f"{environment}+{name}" for name in args.variants)]
         server = start([python, "-m", "service.cli", "serve", "--no-worker", "--port", str(port)], env=env,
                        log_path=log_dir / "service.log")
         processes.append(server)
@@ -111,6 +149,8 @@ def main() -> int:
                   f"(same build: {body['same_build']}; fingerprint differs in: "
                   f"{', '.join(c['field'] for c in body['fingerprint_changes']) or '-'})")
             print("\n".join(summarize(comparison)))
+            if comparison["verdict"] == "changed":
+                print("\n".join(attribution_lines(client, environment, name, args.timeout_s)))
         client.close()
         return 0
     finally:

@@ -41,7 +41,7 @@ def attribute_changed(comparison: RunComparison, baseline: RunResult, cases: lis
                                   adapter=adapter, case_timeout_s=case_timeout_s, adapter_paths=adapter_paths,
                                   compile_caches=compile_caches)
         requests = []
-        answers = {case_id: selection.left_out_entry(representative) for case_id, representative in stands_for.items()}
+        answers = selection.left_out_entries(changed, stands_for)
         for case in wanted:
             if case.case_id not in files:
                 answers[case.case_id] = {"error": "the case did not run on both builds again"}

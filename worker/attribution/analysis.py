@@ -62,6 +62,7 @@ from worker.attribution import drift
 from worker.attribution import states as state_compare
 from worker.attribution import variants as catalogue
 from worker.attribution.ulps import check_representable, ulp, ulp_distance
+from worker.engine import states_file
 from worker.engine.gradients import initial_parameters
 
 # "A few ulps": a reordering, a contraction or an intermediate's precision moves an element by at
@@ -215,7 +216,12 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
     # Where both builds' states saw the same gradients: every step of an open loop; in a closed
     # loop only the first divergent step (after it the gradient carries the parameters'
     # difference, amplified where h (p - c) cancels, into the states: not their arithmetic).
-    state_steps = steps if case.gradient.kind == "open" else s
+    # And in either loop no later than the first step whose parameters differ: the next step's
+    # state reads those parameters (weight decay, a closed loop's gradient), so a bfloat16 or float16
+    # parameter one ulp apart moves a float32 moment by thousands of its own ulps without any
+    # difference in the state's arithmetic.
+    parameters_moved = next((t for t in range(s, steps + 1) if ulps[t - 1] > 0), steps)
+    state_steps = min(steps if case.gradient.kind == "open" else s, parameters_moved)
     if quantized:
         within_rounding, quantization = _judge_quantized(ulps, allowance, s, comparisons, state_steps,
                                                          baseline[s - 1], commit[s - 1])
@@ -392,7 +398,11 @@ def _verdict(candidates: list, residuals: _Residuals, change_peak: float, scale:
 
 
 def analyze_files(case: CaseSpec, commit_file: str, baseline_file: str, first_divergent_step: int,
-                  baseline_ref64: list[float] | None = None) -> dict:
+                  baseline_ref64: list[float] | None = None,
+                  states_files: tuple[str | None, str | None] = (None, None)) -> dict:
+    """analyze over the parameter files a co-run's re-run wrote, and, where both sides wrote one, the
+    state files (worker.engine.states_file): a state file that cannot be read leaves the states out,
+    and the result says why (`states_unread`)."""
     commit = np.memmap(commit_file, dtype="<f4", mode="r")
     baseline = np.memmap(baseline_file, dtype="<f4", mode="r")
     expected = case.steps * case.size
@@ -400,4 +410,15 @@ def analyze_files(case: CaseSpec, commit_file: str, baseline_file: str, first_di
         raise ValueError(f"attribution of {case.case_id}: parameter files hold {commit.size} and "
                          f"{baseline.size} values, expected steps x size = {expected}")
     torch.set_num_threads(1)
-    return analyze(case, commit, baseline, first_divergent_step, baseline_ref64)
+    states, dtypes, unread = None, None, None
+    if all(states_files):
+        limit = states_file.byte_limit(case.size, case.steps)
+        try:
+            read = [states_file.read(path, steps=case.steps, max_bytes=limit) for path in states_files]
+            states, dtypes = (read[0].steps, read[1].steps), {**read[1].dtypes, **read[0].dtypes}
+        except states_file.StatesUnreadable as error:
+            unread = str(error)
+    result = analyze(case, commit, baseline, first_divergent_step, baseline_ref64, states=states, state_dtypes=dtypes)
+    if unread:
+        result["states_unread"] = unread
+    return result

@@ -2,7 +2,7 @@
 process, so the worker process that calls it never imports torch.
 
 stdin: a JSON list of {"case": CaseSpec, "commit_file", "baseline_file", "first_divergent_step",
-"baseline_ref64"}; stdout: {case_id: attribution} (worker/attribution/analysis.py), or for a case
+"baseline_ref64", and optionally "commit_states", "baseline_states" (worker.engine.states_file)}; stdout: {case_id: attribution} (worker/attribution/analysis.py), or for a case
 whose analysis failed, {"error": "..."} so one bad case does not cost the others theirs.
 """
 
@@ -36,7 +36,9 @@ def main() -> int:
         try:
             answers[case.case_id] = analyze_files(case, request["commit_file"], request["baseline_file"],
                                                   int(request["first_divergent_step"]),
-                                                  request.get("baseline_ref64"))
+                                                  request.get("baseline_ref64"),
+                                                  states_files=(request.get("commit_states"),
+                                                                request.get("baseline_states")))
         except Exception as error:  # noqa: BLE001 - reported per case, never a verdict change
             answers[case.case_id] = {"error": f"{type(error).__name__}: {error}"}
     json.dump(json_safe(answers), sys.stdout, allow_nan=False)

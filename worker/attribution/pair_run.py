@@ -29,10 +29,12 @@ def record_parameters(commit_library: str | Path, baseline_library: str | Path, 
                       workdir: Path, *, device: str = "auto", adapter: str = "bundled",
                       case_timeout_s: float = 300.0,
                       adapter_paths: tuple[list[Path], list[Path]] = ([], []),
-                      compile_caches: tuple = (None, None)) -> dict[str, tuple[Path, Path, int | None]]:
+                      compile_caches: tuple = (None, None),
+                      states: bool = False) -> dict[str, tuple[Path, Path, int | None]]:
     """case id -> (commit file, baseline file, first divergent step of the re-run's digests):
     float32 parameters after each step, (steps, size). Cases that did not run on both sides
-    (broken, not applicable) are left out. `adapter_paths`: (the commit's, the baseline's) folders
+    (broken, not applicable) are left out. `states`: each side's state leaves of every step too,
+    beside its parameter file (`states_path`; worker.engine.states_file). `adapter_paths`: (the commit's, the baseline's) folders
     their adapter module is imported from (a tree's adapter_path), as the run's hosts had them.
     `compile_caches`: (the commit's, the baseline's) build compile caches (worker.engine.compile_cache),
     so a torch.compile-based library loads what its run compiled; the caller releases them."""
@@ -46,8 +48,10 @@ def record_parameters(commit_library: str | Path, baseline_library: str | Path, 
         KernelHost.start_together([commit_host, baseline_host])
         for index, case in enumerate(cases):
             commit_file, baseline_file = workdir / f"{index}.commit.f32", workdir / f"{index}.baseline.f32"
-            commit_host.submit(case, commit_file, params_only=True)
-            baseline_host.submit(case, baseline_file, params_only=True)
+            commit_host.submit(case, commit_file, params_only=True,
+                               states_out=states_path(commit_file) if states else None)
+            baseline_host.submit(case, baseline_file, params_only=True,
+                                 states_out=states_path(baseline_file) if states else None)
             results = commit_host.collect(), baseline_host.collect()
             if all(r.status == "ok" for r in results) and commit_file.is_file() and baseline_file.is_file():
                 step = first_divergent_step(results[0].trajectory.digests, results[1].trajectory.digests)
@@ -56,6 +60,11 @@ def record_parameters(commit_library: str | Path, baseline_library: str | Path, 
                 log.warning("attribution: %s did not run on both builds (%s); not attributed", case.case_id,
                             "; ".join(r.message or r.status for r in results))
     return files
+
+
+def states_path(params_file: Path) -> Path:
+    """Where record_parameters(states=True) puts the state leaves recorded beside `params_file`."""
+    return params_file.with_name(params_file.name + ".states")
 
 
 def analyze_in_child(requests: list[dict], *, timeout_s: float = ANALYSIS_TIMEOUT_S) -> dict[str, dict]:

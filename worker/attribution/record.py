@@ -1,6 +1,7 @@
 """The attribution step of a flagged run: after the baseline co-run (worker/jobs/corun.py), the
 changed cases' kernels once more on both builds with every step's parameters kept
-(worker/attribution/pair_run.py), then the analysis in a torch child (worker/attribution/child.py).
+(worker/attribution/pair_run.py), and their state leaves, then the analysis in a torch child
+(worker/attribution/child.py), which judges the states as well as the parameters.
 Its result goes beside the verdict (detail["attribution"], case id -> attribution, stored by the
 co-run job, worker/jobs/corun.py) and never changes it: a failure here is logged and recorded as
 {"error": ...}, the diffs are stored all the same.
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from service.core.results import CaseSpec, RunComparison, RunResult
 from worker.attribution import selection
-from worker.attribution.pair_run import analyze_in_child, record_parameters
+from worker.attribution.pair_run import analyze_in_child, record_parameters, states_path
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def attribute_changed(comparison: RunComparison, baseline: RunResult, cases: lis
     with tempfile.TemporaryDirectory(prefix="optdrift-attribution-") as tmp:
         files = record_parameters(commit_library, baseline_library, wanted, Path(tmp), device=device,
                                   adapter=adapter, case_timeout_s=case_timeout_s, adapter_paths=adapter_paths,
-                                  compile_caches=compile_caches)
+                                  compile_caches=compile_caches, states=True)
         requests = []
         answers = selection.left_out_entries(changed, stands_for)
         for case in wanted:
@@ -55,6 +56,8 @@ def attribute_changed(comparison: RunComparison, baseline: RunResult, cases: lis
                 continue
             requests.append({"case": case.model_dump(mode="json"), "commit_file": str(commit_file),
                              "baseline_file": str(baseline_file),
+                             "commit_states": str(states_path(commit_file)),
+                             "baseline_states": str(states_path(baseline_file)),
                              "first_divergent_step": first_steps[case.case_id],
                              "baseline_ref64": baseline_ref64.get(case.case_id)})
         if requests:

@@ -29,7 +29,7 @@ import torch
 from service.core.results import CaseResult, CaseSpec, Trajectory
 from worker.adapters.base import FamilyAdapter  # noqa: F401 - re-exported: the engines' family type
 from worker.adapters.base import StateNotAsDeclared
-from worker.engine import lifecycle
+from worker.engine import lifecycle, states_file
 from worker.engine.digest import digest_tensors
 from worker.engine.gradients import GradientStream, initial_parameters
 from worker.engine.quant_series import QuantRefSeries
@@ -83,11 +83,12 @@ def _not_as_declared(case: CaseSpec, error: StateNotAsDeclared, started: float) 
 
 
 def run_params(case: CaseSpec, device: torch.device, params_out: BinaryIO, *,
-               families: Mapping[str, FamilyAdapter] | None = None) -> CaseResult:
+               families: Mapping[str, FamilyAdapter] | None = None, states_out: BinaryIO | None = None) -> CaseResult:
     """The kernels alone: the parameters after each step into `params_out` (float32) and the
     per-step digests — what a baseline co-run needs (per-step |commit - baseline|, and proof that it
     reproduced the stored trajectory), without the float64 and same-precision references that make
-    run_case slow. The trajectory's metric series are left empty."""
+    run_case slow. The trajectory's metric series are left empty. `states_out`: every step's state
+    leaves as well, for attribution (worker.engine.states_file)."""
     started = time.perf_counter()
     family, param, stream = _start(case, device, families)
     handle = lifecycle.open_case(family, case, param, device)
@@ -96,8 +97,11 @@ def run_params(case: CaseSpec, device: torch.device, params_out: BinaryIO, *,
         lifecycle.check_declared_state_now(family, handle)  # a state made at open is checked before step 1
         for step in range(1, case.steps + 1):
             family.step(handle, param, stream.kernel_gradient(step, param), step)
-            digests.append(digest_tensors(_digested(family, handle, param)))
+            named = lifecycle.digest_states(family, handle)
+            digests.append(digest_tensors([param, *(tensor for _, tensor in named)]))
             params_out.write(param.detach().to(torch.float32).cpu().numpy().tobytes())
+            if states_out is not None:
+                states_file.write_step(states_out, named)
     except StateNotAsDeclared as error:
         return _not_as_declared(case, error, started)
     finally:

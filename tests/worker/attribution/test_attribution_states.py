@@ -109,3 +109,36 @@ def test_a_change_of_the_state_alone_is_never_rounding_level():
     params, _, _ = labelled.trajectory(case, {})
     found = analyze(case, params, params.copy(), 1)
     assert found["class"] == "semantic" and found["note"].startswith("the state changed and the parameters did not")
+
+
+def _one_bf16_ulp_apart(values: np.ndarray, elements: list[int]) -> np.ndarray:
+    """`values` (bfloat16 values held as float32) with the given elements one bfloat16 ulp away,
+    alternately up and down (a contraction's roundings go either way)."""
+    out = values.copy()
+    for k, i in enumerate(elements):
+        ulp_bf16 = np.float32(2.0 ** (np.floor(np.log2(abs(out[i]))) - 7))
+        out[i] = out[i] + (ulp_bf16 if k % 2 == 0 else -ulp_bf16)
+    return out
+
+
+def test_a_state_moved_by_the_parameters_it_reads_is_not_the_state_s_own_change():
+    # A contraction moves three bfloat16 parameters by one ulp at step 1 and a float32 moment by
+    # one of its ulps. From step 2 the moments read those parameters (weight decay, the gradient)
+    # and differ by ~1e-3 of their value, thousands of float32 ulps: the parameters' difference
+    # carried in, not the state's arithmetic. Rounding-level; judging the later states as the
+    # state's own change called it semantic.
+    case = _case("32bit", "bfloat16", "open")
+    params, states, _ = labelled.trajectory(case, {})
+    commit = np.stack([_one_bf16_ulp_apart(row, [0, 1, 2]) for row in params])
+    moved = [{name: values.copy() for name, values in leaves.items()} for leaves in states]
+    name = next(n for n, v in moved[0].items() if v.dtype == np.float32 and v.size == case.size and v[0] != 0)
+    moved[0][name][0] = np.nextafter(moved[0][name][0], np.float32(np.inf))
+    for leaves in moved[1:]:
+        leaves[name][0] *= np.float32(1 + 1e-3)
+    found = analyze(case, commit, params, 1, states=(moved, states))
+    assert found["states_read"] and found["class"] == "rounding-level", found
+    # The same state change with the parameters equal until the last step is the state's own.
+    late = params.copy()
+    late[-1] = commit[-1]
+    found = analyze(case, late, params, 1, states=(moved, states))
+    assert found["class"] != "rounding-level", found

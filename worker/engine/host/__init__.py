@@ -17,7 +17,9 @@ sandbox. Two processes, three modules:
     -> {"op": "run", "case": <CaseSpec>, "params_out": "/tmp/x.f32" | null}
     <- {"result": <CaseResult>, "restart": false}
     -> {"op": "params", "case": <CaseSpec>, "params_out": "/tmp/x.f32"}   (a co-run: kernels only,
-       the parameters after each step into params_out; the result's trajectory has digests only)
+       the parameters after each step into params_out; the result's trajectory has digests only;
+       with "states_out": a file in the scratch, every step's state leaves there too, for
+       attribution: worker.engine.states_file)
     -> {"op": "run_many", "cases": [<CaseSpec>, ...]}       (fast mode: worker.engine.fast)
        with "params_out": a file in the scratch: the co-run's kernels-only waves writing every
        step's parameters there (worker.engine.params_file); with "known": {index: [series keys]}

@@ -169,6 +169,9 @@ def _answer_case(request: dict, device, protocol: TextIO, adapter, families) -> 
     try:
         if unsupported:  # a capability, not a fault: set aside, never part of a verdict
             result = CaseResult(case=case, status="not_applicable", message=unsupported)
+        elif request.get("op") == "params" and request.get("states_out"):  # attribution: the states too
+            with open(request["params_out"], "wb") as params_out, open(request["states_out"], "wb") as states_out:
+                result = run_params(case, device, params_out, families=families, states_out=states_out)
         elif request.get("op") == "params":  # a co-run: kernels and parameters only
             with open(request["params_out"], "wb") as params_out:
                 result = run_params(case, device, params_out, families=families)

@@ -448,10 +448,13 @@ class KernelHost:
         self._failed_starts = 0
         return None
 
-    def submit(self, case: CaseSpec, params_out: str | Path | None = None, *, params_only: bool = False) -> None:
+    def submit(self, case: CaseSpec, params_out: str | Path | None = None, *, params_only: bool = False,
+               states_out: str | Path | None = None) -> None:
         """Send a case; `collect()` gets its result. Two hosts can work at the same time this way.
-        `params_only` (with `params_out`): the kernels alone, no references (a co-run)."""
+        `params_only` (with `params_out`): the kernels alone, no references (a co-run); `states_out`
+        (with both): every step's state leaves there as well (worker.engine.states_file)."""
         self._pending_case = case
+        self._pending_states_out = Path(states_out) if states_out and params_only and params_out else None
         self._pending_failure: CaseResult | None = None
         if self.out_of_time():
             self._pending_failure = CaseResult(case=case, status="broken",
@@ -466,7 +469,10 @@ class KernelHost:
         self._pending_params_out = Path(params_out) if params_out else None
         inside = self._scratch.path / "params.f32"
         inside.unlink(missing_ok=True)
-        request = case_request(case, str(inside) if params_out else None, params_only=params_only)
+        states_inside = self._scratch.path / "states.npys"
+        states_inside.unlink(missing_ok=True)
+        request = case_request(case, str(inside) if params_out else None, params_only=params_only,
+                               states_out=str(states_inside) if self._pending_states_out else None)
         self._pending_started = time.monotonic()
         try:
             self._process.stdin.write(encode_request(request))
@@ -507,6 +513,11 @@ class KernelHost:
             if refused:
                 return CaseResult(case=case, status="broken", message=refused,
                                   duration_s=time.monotonic() - started)
+        if self._pending_states_out is not None:
+            # A refused state file costs the case its states, not its result: attribution reads the
+            # parameters alone (worker.engine.states_file reads what is taken as untrusted anyway).
+            if take_params_file(self._scratch.path / "states.npys", self._pending_states_out):
+                self._pending_states_out.unlink(missing_ok=True)
         return result
 
     def run(self, case: CaseSpec, params_out: str | Path | None = None) -> CaseResult:

@@ -35,11 +35,15 @@ def encode_request(request: Mapping) -> bytes:
     return (json.dumps(request) + "\n").encode()
 
 
-def case_request(case: CaseSpec, params_out: str | None, *, params_only: bool) -> dict:
+def case_request(case: CaseSpec, params_out: str | None, *, params_only: bool, states_out: str | None = None) -> dict:
     """One case: {"op": "run"} (with `params_out`, the parameters after each step written there), or
-    {"op": "params"} (a co-run: the kernels alone, digests only) when `params_only` and `params_out`."""
-    return {"op": "params" if params_only and params_out else "run", "case": case.model_dump(mode="json"),
-            "params_out": params_out}
+    {"op": "params"} (a co-run: the kernels alone, digests only) when `params_only` and `params_out`;
+    with `states_out` (params only) every step's state leaves as well (worker.engine.states_file)."""
+    request = {"op": "params" if params_only and params_out else "run", "case": case.model_dump(mode="json"),
+               "params_out": params_out}
+    if states_out and params_only and params_out:
+        request["states_out"] = states_out
+    return request
 
 
 def run_many_request(cases: list[CaseSpec], *, params_out: str | None = None, profile: bool = False) -> dict:

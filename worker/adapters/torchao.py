@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -62,6 +63,42 @@ class TorchaoFamily(FamilyAdapter):
 
     def __init__(self, family: str, optimizer_class: type[torch.optim.Optimizer]) -> None:
         self.family, self.optimizer_class = family, optimizer_class
+        self._codec = None
+
+    def quantization_codec(self, case: CaseSpec):  # noqa: ANN201 - a DynamicMapCodec or None
+        """The 8-bit family's codec: torchao's own signed and unsigned dynamic maps (read from the
+        loaded package, as its states are made with them) over the optimizer class's default block
+        size (the adapter sets no other). torchao rounds an exact midpoint up, the codec toward zero:
+        they differ only on exact ties. The 4-bit and FP8 families name none (their direction is not
+        judged, and says so); neither does a torchao without the map functions this reads."""
+        if self.family != "8bit_blockwise":
+            return None
+        if self._codec is None:
+            from worker.references.blockwise_quant import DynamicMapCodec
+
+            try:
+                maps = importlib.import_module(f"{PACKAGE}.optim.subclass_8bit")
+                signed = torch.tensor(maps.get_qmap_signed(), dtype=torch.float32)
+                unsigned = torch.tensor(maps.get_qmap_unsigned(), dtype=torch.float32)
+                block_size = inspect.signature(self.optimizer_class.__init__).parameters["block_size"].default
+            except (ImportError, AttributeError, KeyError, TypeError, ValueError):
+                return None
+            if not isinstance(block_size, int):
+                return None
+            self._codec = DynamicMapCodec(signed, unsigned, block_size)
+        return self._codec
+
+    def dequantized_states(self, handle: TorchaoCase) -> dict[str, torch.Tensor]:
+        """map[code] * scale of each 8-bit state, in float64 (exact: torchao's own dequantization
+        rounds that product to float32)."""
+        state = handle.optimizer.state[handle.param]
+        values = {}
+        for name in ("exp_avg", "exp_avg_sq"):
+            quantized = state[name]
+            codes, scale = quantized.codes, quantized.scale.to(torch.float64)
+            looked_up = quantized.qmap.to(torch.float64)[codes.long()].reshape(scale.numel(), -1)
+            values[name] = (looked_up * scale.reshape(-1, 1)).reshape(codes.shape)
+        return values
 
     def open(self, case: CaseSpec, param: torch.Tensor, device: torch.device) -> TorchaoCase:
         h = case.hyper

@@ -52,3 +52,27 @@ def test_the_library_s_own_default_block_size_reaches_the_optimizer():
         handle = family.open(_case("8bit_blockwise", 8192), torch.zeros(8192), torch.device("cpu"))
         assert handle.optimizer.block_size == block
         family.close(handle)
+
+
+def test_torchao_8bit_states_sit_on_the_quantization_aware_reference_in_its_own_steps():
+    """The 8-bit family names torchao's codec (its own dynamic maps, its default block size), so a
+    case records its states' distance to the quantization-aware float64 reference in quantization
+    steps (worker.engine.quant_series), which its direction is judged on. The released library is
+    that reference to float32 rounding: at most 1e-4 of a step on average (measured ~2e-6 at six
+    steps; a wrong map or block size puts it a quarter of a step or more away). 4-bit and FP8 name none."""
+    import torch
+    from torchao.optim import AdamW8bit
+
+    from worker.adapters.torchao import TorchaoFamily
+    from worker.engine.trajectory import run_case
+
+    case = make_case(optimizer="adam", family="8bit_blockwise", param_dtype="float32",
+                     hyper={**HYPER, "lr": 0.01, "weight_decay": 0.01}, gradient=GradientStreamSpec(kind="open"),
+                     seed=0, size=8192, steps=4)
+    family = TorchaoFamily("8bit_blockwise", AdamW8bit)
+    assert family.quantization_codec(case).block_size == 256
+    result = run_case(case, torch.device("cpu"), families={"8bit_blockwise": family})
+    assert result.status == "ok", result.message
+    steps = result.trajectory.quant_ref_steps
+    assert steps and len(steps) == case.steps and all(0 <= s <= 1e-4 for s in steps), steps
+    assert TorchaoFamily("4bit_blockwise", AdamW8bit).quantization_codec(case) is None

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from service.core.results import CaseSpec, RunComparison, RunResult
-from worker.attribution import selection
+from worker.attribution import probe, selection
 from worker.attribution.pair_run import analyze_in_child, record_parameters, states_path
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,36 @@ def attribute_changed(comparison: RunComparison, baseline: RunResult, cases: lis
                              "baseline_ref64": baseline_ref64.get(case.case_id)})
         if requests:
             answers.update(analyze_in_child(requests))
+        _probe_underpowered(answers, wanted, Path(tmp), commit_library, baseline_library, device=device,
+                            adapter=adapter, case_timeout_s=case_timeout_s, adapter_paths=adapter_paths,
+                            compile_caches=compile_caches)
     return answers
+
+
+def _probe_underpowered(answers: dict[str, dict], cases: list[CaseSpec], workdir: Path,
+                        commit_library: str | Path, baseline_library: str | Path, **hosts) -> None:  # noqa: ANN003
+    """Where a rounding-level call had too few moved elements for its drift test, the same case at
+    probe.PROBE_ELEMENTS elements on both builds, analysed; its evidence joins the case's record
+    (worker/attribution/probe.py)."""
+    probes = {case.case_id: probe_case for case in cases
+              if probe.underpowered(answers.get(case.case_id) or {}) and (probe_case := probe.probe_case(case))}
+    if not probes:
+        return
+    folder = workdir / "probes"
+    folder.mkdir()
+    files = record_parameters(commit_library, baseline_library, list(probes.values()), folder, states=True, **hosts)
+    requests = [{"case": spec.model_dump(mode="json"), "commit_file": str(files[spec.case_id][0]),
+                 "baseline_file": str(files[spec.case_id][1]),
+                 "commit_states": str(states_path(files[spec.case_id][0])),
+                 "baseline_states": str(states_path(files[spec.case_id][1])),
+                 "first_divergent_step": files[spec.case_id][2], "baseline_ref64": None}
+                for spec in probes.values() if spec.case_id in files and files[spec.case_id][2]]
+    probed = analyze_in_child(requests) if requests else {}
+    for case_id, spec in probes.items():
+        step = files[spec.case_id][2] if spec.case_id in files else None
+        missing = ("it did not run on both builds" if spec.case_id not in files
+                   else "its digests did not differ" if not step else None)
+        answers[case_id] = probe.combine(answers[case_id], spec, probed.get(spec.case_id), step, missing=missing)
 
 
 def attribute_or_note(*args, **kwargs) -> dict:  # noqa: ANN002, ANN003

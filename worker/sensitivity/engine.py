@@ -257,9 +257,10 @@ class SensitivityRun:
             records = {}
         outcome.attribution_s = round(time.monotonic() - started, 1)
         calls: dict[str, int] = {}
-        for record in records.values():
+        for case_id, record in records.items():
             call = attribution_label(record)
             calls[call] = calls.get(call, 0) + 1
+            outcome.attribution_cases[case_id] = {"call": call, "note": record.get("note") or record.get("error")}
         outcome.attribution = dict(sorted(calls.items(), key=lambda item: (-item[1], item[0])))
 
     def _cheapest_catch(self, mutant_job: pipeline.Job, built, base_build,  # noqa: ANN001

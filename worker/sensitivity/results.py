@@ -59,6 +59,8 @@ class MutantOutcome(BaseModel):
     attributed: bool = False  # the attribution ran on it (a resumed run with --attribute redoes the rest)
     attribution_expected: str | None = None
     attribution: dict[str, int] = {}
+    # case id -> its call and the attribution's note (why that call), for the cases behind the counts
+    attribution_cases: dict[str, dict[str, str | None]] = {}
     attribution_s: float = 0.0
     attribution_error: str | None = None
 

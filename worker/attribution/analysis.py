@@ -213,6 +213,7 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
     change_peak = max(judged)
     within_rounding = all(u <= a for u, a in zip(judged, allowance[s - 1:last]))
     quantization = None
+    state_note = None
     # Where both builds' states saw the same gradients: every step of an open loop; in a closed
     # loop only the first divergent step (after it the gradient carries the parameters'
     # difference, amplified where h (p - c) cancels, into the states: not their arithmetic).
@@ -226,8 +227,14 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
         within_rounding, quantization = _judge_quantized(ulps, allowance, s, comparisons, state_steps,
                                                          baseline[s - 1], commit[s - 1])
     elif comparisons is not None:  # float states: bounded in their own ulps as the parameters are
-        within_rounding = within_rounding and all(
-            c.same_layout and c.float_ulps <= a for c, a in zip(comparisons[s - 1:state_steps], allowance[s - 1:]))
+        beyond = next(((t, c) for t, (c, a) in enumerate(zip(comparisons[s - 1:state_steps], allowance[s - 1:]), start=s)
+                       if not c.same_layout or c.float_ulps > a), None)
+        if within_rounding and beyond is not None:
+            t, c = beyond
+            state_note = (f"the parameters stay within rounding, the state does not: at step {t} "
+                          + (f"its layout differs ({', '.join(c.differing)})" if not c.same_layout else
+                             f"{', '.join(c.differing)} moved {size(c.float_ulps, 'ulps')} of its own"))
+        within_rounding = within_rounding and beyond is None
     elif max(ulps[s - 1:]) == 0:
         # The digests differ and the parameters never do: the state alone changed (states swapped
         # in their slots, a moment stored wrong), which the parameters cannot bound.
@@ -265,6 +272,8 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
                        "note": "8-bit case first divergent after step 1: variants carry no quantization, not matched"})
     else:
         result.update(_verdict(candidates, residuals, change_peak, result["scale"]))
+    if state_note and not result.get("note"):
+        result["note"] = state_note
     if result["class"] == "rounding-level":
         # Within rounding in every dtype's ulps: unbiased, or a systematic drift below one ulp?
         # Variants name it only where they were replayed to the last step (32-bit cases).

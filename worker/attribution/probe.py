@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 from service.core.results import CaseSpec
+from service.core.wording import plural
 from worker.attribution import drift
 from worker.battery import make_case
 
@@ -63,7 +64,7 @@ def combine(record: dict, probe: CaseSpec, probed: dict | None, probe_step: int 
     the case's own figures kept; a note either way. `missing`: why the probe has no analysis (it did
     not run on both builds, it did not change)."""
     moved = max((int(t.get("moved") or 0) for t in record.get("drift") or []), default=0)
-    few = f"{_count(moved, 'element')} moved, too few for the drift test; the same case at n={probe.size}"
+    few = f"{plural(moved, 'element')} moved, too few for the drift test; the same case at n={probe.size}"
     out = dict(record)
     if missing or probed is None or "error" in probed or probed.get("class") in (None, "unknown"):
         why = missing or (probed or {}).get("error") or "the probe could not be analysed"
@@ -82,13 +83,10 @@ def combine(record: dict, probe: CaseSpec, probed: dict | None, probe_step: int 
             out.pop(key, None)
     call = f"{probed['variant']} ({probed['class']})" if probed.get("variant") else probed["class"]
     elements = record.get("replayed_elements")
-    out["note"] = (f"within rounding on its {_count(elements, 'element') if elements else 'elements'}; {few} reads "
+    out["note"] = (f"within rounding on its {plural(elements, 'element') if elements else 'elements'}; {few} reads "
                    f"{call}" + (f": {probed['note']}" if probed.get("note") else ""))
     return out
 
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _joined(first: str | None, second: str) -> str:

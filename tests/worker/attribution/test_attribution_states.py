@@ -142,3 +142,17 @@ def test_a_state_moved_by_the_parameters_it_reads_is_not_the_state_s_own_change(
     late[-1] = commit[-1]
     found = analyze(case, late, params, 1, states=(moved, states))
     assert found["class"] != "rounding-level", found
+
+
+def test_a_state_kept_in_another_convention_is_not_rounding_level_and_says_why():
+    # lr folded into the momentum buffer (catalogue lr/momentum_lr_in_buffer): the parameters move
+    # within rounding, the state holds lr x buffer. Rounding-level bounds states as well: not it.
+    case = _case("32bit", "float32", "open")
+    params, states, _ = labelled.trajectory(case, {})
+    commit = np.stack([np.where(np.arange(row.size) == 0, np.nextafter(row, np.float32(np.inf)), row)
+                       for row in params]).astype(np.float32)
+    scaled = [{name: (values * np.float32(0.1) if values.dtype == np.float32 and values.size == case.size else values)
+               for name, values in leaves.items()} for leaves in states]
+    found = analyze(case, commit, params, 1, states=(scaled, states))
+    assert found["class"] != "rounding-level", found
+    assert found["note"].startswith("the parameters stay within rounding, the state does not: at step 1 "), found["note"]

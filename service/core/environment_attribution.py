@@ -139,6 +139,10 @@ def looks_like(stored: dict, a: BuildSide, b: BuildSide) -> LooksLike:
         "first_divergent_step": stored.get("first_divergent_step"),
         "first_step_ulps": _ulps(stored, "first_step_ulps"), "peak_ulps": _ulps(stored, "peak_ulps"),
     }
+    # A semantic call whose size is within rounding (the analysis's `scale`) and names no variant
+    # rests on a one-way drift below one ulp (worker/attribution/drift.py, probe.py).
+    one_way = stored.get("scale") == ROUNDING_CLASS and not stored.get("variant")
+    evidence["one_way"] = bool(one_way and numerical in BEYOND_ROUNDING_CLASSES)
     if numerical == ROUNDING_CLASS:
         if difference.fast_math:
             kind, named = FAST_MATH, difference.fast_math
@@ -148,6 +152,14 @@ def looks_like(stored: dict, a: BuildSide, b: BuildSide) -> LooksLike:
             kind, named = ANOTHER_COMPILER, difference.added + difference.removed
         else:
             kind, named = ROUNDING_ONLY, difference.added + difference.removed
+    elif numerical in BEYOND_ROUNDING_CLASSES and one_way and (difference.fast_math or difference.contraction
+                                                                or difference.compilers is not None):
+        # Within rounding in size, but its roundings fall one way (the drift test, or its probe):
+        # a contraction or a fast-math rewrite can bias a low-precision trajectory below one ulp.
+        # Said as what it looks like, and as one-way: never as a plain rounding.
+        kind, named = ((FAST_MATH, difference.fast_math) if difference.fast_math
+                       else (FMA_CONTRACTION, difference.contraction) if difference.contraction
+                       else (ANOTHER_COMPILER, difference.added + difference.removed))
     elif numerical in BEYOND_ROUNDING_CLASSES:
         kind, named = ((FAST_MATH, difference.fast_math) if difference.fast_math
                        else (BEYOND_ROUNDING, difference.added + difference.removed))
@@ -159,5 +171,5 @@ def looks_like(stored: dict, a: BuildSide, b: BuildSide) -> LooksLike:
         flags_added=difference.added, compilers=difference.compilers,
         first_step=evidence["first_divergent_step"], first_step_ulps=evidence["first_step_ulps"],
         peak_ulps=evidence["peak_ulps"], variant_label=stored.get("label") if stored.get("variant") else None,
-        note=stored.get("error") or stored.get("note"))
+        note=stored.get("error") or stored.get("note"), one_way=evidence["one_way"])
     return LooksLike(numerical_class=numerical, kind=kind, label=label, evidence=evidence)

@@ -303,21 +303,24 @@ def _ulps_from(first_step: int | None, first_step_ulps: float | None, peak_ulps:
 def environment_looks_like(kind: str, *, numerical_class: str, a: str, b: str, flags: list[str],
                            flags_added: tuple[str, ...], compilers: tuple[str | None, str | None] | None,
                            first_step: int | None, first_step_ulps: float | None, peak_ulps: float | None,
-                           variant_label: str | None = None, note: str | None = None) -> str:
+                           variant_label: str | None = None, note: str | None = None,
+                           one_way: bool = False) -> str:
     """The label of one case of B against A (service.core.environment_attribution.looks_like), naming
     its evidence: the flag that differs and the ulps, or the compilers. A change beyond rounding is
-    said to be so, never called a rounding."""
+    said to be so, never called a rounding; one within rounding whose roundings fall one way
+    (`one_way`) is said to drift."""
     ulps = _ulps_from(first_step, first_step_ulps, peak_ulps)
     which = _which_build_has(flags, flags_added, a, b)
+    size_words = "within rounding but drifting one way (a bias below one ulp)" if one_way else "rounding-level"
     if kind == "fma-contraction":
-        return f"looks like FMA contraction: rounding-level, {ulps}; {which}"
-    if kind == "fast-math" and numerical_class == "rounding-level":
-        return f"looks like {fast_math_words(flags[0])}: rounding-level, {ulps}; {which}"
+        return f"looks like FMA contraction: {size_words}, {ulps}; {which}"
+    if kind == "fast-math" and (numerical_class == "rounding-level" or one_way):
+        return f"looks like {fast_math_words(flags[0])}: {size_words}, {ulps}; {which}"
     compilers_text = (f"{a} built by {compilers[0] or 'an unrecorded compiler'}, {b} by "
                       f"{compilers[1] or 'an unrecorded compiler'}" if compilers else "")
     differs = "; ".join(part for part in (compilers_text, which) if part)
     if kind == "another-compiler":
-        return f"rounding-level (another compiler): {ulps}; {differs}"
+        return f"{size_words} (another compiler): {ulps}; {differs}"
     if kind == "rounding-level":
         return f"rounding-level: {ulps}; " + (differs or "no flag or compiler differs between the two builds")
     if kind == "not-attributed":

@@ -33,20 +33,23 @@ DRIFT_TO_DETECT = 0.75
 
 
 def underpowered(record: dict) -> bool:
-    """A rounding-level call whose drift tests were all too small to see a drift: with the elements
-    that moved (and their shared-factor allowance), DRIFT_TO_DETECT of them one way would not have
-    read systematic."""
+    """A rounding-level call with a drift test too small to see a drift: with the elements that
+    moved, DRIFT_TO_DETECT of them one way would not have read systematic. A test whose shared-factor
+    allowance alone explains that share is decided, not small: there the change is rounding-level by
+    the test's construction, and more elements would say the same."""
     if record.get("class") != "rounding-level" or not record.get("drift"):
         return False
     threshold = drift.FALSE_ALARM / drift.TAILS
     for test in record["drift"]:
         moved = int(test.get("moved") or 0)
         if not moved:
-            continue
+            return True
         p0 = min(1.0, 0.5 + float(test.get("allowance") or 0.0) / (2 * moved))
-        if drift.binomial_upper_tail(moved, math.ceil(DRIFT_TO_DETECT * moved), p0) <= threshold:
-            return False
-    return True
+        if p0 >= DRIFT_TO_DETECT:
+            continue
+        if drift.binomial_upper_tail(moved, math.ceil(DRIFT_TO_DETECT * moved), p0) > threshold:
+            return True
+    return False
 
 
 def probe_case(case: CaseSpec) -> CaseSpec | None:

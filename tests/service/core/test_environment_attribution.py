@@ -100,3 +100,26 @@ def test_a_case_not_analysed_is_not_attributed_with_the_reason() -> None:
         "not attributed: only a sample is analysed"
     failed = looks_like({"error": "the case did not run on both builds again"}, BASE, BASE)
     assert failed.kind == "not-attributed" and "did not run on both builds" in failed.label
+
+
+ONE_WAY = {"class": "semantic", "scale": "rounding-level", "first_divergent_step": 1, "first_step_ulps": 0.0,
+           "peak_ulps": 1.0, "variant": None, "label": "unexplained",
+           "note": "within rounding on its 1031 elements; 9 elements moved, too few for the drift test; the same "
+                   "case at n=16384 reads semantic: a drift below one ulp, one way: 121 of the 122 elements"}
+
+
+def test_a_contraction_whose_roundings_fall_one_way_is_said_to_drift_never_plain_rounding() -> None:
+    # Within rounding in size, one way in sign (the drift test or its probe): a contraction can
+    # bias a float16 trajectory below one ulp. It is what it looks like, and it drifts.
+    call = looks_like(ONE_WAY, side("gpu.sm90"), side("gpu.sm90+fmad", cuda_cflags=("--fmad=true",)))
+    assert (call.numerical_class, call.kind) == ("semantic", "fma-contraction") and call.evidence["one_way"]
+    assert call.label.startswith("looks like FMA contraction: within rounding but drifting one way")
+    assert "rounding-level" not in call.label.split(";")[0]
+    fast = looks_like(ONE_WAY, BASE, side("cpu+fast", cflags=("-ffast-math",)))
+    assert fast.kind == "fast-math" and "drifting one way" in fast.label
+    # Beyond rounding in size stays beyond rounding, whatever flag differs; so does a named variant.
+    assert looks_like({**ONE_WAY, "scale": "semantic"}, BASE, side("cpu+fma", cflags=("-mfma",))).kind == "beyond-rounding"
+    assert looks_like({**ONE_WAY, "variant": "decay_after_update"}, BASE,
+                      side("cpu+fma", cflags=("-mfma",))).kind == "beyond-rounding"
+    # With nothing that could explain it, a one-way drift is beyond rounding, plainly.
+    assert looks_like(ONE_WAY, BASE, side("cpu+x", cflags=("-DX",))).kind == "beyond-rounding"

@@ -26,8 +26,15 @@ def test_too_few_moved_elements_is_underpowered_and_enough_is_not():
     assert underpowered(_record(3)) and underpowered(_record(13)) and underpowered(_record(48))
     assert underpowered(_record(0))
     assert not underpowered(_record(49))
-    # A shared-factor allowance raises p0, and with it the elements needed.
+    # A shared-factor allowance raises p0, and with it the elements needed...
     assert underpowered(_record(49, allowance=6.0))
+    # ...until it explains three moves in four by itself: then the test is decided, not small
+    # (a float32 FMA variant's cases: 13853 moved, allowance 16149).
+    assert not underpowered(_record(3, allowance=6.0)) and not underpowered(_record(13853, allowance=16149.0))
+    # One direction too small is enough to ask again.
+    mixed = _record(500)
+    mixed["drift"][1] = _record(5)["drift"][1]
+    assert underpowered(mixed)
     assert not underpowered(_record(3, klass="semantic")) and not underpowered({"class": "rounding-level"})
 
 

@@ -59,7 +59,8 @@ def summarize(comparison: dict) -> list[str]:
     return lines
 
 
-def attribution_lines(client: OptdriftClient, a: str, b: str, timeout_s: float) -> list[str]:
+def attribution_lines(client: OptdriftClient, a: str, b: str, timeout_s: float,
+                      log_dir: Path | None = None) -> list[str]:
     """Wait for the worker's environment attribution of b against a (worker/jobs/environment_attribution.py)
     and tally its calls: class and looks-like per optimizer x family, the ulps range, one label."""
     deadline = time.monotonic() + timeout_s
@@ -71,6 +72,8 @@ def attribution_lines(client: OptdriftClient, a: str, b: str, timeout_s: float) 
         if body["attribution_status"] not in ATTRIBUTION_COMING or time.monotonic() > deadline:
             break
         time.sleep(2)
+    if log_dir is not None:  # the whole comparison, every case's attribution with its note
+        (log_dir / f"comparison_{b}.json").write_text(json.dumps(body, indent=1))
     lines = [f"  attribution {body['attribution_status']}" + (f" ({body['attribution_note']})"
                                                                if body.get("attribution_note") else "")]
     tally: dict[tuple, list[dict]] = collections.defaultdict(list)
@@ -86,6 +89,11 @@ def attribution_lines(client: OptdriftClient, a: str, b: str, timeout_s: float) 
         label = label or next((c["attribution"].get("label") for c in cases if c["attribution"].get("label")), None)
     if label:
         lines.append(f"    e.g. {label}")
+    for case in body["comparison"]["cases"]:  # what a call beyond rounding rests on
+        call = case.get("attribution") or {}
+        if case["verdict"] == "changed" and call.get("class") not in (None, "unknown", "rounding-level"):
+            lines.append(f"    {case['case_id']}: {call.get('label')}"[:400])
+            lines.append(f"      note: {call.get('note') or (call.get('evidence') or {}).get('note') or '-'}"[:600])
     return lines
 
 
@@ -150,7 +158,7 @@ def main() -> int:
                   f"{', '.join(c['field'] for c in body['fingerprint_changes']) or '-'})")
             print("\n".join(summarize(comparison)))
             if comparison["verdict"] == "changed":
-                print("\n".join(attribution_lines(client, environment, name, args.timeout_s)))
+                print("\n".join(attribution_lines(client, environment, name, args.timeout_s, log_dir)))
         client.close()
         return 0
     finally:

@@ -138,6 +138,8 @@ def looks_like(stored: dict, a: BuildSide, b: BuildSide) -> LooksLike:
                                                                   "b": difference.compilers[1]},
         "first_divergent_step": stored.get("first_divergent_step"),
         "first_step_ulps": _ulps(stored, "first_step_ulps"), "peak_ulps": _ulps(stored, "peak_ulps"),
+        # why the analysis called it so (a drift, a state beyond rounding, a probe), in its words
+        "note": stored.get("error") or stored.get("note"),
     }
     # A semantic call whose size is within rounding (the analysis's `scale`) and names no variant
     # rests on a one-way drift below one ulp (worker/attribution/drift.py, probe.py).

@@ -11,7 +11,8 @@
 set -uo pipefail
 source "$(dirname "$0")/boxed_device.sh" || exit 2
 stamp "environment variants and their attribution through the service" | tee "$OUT/env_attribution.txt"
-timeout ${LIMIT_S:-540} python3 bench/gpu/env_variants.py --battery quick --log-dir "$OUT/variants" \
+# VARIANTS='{"fmad": {"cuda_cflags": ["--fmad=true"]}}' for some of them (OPTDRIFT_BUILD_VARIANTS's JSON)
+timeout ${LIMIT_S:-540} python3 bench/gpu/env_variants.py --battery quick --log-dir "$OUT/variants" ${VARIANTS:+--variants "$VARIANTS"} \
   --timeout-s $(( ${LIMIT_S:-540} - 60 )) 2>&1 | tee -a "$OUT/env_attribution.txt"
 echo "env_variants exit ${PIPESTATUS[0]}" | tee -a "$OUT/env_attribution.txt"
 stamp "done" | tee -a "$OUT/env_attribution.txt"

@@ -6,7 +6,13 @@ leaves are compared each in its own units:
   * integer leaves (codes): by how many codes an element moved (one code is the code's own ulp)
     and what fraction of the codes moved;
   * floating-point leaves (scales, float32 states): in ulps of the leaf's own dtype at its scale,
-    the largest |value| it has had so far (as the parameters are, worker/attribution/ulps.py);
+    the largest |value| the leaf has held so far, any element (worker/attribution/ulps.py). The
+    leaf's, not the element's: a state is a sum of terms that can cancel (momentum's g + wd·p,
+    Adagrad's sum from near-zero gradients), and a rounding of a term moves such an element by one
+    ulp of the term, hundreds of its own (measured on CUDA with nvcc --fmad=true: 15-325 of the
+    element's own ulps at step 1, docs/ENVIRONMENTS.md). A change of the state's rule moves
+    elements by a fraction of their value, far beyond the leaf's ulps still (lr folded into the
+    momentum buffer: ~1e7 of them);
   * the layout (leaf names, dtypes, sizes): a block size change gives another number of scales.
 
 A rounding of the state's float arithmetic (a reordering before requantization) moves a code only
@@ -50,7 +56,7 @@ def compare(commit: list[dict[str, np.ndarray]], baseline: list[dict[str, np.nda
     """Per step (commit[t], baseline[t]: leaf name -> values), the comparison. `dtypes` names the
     torch dtype of a floating-point leaf held as float32 (bfloat16, float16); float32 otherwise."""
     dtypes = dtypes or {}
-    scales: dict[str, np.ndarray] = {}
+    scales: dict[str, float] = {}
     out = []
     for c_leaves, b_leaves in zip(commit, baseline):
         if _layout(c_leaves) != _layout(b_leaves):
@@ -74,12 +80,10 @@ def compare(commit: list[dict[str, np.ndarray]], baseline: list[dict[str, np.nda
             if dtype not in _FLOAT_DTYPES:
                 dtype = "float32"
             b64, c64 = b.astype(np.float64).reshape(-1), c.astype(np.float64).reshape(-1)
-            running = scales.setdefault(name, np.zeros_like(b64))
-            if running.shape != b64.shape:
-                running = scales[name] = np.zeros_like(b64)
-            np.maximum(running, np.nan_to_num(np.abs(b64), nan=0.0, posinf=0.0), out=running)
+            finite = np.nan_to_num(np.abs(b64), nan=0.0, posinf=0.0)
+            running = scales[name] = max(scales.get(name, 0.0), float(finite.max()) if finite.size else 0.0)
             with np.errstate(invalid="ignore"):
-                change = np.abs(c64 - b64) / ulp(running, dtype)
+                change = np.abs(c64 - b64) / ulp(np.array([running]), dtype)[0]
             peak = float(np.nanmax(change)) if change.size else 0.0
             if not np.isfinite(c64).all() or not np.isfinite(b64).all():
                 peak = float("inf") if not np.array_equal(c64, b64, equal_nan=True) else peak

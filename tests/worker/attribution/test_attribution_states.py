@@ -156,3 +156,16 @@ def test_a_state_kept_in_another_convention_is_not_rounding_level_and_says_why()
     found = analyze(case, commit, params, 1, states=(scaled, states))
     assert found["class"] != "rounding-level", found
     assert found["note"].startswith("the parameters stay within rounding, the state does not: at step 1 "), found["note"]
+
+
+def test_a_state_element_that_cancels_is_judged_in_the_leaf_s_ulps_not_its_own():
+    # momentum's buffer = g + wd*p: where the two nearly cancel, one rounding of wd*p (an FMA) moves
+    # the element by one ulp of wd*p, hundreds of its own. Measured on the leaf's scale it is one ulp.
+    base = np.array([1.0, 0.5, 3.0e-6], dtype=np.float32)
+    moved = base.copy()
+    moved[2] = base[2] + np.float32(2.0 ** -23)  # one ulp of 1.0, ~40 of 3e-6's own
+    (step,) = state_compare.compare([{"momentum_buffer": moved}], [{"momentum_buffer": base}])
+    assert step.float_ulps == 1.0
+    # A change of the rule (lr folded into the buffer) is far beyond the leaf's ulps all the same.
+    (scaled,) = state_compare.compare([{"momentum_buffer": base * np.float32(0.1)}], [{"momentum_buffer": base}])
+    assert scaled.float_ulps > 1e6

@@ -142,8 +142,11 @@ def looks_like(stored: dict, a: BuildSide, b: BuildSide) -> LooksLike:
         "note": stored.get("error") or stored.get("note"),
     }
     # A semantic call whose size is within rounding (the analysis's `scale`) and names no variant
-    # rests on a one-way drift below one ulp (worker/attribution/drift.py, probe.py).
-    one_way = stored.get("scale") == ROUNDING_CLASS and not stored.get("variant")
+    # rests on a one-way drift below one ulp (worker/attribution/drift.py); one its probe made rests
+    # on the probe's size (worker/attribution/probe.py: the same case at more elements).
+    probe = stored.get("probe") if isinstance(stored.get("probe"), dict) else None
+    one_way = (stored.get("scale") == ROUNDING_CLASS and not stored.get("variant")
+               and (probe is None or probe.get("class") in (None, ROUNDING_CLASS) or probe.get("scale") == ROUNDING_CLASS))
     evidence["one_way"] = bool(one_way and numerical in BEYOND_ROUNDING_CLASSES)
     if numerical == ROUNDING_CLASS:
         if difference.fast_math:

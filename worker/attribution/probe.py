@@ -75,7 +75,8 @@ def combine(record: dict, probe: CaseSpec, probed: dict | None, probe_step: int 
         out["note"] = _joined(record.get("note"), f"{few}: {why}")
         return out
     out["probe"] = {"case_id": probe.case_id, "class": probed.get("class"), "variant": probed.get("variant"),
-                    "first_divergent_step": probe_step, "drift": probed.get("drift"), "note": probed.get("note")}
+                    "scale": probed.get("scale"), "first_divergent_step": probe_step, "drift": probed.get("drift"),
+                    "note": probed.get("note")}
     if probed["class"] == "rounding-level":
         out["note"] = _joined(record.get("note"), f"{few} is rounding-level too")
         return out

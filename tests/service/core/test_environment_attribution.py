@@ -121,5 +121,10 @@ def test_a_contraction_whose_roundings_fall_one_way_is_said_to_drift_never_plain
     assert looks_like({**ONE_WAY, "scale": "semantic"}, BASE, side("cpu+fma", cflags=("-mfma",))).kind == "beyond-rounding"
     assert looks_like({**ONE_WAY, "variant": "decay_after_update"}, BASE,
                       side("cpu+fma", cflags=("-mfma",))).kind == "beyond-rounding"
+    # A call its probe made rests on the probe: a drift there is one way, beyond rounding there is not.
+    drifting_probe = {**ONE_WAY, "probe": {"class": "semantic", "scale": "rounding-level"}}
+    assert looks_like(drifting_probe, BASE, side("cpu+fma", cflags=("-mfma",))).kind == "fma-contraction"
+    larger_probe = {**ONE_WAY, "probe": {"class": "semantic", "scale": "semantic"}}
+    assert looks_like(larger_probe, BASE, side("cpu+fma", cflags=("-mfma",))).kind == "beyond-rounding"
     # With nothing that could explain it, a one-way drift is beyond rounding, plainly.
     assert looks_like(ONE_WAY, BASE, side("cpu+x", cflags=("-DX",))).kind == "beyond-rounding"

@@ -33,21 +33,22 @@ DRIFT_TO_DETECT = 0.75
 
 
 def underpowered(record: dict) -> bool:
-    """A rounding-level call with a drift test too small to see a drift: with the elements that
-    moved, DRIFT_TO_DETECT of them one way would not have read systematic. A test whose shared-factor
-    allowance alone explains that share is decided, not small: there the change is rounding-level by
-    the test's construction, and more elements would say the same."""
+    """A rounding-level call resting on too few moved elements: a drift test in which even a fair
+    coin's DRIFT_TO_DETECT share of its moves one way would not have read systematic (fewer than 49
+    moved), or whose shared-factor allowance leaves room for that share and its moves are still too
+    few to see it. A test with enough moves whose allowance alone explains that share is decided:
+    there the change is rounding-level by the test's construction (a float32 FMA case: 13853 moved,
+    allowance 16149), and more elements would say the same."""
     if record.get("class") != "rounding-level" or not record.get("drift"):
         return False
     threshold = drift.FALSE_ALARM / drift.TAILS
     for test in record["drift"]:
         moved = int(test.get("moved") or 0)
-        if not moved:
+        one_way = math.ceil(DRIFT_TO_DETECT * moved)
+        if not moved or drift.binomial_upper_tail(moved, one_way, 0.5) > threshold:
             return True
         p0 = min(1.0, 0.5 + float(test.get("allowance") or 0.0) / (2 * moved))
-        if p0 >= DRIFT_TO_DETECT:
-            continue
-        if drift.binomial_upper_tail(moved, math.ceil(DRIFT_TO_DETECT * moved), p0) > threshold:
+        if p0 < DRIFT_TO_DETECT and drift.binomial_upper_tail(moved, one_way, p0) > threshold:
             return True
     return False
 

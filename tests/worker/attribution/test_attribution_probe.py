@@ -28,9 +28,11 @@ def test_too_few_moved_elements_is_underpowered_and_enough_is_not():
     assert not underpowered(_record(49))
     # A shared-factor allowance raises p0, and with it the elements needed...
     assert underpowered(_record(49, allowance=6.0))
-    # ...until it explains three moves in four by itself: then the test is decided, not small
-    # (a float32 FMA variant's cases: 13853 moved, allowance 16149).
-    assert not underpowered(_record(3, allowance=6.0)) and not underpowered(_record(13853, allowance=16149.0))
+    # ...until it explains three moves in four by itself: then a test with enough moves is decided,
+    # not small (a float32 FMA variant's cases: 13853 moved, allowance 16149)...
+    assert not underpowered(_record(13853, allowance=16149.0)) and not underpowered(_record(60, allowance=60.0))
+    # ...but too few moves are too few whatever the allowance (the one-element case: 1 moved, allowance 1).
+    assert underpowered(_record(1, allowance=1.0)) and underpowered(_record(3, allowance=6.0))
     # One direction too small is enough to ask again.
     mixed = _record(500)
     mixed["drift"][1] = _record(5)["drift"][1]

@@ -1,10 +1,11 @@
 """A larger probe of a changed case whose drift test had too few elements to say anything.
 
 A change within rounding is rounding-level unless its final roundings flip one way
-(worker/attribution/drift.py). That sign test needs elements that moved: in a bfloat16 case of 1031
-elements a float32 bias correction (`powf`) moves 8 or 13 elements, a one-element case has its one
-move, and a sign test over so few cannot tell a drift from rounding at the test's false-alarm rate
-(13 of 13 one way, against a shared-factor allowance: p = 4.6e-4, above the 2.5e-4 needed). Such a
+(worker/attribution/drift.py). That sign test needs elements that moved: in a bfloat16 or float16
+case of 1031 elements a float32 bias correction (`powf`) moves a few to a few dozen, a one-element
+case has its one move, and a sign test over so few cannot tell a drift from rounding at the test's
+false-alarm rate (13 of 13 one way, against a shared-factor allowance: p = 4.6e-4, above the 2.5e-4
+needed). Such a
 call is *underpowered*, not evidence of rounding: the test would miss a drift that sends three moves
 in four one way (DRIFT_TO_DETECT). The probe asks the same question with more evidence: the same
 case (optimizer, family, dtype, hyperparameters, gradient stream, seed, steps) at PROBE_ELEMENTS
@@ -13,7 +14,8 @@ than rounding; where it too reads rounding-level, the case stays so, now with ev
 the case's own figures (ulps, first step) are its own and the probe is recorded beside them.
 
 A rounding-level change probed this way reads systematic with the drift test's own false-alarm
-rate (1e-3), once per underpowered case.
+rate (1e-3), once per underpowered case. A probe costs one more case on each build, in new kernel
+hosts (a torch.compile library compiles the new size).
 """
 
 from __future__ import annotations

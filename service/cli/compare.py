@@ -134,7 +134,7 @@ def _print(answer: dict) -> None:
     from rich.table import Table
 
     from service.cli.report import make_console
-    from service.core.wording import looks_like_headline, number
+    from service.core.wording import headline_kind, looks_like_headline, number
 
     console = make_console()
     a, b, comparison = answer["a"], answer["b"], answer["comparison"]
@@ -166,7 +166,8 @@ def _print(answer: dict) -> None:
     status = answer.get("attribution_status", "none")
     if attributed:
         console.print("attribution: " + (looks_like_headline(
-            [(case["attribution"]["looks_like"], tuple(case["attribution"]["evidence"].get("flags") or ()))
+            [(headline_kind(case["attribution"]["looks_like"], case["attribution"]["evidence"]),
+              tuple(case["attribution"]["evidence"].get("flags") or ()))
              for case in moved if case.get("attribution")]) or ""), markup=False, highlight=False)
     elif status != "none":
         console.print(f"attribution {status}" + (f": {answer['attribution_note']}" if answer.get("attribution_note")

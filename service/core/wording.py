@@ -338,11 +338,27 @@ LOOKS_LIKE_HEADINGS = {"fma-contraction": "looks like FMA contraction", "fast-ma
                        "beyond-rounding": "beyond rounding", "not-attributed": "not attributed"}
 
 
+ONE_WAY = ":one-way"
+
+
+def headline_kind(kind: str, evidence: dict | None) -> str:
+    """A call's key in a headline: its kind, marked when its roundings fall one way (evidence
+    "one_way", service.core.environment_attribution), so those are counted apart."""
+    return kind + ONE_WAY if (evidence or {}).get("one_way") else kind
+
+
+def _heading(kind: str) -> str:
+    base = kind.removesuffix(ONE_WAY)
+    heading = LOOKS_LIKE_HEADINGS.get(base, base)
+    return heading + ", drifting one way" if kind.endswith(ONE_WAY) else heading
+
+
 def looks_like_headline(calls: list[tuple[str, tuple[str, ...]]]) -> str | None:
     """One line for a variant's changed cases, most common call first, each with the flags it rests
-    on: 'looks like FMA contraction, -mfma (38); not attributed (4)'; None without calls."""
+    on: 'looks like FMA contraction, -mfma (38); looks like FMA contraction, drifting one way, -mfma (2);
+    not attributed (4)'; None without calls. Kinds from headline_kind."""
     if not calls:
         return None
     counted = Counter(calls)
-    return "; ".join(f"{LOOKS_LIKE_HEADINGS.get(kind, kind)}{', ' + ' '.join(flags) if flags else ''} ({n})"
+    return "; ".join(f"{_heading(kind)}{', ' + ' '.join(flags) if flags else ''} ({n})"
                      for (kind, flags), n in counted.most_common())

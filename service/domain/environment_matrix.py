@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.core.wording import looks_like_headline
+from service.core.wording import headline_kind, looks_like_headline
 from service.db.models import Commit, Project
 from service.domain import environment_attribution, environment_compare
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
@@ -81,7 +81,8 @@ def _cell(session: Session, project: Project, commit: Commit, base: environment_
                       farther=sum(case.direction == "farther" for case in moved),
                       closer=sum(case.direction == "closer" for case in moved),
                       attribution_status=answer.attribution_status,
-                      looks_like=looks_like_headline([(case.attribution.looks_like,
+                      looks_like=looks_like_headline([(headline_kind(case.attribution.looks_like,
+                                                                     case.attribution.evidence),
                                                        tuple(case.attribution.evidence.get("flags") or ()))
                                                       for case in moved if case.attribution]))
 

@@ -128,3 +128,14 @@ def test_a_contraction_whose_roundings_fall_one_way_is_said_to_drift_never_plain
     assert looks_like(larger_probe, BASE, side("cpu+fma", cflags=("-mfma",))).kind == "beyond-rounding"
     # With nothing that could explain it, a one-way drift is beyond rounding, plainly.
     assert looks_like(ONE_WAY, BASE, side("cpu+x", cflags=("-DX",))).kind == "beyond-rounding"
+
+
+
+def test_a_headline_counts_the_one_way_drifts_apart():
+    from service.core.wording import headline_kind, looks_like_headline
+
+    gpu, fmad = side("gpu.sm90"), side("gpu.sm90+fmad", cuda_cflags=("--fmad=true",))
+    calls = [looks_like(ROUNDING, gpu, fmad)] * 3 + [looks_like(ONE_WAY, gpu, fmad)]
+    line = looks_like_headline([(headline_kind(c.kind, c.evidence), tuple(c.evidence["flags"])) for c in calls])
+    assert line == ("looks like FMA contraction, --fmad=true (3); "
+                    "looks like FMA contraction, drifting one way, --fmad=true (1)")

@@ -54,18 +54,22 @@ def attribute_changed(comparison: RunComparison, baseline: RunResult, cases: lis
                 answers[case.case_id] = {"error": f"the re-run diverged at step {rerun_step}, the verdict's "
                                                   f"trajectories at step {first_steps[case.case_id]}"}
                 continue
-            requests.append({"case": case.model_dump(mode="json"), "commit_file": str(commit_file),
-                             "baseline_file": str(baseline_file),
-                             "commit_states": str(states_path(commit_file)),
-                             "baseline_states": str(states_path(baseline_file)),
-                             "first_divergent_step": first_steps[case.case_id],
-                             "baseline_ref64": baseline_ref64.get(case.case_id)})
+            requests.append(_analysis_request(case, commit_file, baseline_file, first_steps[case.case_id],
+                                              baseline_ref64.get(case.case_id)))
         if requests:
             answers.update(analyze_in_child(requests))
         _probe_underpowered(answers, wanted, Path(tmp), commit_library, baseline_library, device=device,
                             adapter=adapter, case_timeout_s=case_timeout_s, adapter_paths=adapter_paths,
                             compile_caches=compile_caches)
     return answers
+
+
+def _analysis_request(case: CaseSpec, commit_file: Path, baseline_file: Path, first_divergent_step: int,
+                      baseline_ref64: list[float] | None) -> dict:
+    """One case for worker.attribution.child: its two parameter files and the state files beside them."""
+    return {"case": case.model_dump(mode="json"), "commit_file": str(commit_file), "baseline_file": str(baseline_file),
+            "commit_states": str(states_path(commit_file)), "baseline_states": str(states_path(baseline_file)),
+            "first_divergent_step": first_divergent_step, "baseline_ref64": baseline_ref64}
 
 
 def _probe_underpowered(answers: dict[str, dict], cases: list[CaseSpec], workdir: Path,
@@ -80,11 +84,7 @@ def _probe_underpowered(answers: dict[str, dict], cases: list[CaseSpec], workdir
     folder = workdir / "probes"
     folder.mkdir()
     files = record_parameters(commit_library, baseline_library, list(probes.values()), folder, states=True, **hosts)
-    requests = [{"case": spec.model_dump(mode="json"), "commit_file": str(files[spec.case_id][0]),
-                 "baseline_file": str(files[spec.case_id][1]),
-                 "commit_states": str(states_path(files[spec.case_id][0])),
-                 "baseline_states": str(states_path(files[spec.case_id][1])),
-                 "first_divergent_step": files[spec.case_id][2], "baseline_ref64": None}
+    requests = [_analysis_request(spec, *files[spec.case_id], None)
                 for spec in probes.values() if spec.case_id in files and files[spec.case_id][2]]
     probed = analyze_in_child(requests) if requests else {}
     for case_id, spec in probes.items():

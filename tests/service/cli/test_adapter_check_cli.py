@@ -4,7 +4,10 @@ family with fast_engine = False: the fast engine hands its cases to the one-case
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,18 +24,28 @@ def _invoke(*args: str):  # noqa: ANN202
     return CliRunner().invoke(app, ["adapter-check", *args])
 
 
+def _invoke_in_own_process(*args: str) -> tuple[int, str]:
+    """adapter-check imports the tree's library in the process that runs it and refuses a copy
+    imported from elsewhere before: a test process another test imported lion_pytorch into (xdist
+    puts files together in one worker) is not a fresh one, as the command's own process is."""
+    done = subprocess.run([sys.executable, "-m", "service.cli", "adapter-check", *args], capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parents[3], timeout=600,
+                          env={**os.environ, "COLUMNS": "400"})
+    return done.returncode, done.stdout + done.stderr
+
+
 def test_a_tree_is_built_and_checked_with_its_own_adapter_and_battery(tmp_path: Path) -> None:
     tree = tmp_path / "lion"
     tree.mkdir()
     copy_library(tree)
     for name in ("optdrift.toml", "battery.json"):
         shutil.copyfile(LION_FIXTURE / name, tree / name)
-    done = _invoke("--source", str(tree), "--max-cases", "4")
-    assert done.exit_code == 0, done.output
-    assert f"building {tree} as its optdrift.toml says (command)" in done.output
+    code, output = _invoke_in_own_process("--source", str(tree), "--max-cases", "4")
+    assert code == 0, output
+    assert f"building {tree} as its optdrift.toml says (command)" in output
     # lion_pytorch's family declares fast_engine = False: said, not passed off as two engines agreeing.
-    assert "only ONE engine could be checked: its family 32bit declare" in done.output
-    assert "both engines agree" not in done.output
+    assert "only ONE engine could be checked: its family 32bit declare" in output
+    assert "both engines agree" not in output
 
 
 def test_the_bundled_kernels_compare_two_engines(tmp_path: Path) -> None:

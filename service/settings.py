@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.core.battery_limits import BatteryLimits
 from service.core.environments import BuildVariant, check_variants
 
 
@@ -190,6 +191,37 @@ class Settings(BaseSettings):
     max_patch_expanded_bytes: int = 64 * 1024 * 1024
     # Environments one commit submission may name (each is a run and a queue).
     max_environments_per_request: int = 16
+    # What one run's battery may declare (service/core/battery_limits.py, docs/SECURITY.md "Bounded
+    # batteries"), measured from its axis lengths before anything is expanded, at submission (422)
+    # and again in the worker. verify_* for contributors' verify runs, lower. The shipped batteries
+    # measure at most 8,978 bytes (the sensitivity pool), 1,092 cases, 100 steps, 2**20 elements,
+    # 87,716 case-steps and 2.4e9 case-step-elements (all `standard`): a commit run has room for
+    # 18x standard's cases, a verify run for standard itself with room to spare.
+    max_battery_bytes: int = Field(default=1024 * 1024, ge=1)
+    max_cases_per_run: int = Field(default=20_000, ge=1)
+    max_steps_per_case: int = Field(default=10_000, ge=1)
+    max_elements_per_case: int = Field(default=1 << 24, ge=1)
+    max_case_steps_per_run: int = Field(default=1_000_000, ge=1)
+    max_case_step_elements_per_run: int = Field(default=10 ** 11, ge=1)
+    verify_max_battery_bytes: int = Field(default=256 * 1024, ge=1)
+    verify_max_cases_per_run: int = Field(default=2_000, ge=1)
+    verify_max_steps_per_case: int = Field(default=1_000, ge=1)
+    verify_max_elements_per_case: int = Field(default=1 << 22, ge=1)
+    verify_max_case_steps_per_run: int = Field(default=200_000, ge=1)
+    verify_max_case_step_elements_per_run: int = Field(default=10 ** 10, ge=1)
+
+    def battery_limits(self, kind: str) -> BatteryLimits:
+        """The battery limits of a run of `kind` ("commit" or "verify"; anything else gets verify's)."""
+        prefix = "" if kind == "commit" else "verify_"
+        return BatteryLimits(
+            kind="commit" if kind == "commit" else "verify",
+            max_battery_bytes=getattr(self, f"{prefix}max_battery_bytes"),
+            max_cases=getattr(self, f"{prefix}max_cases_per_run"),
+            max_steps_per_case=getattr(self, f"{prefix}max_steps_per_case"),
+            max_elements_per_case=getattr(self, f"{prefix}max_elements_per_case"),
+            max_case_steps=getattr(self, f"{prefix}max_case_steps_per_run"),
+            max_case_step_elements=getattr(self, f"{prefix}max_case_step_elements_per_run"),
+        )
     # Slow clients (service/api/slow_clients.py): an idle keep-alive connection is closed after
     # keep_alive_timeout_s; a request's line and headers must arrive within
     # request_header_timeout_s; its body within request_body_timeout_s plus one second per

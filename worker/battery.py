@@ -24,6 +24,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from service.core.battery_limits import (
+    BatteryLimitError, BatteryLimits, BatteryLoad, check_battery_bytes, measure_battery,
+)
 from service.core.results import CaseSpec, GradientStreamSpec, KernelFamily, OptimizerName, ParamDtype
 
 # The kernel schema's float/bool arguments per optimizer (csrc/ops.cpp), with the defaults a case
@@ -320,10 +323,11 @@ def _tree_path_problem(name: str) -> str | None:
     return None
 
 
-def battery_from_tree(tree: Path, name: str) -> BatterySpec:
+def battery_from_tree(tree: Path, name: str, *, limits: BatteryLimits | None = None) -> BatterySpec:
     """The battery a run names: a built-in one, or a JSON file inside the submitted `tree` (relative,
     no '..', no link out of the tree; extracted archives hold no links at all). Anything else is a
-    BatteryError, never a read of another file: the name comes from the submitter."""
+    BatteryError, never a read of another file: the name comes from the submitter. `limits`: the
+    run's (service.core.battery_limits), checked on the file's bytes and raw JSON before validation."""
     if name in BUILTIN_BATTERIES:
         return BUILTIN_BATTERIES[name]()
     what = f"use a built-in battery ({', '.join(sorted(BUILTIN_BATTERIES))}) or the relative path of a JSON file in the tree"
@@ -337,21 +341,46 @@ def battery_from_tree(tree: Path, name: str) -> BatterySpec:
         raise BatteryError(f"battery {name!r} leads out of the tree: {what}")
     if not resolved.is_file():
         raise BatteryError(f"battery {name!r} is neither a built-in battery nor a file in the tree: {what}")
-    return battery_from_file(resolved, shown_as=name)
+    return battery_from_file(resolved, shown_as=name, limits=limits)
 
 
-def battery_from_file(path: Path, *, shown_as: str | None = None) -> BatterySpec:
+def battery_from_file(path: Path, *, shown_as: str | None = None,
+                      limits: BatteryLimits | None = None) -> BatterySpec:
     """A battery JSON file the caller may read (`battery_from_tree` decides that for submissions;
-    `optdrift check` reads its user's own file). Every problem of the file in one BatteryError."""
+    `optdrift check` reads its user's own file). Every problem of the file in one BatteryError.
+    With `limits`, its bytes are bounded before it is read and what it declares before it is
+    validated (a 6.5e10-case battery is refused from its axis lengths, nothing built)."""
     name = shown_as or str(path)
-    if Path(path).stat().st_size > MAX_BATTERY_FILE_BYTES:
+    size = Path(path).stat().st_size
+    if size > MAX_BATTERY_FILE_BYTES:
         raise BatteryError(f"battery file {name!r} is larger than {MAX_BATTERY_FILE_BYTES} bytes")
     try:
-        return BatterySpec.model_validate_json(Path(path).read_bytes())
+        if limits is not None:
+            check_battery_bytes(size, battery=name, limits=limits)
+        data = Path(path).read_bytes()
+        if limits is not None:
+            try:
+                raw = json.loads(data)
+            except ValueError as error:  # not JSON at all (UnicodeDecodeError is a ValueError too)
+                raise BatteryError(f"battery file {name!r} is not valid JSON: {str(error)[:200]}") from None
+            measure_battery(raw, battery=name, limits=limits)
+    except BatteryLimitError as error:
+        raise BatteryError(str(error)) from None
+    try:
+        return BatterySpec.model_validate_json(data)
     except ValidationError as error:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}"
                              for e in error.errors(include_url=False, include_input=False, include_context=False))
         raise BatteryError(f"battery file {name!r} is not a valid battery: {problems[:2000]}") from None
+
+
+def check_within_limits(battery: BatterySpec, *, limits: BatteryLimits, shown_as: str | None = None) -> BatteryLoad:
+    """What `battery` declares, or BatteryError when it passes one of `limits`: the worker's check just
+    before `expand()` (every battery, built-in ones too), from the axis lengths, nothing expanded."""
+    try:
+        return measure_battery(battery.model_dump(mode="json"), battery=shown_as or battery.name, limits=limits)
+    except BatteryLimitError as error:
+        raise BatteryError(str(error)) from None
 
 
 def load_battery(name_or_path: str) -> BatterySpec:

@@ -25,7 +25,8 @@ from service.core.environments import BuildVariant
 from service.core.project_config import ProjectConfig, ProjectConfigError, load_project_config
 from service.core.results import CaseResult, CaseSpec, EnvironmentFingerprint, RepeatCheck, RunComparison, RunResult
 from service.core.verdicts import compare_runs, first_divergent_step
-from worker.battery import BUILTIN_BATTERIES, BatterySpec, battery_from_file, battery_from_tree
+from service.core.battery_limits import BatteryLimits
+from worker.battery import BUILTIN_BATTERIES, BatterySpec, battery_from_file, battery_from_tree, check_within_limits
 from worker.build import BuildResult
 from worker.engine import reference_cache
 from worker.references.digest import case_reference_digests
@@ -85,7 +86,7 @@ class Job:
 
 
 def prepare(source_dir: Path, *, project: Any | None = None, requested_battery: str | None = None,
-            local_battery_file: bool = False) -> Job:
+            local_battery_file: bool = False, limits: BatteryLimits | None = None) -> Job:
     """The tree's configuration (optdrift.toml over the project's registered fields) and battery.
 
     Which battery: the one the submission asked for explicitly, else the tree's optdrift.toml,
@@ -93,7 +94,9 @@ def prepare(source_dir: Path, *, project: Any | None = None, requested_battery: 
     taken as not naming one: the tree's own battery wins, as docs/PROJECTS.md says). Raises
     ProjectConfigError or BatteryError (the tree's fault) with a message for the submitter.
     `local_battery_file`: the requested battery may also be a file anywhere the caller can read
-    (`optdrift check` on its user's own machine; never for a submission)."""
+    (`optdrift check` on its user's own machine; never for a submission). `limits`: the run's
+    battery limits (service.core.battery_limits), checked on the file before it is parsed and on
+    the battery before it is expanded; a battery past them is a BatteryError and nothing expands."""
     config = load_project_config(source_dir, project)
     root = Path(source_dir).resolve()
     for folder in config.adapter_path:  # shown to the kernel host: a link out would bind a host folder
@@ -110,7 +113,9 @@ def prepare(source_dir: Path, *, project: Any | None = None, requested_battery: 
     if local_battery_file and origin == "the submission" and Path(name).is_file():
         battery, origin = battery_from_file(Path(name)), f"the file {name}"
     else:
-        battery = battery_from_tree(source_dir, name)
+        battery = battery_from_tree(source_dir, name, limits=limits)
+    if limits is not None:
+        check_within_limits(battery, limits=limits, shown_as=name)
     return Job(source_dir=Path(source_dir), config=config, battery=battery, battery_origin=origin,
                cases=battery.expand())
 

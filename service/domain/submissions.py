@@ -26,6 +26,7 @@ from service.domain.patches import PatchLimits
 from service.core.project_config import CONFIG_FILE, ProjectConfigError, config_defaults, parse_config
 from service.domain.submission_rules import BUILTIN_BATTERIES, check_battery, check_environments
 from service.domain.storage import UnknownSourceError, archive_limits, get_archive, store_archive
+from service.domain.tree_battery import check_tree_battery
 from service.settings import Settings
 
 
@@ -59,7 +60,7 @@ class _Source:
 
 def _source(
     *, session: Session, settings: Settings, project: Project, archive: bytes | None,
-    source_digest: str | None, battery: str | None
+    source_digest: str | None, battery: str | None, kind: str
 ) -> _Source:
     """The submission's source: an uploaded archive (stored and recorded for `project`) or the
     digest of an earlier upload *by or for this project* (another project's digest: 404, the same
@@ -67,7 +68,7 @@ def _source(
     if archive is not None:
         try:
             summarize_archive(archive, archive_limits(settings))
-            _check_tree_config(archive, settings=settings, project=project, battery=battery)
+            _check_tree_config(archive, settings=settings, project=project, battery=battery, kind=kind)
             stored = store_archive(session=session, settings=settings, data=archive, project=project)
         except ArchiveError as exc:
             raise BadInputError(f"source archive rejected: {exc}") from exc
@@ -78,19 +79,21 @@ def _source(
         except UnknownSourceError as exc:
             raise NotFoundError(str(exc)) from exc
         try:
-            _check_tree_config(path.read_bytes(), settings=settings, project=project, battery=battery)
+            _check_tree_config(path.read_bytes(), settings=settings, project=project, battery=battery, kind=kind)
         except ArchiveError as exc:
             raise BadInputError(f"source archive rejected: {exc}") from exc
         return _Source(digest=source_digest)
     raise BadInputError("send the source as an `archive` file or the `source_digest` of an upload")
 
 
-def _check_tree_config(archive: bytes, *, settings: Settings, project: Project, battery: str | None) -> None:
+def _check_tree_config(archive: bytes, *, settings: Settings, project: Project, battery: str | None,
+                       kind: str) -> None:
     """The tree's optdrift.toml over the project's registered fields, validated here as the worker
     will (service.core.project_config), and the battery the run will take: a configuration the
     worker would refuse (a build.env outside the build knobs, a path out of the tree) or a battery
     that is neither built in nor a file of the tree (`--battery quik`) is bad input now, not a
-    failed run later."""
+    failed run later. So is a battery file past the battery limits of a run of `kind`
+    (service/domain/tree_battery.py; the built-in batteries are within them, tests say so)."""
     text, tree_files = root_file_and_names(archive, CONFIG_FILE, archive_limits(settings))
     tree_battery = project.default_battery
     if text is not None:  # without the file the registered fields alone decide, as the worker says
@@ -101,7 +104,11 @@ def _check_tree_config(archive: bytes, *, settings: Settings, project: Project, 
     # The battery the worker will take (worker.pipeline.prepare): the request's, else the tree's.
     name, origin = (battery, "the request's battery") if battery and battery != project.default_battery \
         else (tree_battery, f"the battery named by the tree's {CONFIG_FILE}" if text else "the project's battery")
-    if name in BUILTIN_BATTERIES or name in tree_files:
+    if name in BUILTIN_BATTERIES:
+        return
+    if name in tree_files:
+        check_tree_battery(archive, name=name, origin=origin, limits=settings.battery_limits(kind),
+                           archive_limits=archive_limits(settings))
         return
     close = difflib.get_close_matches(name, [*BUILTIN_BATTERIES], n=1)
     raise BadInputError(
@@ -176,7 +183,7 @@ def submit_commit(
         project_name=project.name, registered=project.environments, requested=environments,
         max_per_request=settings.max_environments_per_request)
     source = _source(session=session, settings=settings, project=project, archive=archive,
-                     source_digest=source_digest, battery=battery)
+                     source_digest=source_digest, battery=battery, kind="commit")
     digest = source.digest
     base_commit = find_commit(session=session, project=project, ref=baseline) if baseline else None
 
@@ -275,7 +282,7 @@ def submit_verify(
             raise NotFoundError(f"the base commit {base_commit.sha}'s source: {exc}") from exc
         archive, patch_layout = apply_patch(settings=settings, base_archive=base_path, patch=patch)
     source = _source(session=session, settings=settings, project=project, archive=archive,
-                     source_digest=None, battery=battery)
+                     source_digest=None, battery=battery, kind="verify")
     digest = source.digest
     environment = environment or project.environments[0]
     if environment not in project.environments:

@@ -316,7 +316,7 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
         _checkpoint(claimed, beat=beat)
         give_way("before its build")
         try:
-            job = workspace.prepare(source_dir, project=claimed.project, battery=run.battery)
+            job = workspace.prepare(source_dir, project=claimed.project, battery=run.battery, kind=run.kind)
         except (ProjectConfigError, BatteryError) as error:
             return fail(str(error))
         policy = workspace.policy(untrusted=budget.untrusted, environment=run.environment, warm=True,

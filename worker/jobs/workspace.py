@@ -63,9 +63,12 @@ class Workspace:
                             limits=archive_limits(settings), max_bytes=settings.max_upload_bytes,
                             token=settings.resolved_worker_token())
 
-    def prepare(self, source_dir: Path, *, project: Any, battery: str | None) -> pipeline.Job:
-        """The tree's configuration and battery (pipeline.prepare; raises the tree's errors)."""
-        return pipeline.prepare(source_dir, project=project, requested_battery=battery)
+    def prepare(self, source_dir: Path, *, project: Any, battery: str | None, kind: str = "commit") -> pipeline.Job:
+        """The tree's configuration and battery (pipeline.prepare; raises the tree's errors), within
+        the battery limits of a run of `kind` (commit: the default, for baselines and follow-ups of
+        runs that passed their own kind's limits already)."""
+        return pipeline.prepare(source_dir, project=project, requested_battery=battery,
+                                limits=self.settings.battery_limits(kind))
 
     def policy(self, *, untrusted: bool, environment: str, warm: bool = False, **limits: Any) -> pipeline.Policy:
         """The pipeline's policy for a run of this trust: the worker's device and caches, the build

@@ -19,16 +19,15 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from service.core.compiler_flags import refused_flag_message
+
 # No `--` anywhere (a hyphen is followed by another character or ends the name): a variant's
 # queue is written `cpu--fma` (service/broker/queueing.py). No look-ahead: pydantic's regex
 # engine has none.
 _NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._]|-[A-Za-z0-9._])*-?"
 ENVIRONMENT_PATTERN = rf"^{_NAME}(?:\+{_NAME})?$"
 VARIANT_NAME = re.compile(rf"^{_NAME}$")
-# Flags a variant may not carry: what points the compiler at files or plugins (the operator writes
-# variants, but a typo here would reach every build of every project on the worker).
 _ARCH = re.compile(r"^[0-9]{1,2}\.[0-9][af]?(\+PTX)?$")
-_REFUSED_FLAG = re.compile(r"^(-fplugin|-B|-specs|--specs|-wrapper|-include|-imacros|@)")
 
 
 def split(environment: str) -> tuple[str, str | None]:
@@ -67,11 +66,15 @@ class BuildVariant(BaseModel):
 
     @field_validator("cflags", "cuda_cflags")
     @classmethod
-    def _plain_flags(cls, flags: tuple[str, ...]) -> tuple[str, ...]:
-        for flag in flags:
-            if not flag.startswith("-") or _REFUSED_FLAG.match(flag):
-                raise ValueError(f"build variant flag {flag!r}: a compiler option (-O2, -ffp-contract=off, "
-                                 "--fmad=true), not a file, plugin or response file")
+    def _allowed_flags(cls, flags: tuple[str, ...], info) -> tuple[str, ...]:  # noqa: ANN001
+        # The trees' allow-list of flag shapes (service/core/compiler_flags.py): the operator writes
+        # variants, but a typo or a pasted flag here would reach every build of every project on the
+        # worker, so a variant may carry no flag a tree may not.
+        message = refused_flag_message(flags, f"build variant {info.field_name}",
+                                       "host" if info.field_name == "cflags" else "nvcc")
+        if message is not None:
+            raise ValueError(f"{message} (a variant carries compiler options only, not a file, plugin or "
+                             "response file)")
         return flags
 
     @field_validator("compiler")

@@ -37,25 +37,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from service.core.compiler_flags import check_flags, define_problem
+
 CONFIG_FILE = "optdrift.toml"
 BuildKind = Literal["torch-extension", "command"]
 
 
 class ProjectConfigError(ValueError):
     """The configuration is invalid; the message names the file and the field."""
-
-
-_DEFINE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# One compiler argument each: torch writes them into a ninja file unquoted, so whitespace would
-# split an argument and `$` is ninja's escape character.
-_FLAG_FORBIDDEN = re.compile(r"[\s\x00$]")
-
-
-def _compiler_argument(value: str, field: str) -> str:
-    if not value or _FLAG_FORBIDDEN.search(value):
-        raise ValueError(f"{field} {value!r} must be one non-empty compiler argument without whitespace, "
-                         "newlines, NUL or '$' (write two list items for '-include foo.h')")
-    return value
 
 
 # build.env: the build knobs a tree may set for its own commands (docs/PROJECTS.md). A name passes
@@ -142,8 +131,11 @@ class BuildConfig(BaseModel):
 
     @field_validator("cflags", "cuda_cflags")
     @classmethod
-    def _flags_are_arguments(cls, flags: list[str], info) -> list[str]:  # noqa: ANN001
-        return [_compiler_argument(flag, f"build.{info.field_name}[{i}]") for i, flag in enumerate(flags)]
+    def _flags_are_allowed(cls, flags: list[str], info) -> list[str]:  # noqa: ANN001
+        # An allow-list of flag shapes (service/core/compiler_flags.py): cflags go to gcc/clang,
+        # cuda_cflags to nvcc; the worker checks them again before it builds.
+        check_flags(flags, f"build.{info.field_name}", "host" if info.field_name == "cflags" else "nvcc")
+        return flags
 
     @field_validator("env")
     @classmethod
@@ -156,11 +148,10 @@ class BuildConfig(BaseModel):
     @field_validator("defines")
     @classmethod
     def _defines_are_identifiers(cls, defines: dict[str, str]) -> dict[str, str]:
+        # Each becomes -Dname=value on the compilers' command lines, an allowed -D shape.
         for name, value in defines.items():
-            if not _DEFINE_NAME.match(name):
-                raise ValueError(f"build.defines: {name!r} is not a C identifier (letters, digits, '_', "
-                                 "not starting with a digit)")
-            _compiler_argument(f"-D{name}={value}", f"build.defines.{name}")
+            if (problem := define_problem(name, value)) is not None:
+                raise ValueError(problem)
         return defines
 
     def define_flags(self) -> list[str]:

@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 from service.core.environments import BuildVariant
+from service.core.compiler_flags import build_flags_problem
 from service.core.project_config import ProjectConfig, ProjectConfigError, build_env_problem
 from worker import sandbox
 from worker.sandbox import log_tail
@@ -75,6 +76,10 @@ def build_project(source_dir: Path, config: ProjectConfig, *, cache_dir: Path | 
     `variant`: a build variant's compiler and flags (service/core/environments.py), after the tree's
     flags; in a command build, as CXX and CFLAGS/CXXFLAGS/CUDAFLAGS in its environment. Part of the
     digest either way."""
+    # Checked again here, whatever built `config` and `variant` (model_construct skips validation):
+    # a flag off the allow-list never reaches a compiler (service/core/compiler_flags.py).
+    if (refused := build_flags_problem(config.build, variant)) is not None:
+        return BuildResult(ok=False, digest="", error=refused)
     variant = variant or BuildVariant()
     source_dir = Path(source_dir).resolve()
     if variant.cuda_archs is not None:

@@ -13,6 +13,7 @@ from service.api.schemas import (
     TrajectoryPublic, VerdictPublic,
 )
 from service.db.models import ERROR, FAILED, Commit, Run, Trajectory, Verdict
+from service.api.paging import VERDICT_CASES_SHOWN, cases_shown_first, cases_url, detail_for_cases
 from service.core import attribution_view
 from service.domain.trajectories import unpack_series
 from service.domain.workers import waiting_for
@@ -26,9 +27,17 @@ CASE_VERDICTS = typing.get_args(CaseVerdict)
 FAULT_BY_STATUS = {FAILED: "commit", ERROR: "optdrift"}
 
 
-def verdict_public(verdict: Verdict) -> VerdictPublic:
-    cases = verdict.detail.get("cases", [])
+def verdict_public(verdict: Verdict, *, cases_limit: int = VERDICT_CASES_SHOWN) -> VerdictPublic:
+    """The verdict with at most `cases_limit` of its cases (service/api/paging.py: no answer grows with
+    a run's case count; GET /runs/{id}/cases pages through them all), the lists below drawn from
+    those, and its run's kind and commit: CI's feeds hold commit runs only."""
+    stored_cases = verdict.detail.get("cases", [])
+    cases = cases_shown_first(stored_cases, cases_limit)
+    shown_detail = detail_for_cases(verdict.detail, cases)
+    run = verdict.run
     return VerdictPublic(
+        run_kind=run.kind, commit_sha=run.commit.sha if run.commit else None,
+        cases_total=len(stored_cases), cases_shown=len(cases), cases_url=cases_url(verdict.run_id),
         counts={name: 0 for name in CASE_VERDICTS} | verdict.detail.get("counts", {}),
         not_applicable=[NotApplicableCase(case_id=c["case_id"], optimizer=c["optimizer"], reason=c.get("message"))
                         for c in cases if c["verdict"] == "not_applicable"],
@@ -48,11 +57,15 @@ def verdict_public(verdict: Verdict) -> VerdictPublic:
         acknowledged_by=verdict.acknowledged_by,
         acknowledgement_note=verdict.acknowledgement_note,
         acknowledged_at=verdict.acknowledged_at, created_at=verdict.created_at,
-        figures=figures_of(verdict.detail), detail=verdict.detail,
-        attribution=[CaseAttributionPublic(text=a.text, **{k: _finite(v) for k, v in asdict(a).items()})
-                     for a in attribution_view.by_case(verdict.detail).values()],
+        figures=figures_of(verdict.detail), detail=shown_detail,
+        attribution=attribution_public(shown_detail),
         attribution_summary=attribution_view.headline(verdict.detail),
     )
+
+
+def attribution_public(detail: dict) -> list[CaseAttributionPublic]:
+    return [CaseAttributionPublic(text=a.text, **{k: _finite(v) for k, v in asdict(a).items()})
+            for a in attribution_view.by_case(detail).values()]
 
 
 def _finite(value):  # noqa: ANN001, ANN202
@@ -71,7 +84,7 @@ def run_public(run: Run, waiting_cache: dict | None = None) -> RunPublic:
         battery_requested=run.battery, battery_origin=(run.environment_detail or {}).get("battery_origin"),
         battery_hash=run.battery_hash,
         environment=run.environment, status=run.status, fault=FAULT_BY_STATUS.get(run.status),
-        attempt=run.attempt, worker=run.worker,
+        attempt=run.attempt, workers_lost=run.workers_lost or 0, worker=run.worker,
         progress=Progress(cases_done=run.cases_done, cases_total=run.cases_total),
         created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
         heartbeat_at=run.heartbeat_at, dispatched=run.dispatched_at is not None,

@@ -149,6 +149,13 @@ class CaseAttributionPublic(BaseModel):
 
 class VerdictPublic(BaseModel):
     run_id: int
+    run_kind: Literal["commit", "verify"] = Field(description="commit: CI's run of a commit; verify: a "
+                                                  "contributor's tree (never in CI's feeds)")
+    commit_sha: str | None = Field(description="the commit the run judged; null for a verify run")
+    cases_total: int = Field(description="cases the verdict judged")
+    cases_shown: int = Field(description="cases in detail.cases here: all of them, or the first "
+                                         "that matter (broken, changed, ...) when there are more")
+    cases_url: str = Field(description="every case, page by page (limit, offset)")
     baseline_run_id: int | None
     outcome: str
     flagged: bool
@@ -195,6 +202,8 @@ class RunPublic(BaseModel):
     # retried, never a verdict on the commit); None otherwise.
     fault: Literal["commit", "optdrift"] | None = None
     attempt: int
+    # Attempts that ended with their worker lost mid-run (two: the run is not handed out again).
+    workers_lost: int = 0
     worker: str | None
     progress: Progress
     created_at: datetime
@@ -249,6 +258,18 @@ class SourcePublic(BaseModel):
 
 class VerdictsPublic(BaseModel):
     data: list[VerdictPublic]
+    count: int | None = Field(None, description="verdicts in all (paged lists), of which `data` is one page")
+
+
+class CasesPublic(BaseModel):
+    """One page of a run's case comparisons (service.core.results.CaseComparison), stored order."""
+
+    run_id: int
+    count: int = Field(description="cases in all")
+    limit: int
+    offset: int
+    data: list[dict[str, Any]] = Field(description="each case's comparison, with its `attribution` "
+                                                   "(null until the co-run's attribution has it)")
 
 
 class AcknowledgeRequest(BaseModel):
@@ -270,4 +291,7 @@ class TrajectoryPublic(BaseModel):
 
 class TrajectoriesPublic(BaseModel):
     run_id: int
+    count: int | None = Field(None, description="trajectories (cases) in all; `data` is one page")
+    limit: int | None = None
+    offset: int | None = None
     data: list[TrajectoryPublic]

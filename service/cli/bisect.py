@@ -201,7 +201,7 @@ class ServiceTester:
                 out[sha] = Tested(None, f"{how}: does not build or crashed", created, run_id,
                                   error=(run.get("verdict") or {}).get("summary") or run.get("error"))
                 continue
-            items = self._get(f"/api/v1/runs/{run_id}/trajectories")["data"]
+            items = self.client.trajectories(run_id)  # every page of them
             out[sha] = Tested(case_results_from_api(items), how, created, run_id)
         return out
 

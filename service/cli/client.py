@@ -53,6 +53,27 @@ def corun_detail(run: dict) -> CorunDetail | None:
                        attributed="attribution" in detail)
 
 
+def _complete_verdict(verdict: dict, cases: list[dict]) -> None:
+    """Put every case (GET /runs/{id}/cases, stored order) in a verdict whose answer showed a few: its
+    detail's cases, their attributions, and the lists drawn from them, as a small run's answer has."""
+    attributions = [case.pop("attribution") for case in cases if case.get("attribution")]
+    for case in cases:
+        case.pop("attribution", None)
+    detail = verdict.setdefault("detail", {})
+    detail["cases"] = cases
+    verdict["attribution"] = attributions
+    verdict["cases_shown"] = len(cases)
+    verdict["not_applicable"] = [{"case_id": c["case_id"], "optimizer": c["optimizer"], "reason": c.get("message")}
+                                 for c in cases if c.get("verdict") == "not_applicable"]
+    verdict["nondeterministic"] = [{"case_id": c["case_id"], "optimizer": c["optimizer"],
+                                    "nondeterminism": c.get("nondeterminism"), **c["repeat_check"]}
+                                   for c in cases if c.get("verdict") == "nondeterministic" and c.get("repeat_check")]
+    verdict["direction_disagreements"] = [
+        {"case_id": c["case_id"], "optimizer": c["optimizer"], "direction": c["direction"],
+         "final_direction": c["final_direction"]}
+        for c in cases if c.get("final_direction") and c.get("direction") and c["direction"] != c["final_direction"]]
+
+
 def token_sources() -> list[tuple[str, "Path | None"]]:
     """Where the client looks for its API token, first match wins. Never a command-line argument:
     those land in shell history and in every `ps` listing."""
@@ -179,7 +200,26 @@ class OptdriftClient:
         return self._check(self.http.post(f"/api/v1/runs/{run_id}/acknowledge", json=body))
 
     def run(self, run_id: int) -> dict:
-        return self._check(self.http.get(f"/api/v1/runs/{run_id}"))
+        """The run, its verdict with every case: the API's answer shows a bounded few
+        (verdict.cases_total > cases_shown for a large run), the rest are read page by page here."""
+        run = self._check(self.http.get(f"/api/v1/runs/{run_id}"))
+        verdict = run.get("verdict")
+        if verdict and verdict.get("cases_total", 0) > verdict.get("cases_shown", 0):
+            _complete_verdict(verdict, self.paged(verdict["cases_url"], page_size=500))
+        return run
+
+    def paged(self, path: str, *, page_size: int, **params: Any) -> list[dict]:  # noqa: ANN401
+        """Every item of a paged list answer ({"data", "count"}; limit/offset), page after page."""
+        items: list[dict] = []
+        while True:
+            answer = self._check(self.http.get(path, params={**params, "limit": page_size, "offset": len(items)}))
+            items.extend(answer["data"])
+            if not answer["data"] or len(items) >= answer.get("count", 0):
+                return items
+
+    def trajectories(self, run_id: int) -> list[dict]:
+        """Every stored trajectory of the run (the API answers a page at a time)."""
+        return self.paged(f"/api/v1/runs/{run_id}/trajectories", page_size=200)
 
     def speed(self, run_id: int) -> dict:
         """The run's kernel speed against its baseline (service/api/routes/speed.py)."""

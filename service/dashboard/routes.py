@@ -63,18 +63,24 @@ def overview_page(request: Request, project: str, session: SessionDep, settings:
 
 @router.get("/projects/{project}/commits/{sha}", response_class=HTMLResponse)
 def commit_page(request: Request, project: str, sha: str, session: SessionDep,
-                run: RunIdQuery = None) -> HTMLResponse:
+                run: RunIdQuery = None, cases_page: Page = 1) -> HTMLResponse:
     run_id = queries.commit_run_id(session=session, project_name=project, sha=sha, run_id=run)
-    return _run_page(request, session, run_id)
+    return _run_page(request, session, run_id, cases_page)
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
-def run_page(request: Request, run_id: RunIdPath, session: SessionDep) -> HTMLResponse:
-    return _run_page(request, session, run_id)
+def run_page(request: Request, run_id: RunIdPath, session: SessionDep, cases_page: Page = 1) -> HTMLResponse:
+    return _run_page(request, session, run_id, cases_page)
 
 
-def _run_page(request: Request, session: SessionDep, run_id: int) -> HTMLResponse:
-    data = queries.run_page(session=session, run_id=run_id)
+def _cases_page_url(request: Request, number: int) -> str:
+    """This page's URL showing case page `number` (other query parameters kept: a commit page's `run`)."""
+    return f"{request.url.path}?{request.url.include_query_params(cases_page=number).query}"
+
+
+def _run_page(request: Request, session: SessionDep, run_id: int, cases_page: int = 1) -> HTMLResponse:
+    # The case tables are paged (queries.RUN_PAGE_CASES rows each): no page grows with the case count.
+    data = queries.run_page(session=session, run_id=run_id, cases_page=cases_page)
     attribution_view.order_by_relative_change(data.changed, data.run.verdict.detail if data.run.verdict else None)
     fingerprint = (data.run.environment_detail or {}).get("fingerprint") or {}
     # The adapter's describe() as the kernel host reported it ({"adapter", "module", "version"...});
@@ -90,7 +96,9 @@ def _run_page(request: Request, session: SessionDep, run_id: int) -> HTMLRespons
                  multiples=multiples,
                  multiples_json=multiples.as_json(),
                  first_plot=first_plot, final=data.run.status in FINAL_STATUSES,
-                 figures=commit_page_figures.headline_figures(data.run))
+                 figures=commit_page_figures.headline_figures(data.run),
+                 next_cases_url=_cases_page_url(request, cases_page + 1) if data.more_cases else None,
+                 previous_cases_url=_cases_page_url(request, cases_page - 1) if cases_page > 1 else None)
 
 
 def _small_multiples(session: SessionDep, data, attribution: dict):  # noqa: ANN001, ANN202

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from service.core import attribution_view
 from service.core.results import ComparisonFigures
 from service.core.verdicts import figures, figures_of
 from service.db.models import ERROR, FINAL_STATUSES, Commit, Project, Run, Trajectory, Verdict
@@ -277,6 +278,23 @@ class RunPage:
     not_applicable: list[SetAsideCase] = field(default_factory=list)
     nondeterministic: list[SetAsideCase] = field(default_factory=list)
     side_notes: list[Badge] = field(default_factory=list)
+    # The case tables show one page each (RUN_PAGE_CASES rows, `cases_page`); the totals say how many.
+    cases_page: int = 1
+    cases_per_page: int = 0
+    changed_total: int = 0
+    not_applicable_total: int = 0
+    nondeterministic_total: int = 0
+
+    @property
+    def more_cases(self) -> bool:
+        """Some table has rows past this page."""
+        last_shown = self.cases_page * self.cases_per_page
+        return max(self.changed_total, self.not_applicable_total, self.nondeterministic_total) > last_shown
+
+
+# Rows per case table of a run page: the page's size never grows with the run's case count
+# (docs/SECURITY.md "Bounded batteries"; the rest are a link away, and under /api/v1/runs/{id}/cases).
+RUN_PAGE_CASES = 100
 
 
 def _gradient_label(spec: dict[str, Any]) -> str:
@@ -287,14 +305,23 @@ def _gradient_label(spec: dict[str, Any]) -> str:
     return label
 
 
-def run_page(*, session: Session, run_id: int) -> RunPage:
+def run_page(*, session: Session, run_id: int, cases_page: int = 1, cases_per_page: int = RUN_PAGE_CASES) -> RunPage:
+    """A run's page, its case tables showing page `cases_page` (changed cases largest relative change
+    first, as the page reads; set-aside cases in stored order)."""
     run = session.get(Run, run_id)
     if run is None:
         raise NotFoundError(f"no run with id {run_id}")
     verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
     detail = verdict.detail if verdict is not None else {}
-    cases = [c for c in detail.get("cases", []) if c.get("verdict") in ("changed", "broken")]
-    set_aside = [c for c in detail.get("cases", []) if c.get("verdict") in ("not_applicable", "nondeterministic")]
+    all_changed = [c for c in detail.get("cases", []) if c.get("verdict") in ("changed", "broken")]
+    all_set_aside = {kind: [c for c in detail.get("cases", []) if c.get("verdict") == kind]
+                     for kind in ("not_applicable", "nondeterministic")}
+    # Order before paging, so page 1 leads with what matters and pages do not overlap.
+    rows = [_CaseRow(c["case_id"], c) for c in all_changed]
+    attribution_view.order_by_relative_change(rows, detail)
+    first = (cases_page - 1) * cases_per_page
+    cases = [row.case for row in rows[first:first + cases_per_page]]
+    set_aside = [c for kind in all_set_aside.values() for c in kind[first:first + cases_per_page]]
     wanted = [c["case_id"] for c in cases + set_aside]
     specs = dict(session.execute(
         select(Trajectory.case_id, Trajectory.case)
@@ -347,7 +374,18 @@ def run_page(*, session: Session, run_id: int) -> RunPage:
         side_notes=side_notes(outcome=verdict.outcome if verdict else None,
                               not_applicable=counts.get("not_applicable"),
                               nondeterministic=counts.get("nondeterministic")),
+        cases_page=cases_page, cases_per_page=cases_per_page, changed_total=len(all_changed),
+        not_applicable_total=len(all_set_aside["not_applicable"]),
+        nondeterministic_total=len(all_set_aside["nondeterministic"]),
     )
+
+
+@dataclass(frozen=True)
+class _CaseRow:
+    """A stored case as attribution_view.order_by_relative_change sorts rows (by .case_id)."""
+
+    case_id: str
+    case: dict[str, Any]
 
 
 def commit_run_id(*, session: Session, project_name: str, sha: str, run_id: int | None = None) -> int:

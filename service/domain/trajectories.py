@@ -8,7 +8,7 @@ import sys
 from array import array
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.db.models import Run, Trajectory
@@ -138,6 +138,19 @@ def list_rows(*, session: Session, run_id: int) -> list[Trajectory]:
     return list(session.scalars(
         select(Trajectory).where(Trajectory.run_id == run_id).order_by(Trajectory.case_index)
     ))
+
+
+def page_rows(*, session: Session, run_id: int, limit: int, offset: int) -> tuple[int, list[Trajectory]]:
+    """(rows in all, one page of them in case order): an answer bounded whatever the case count."""
+    total = session.scalar(select(func.count()).select_from(Trajectory).where(Trajectory.run_id == run_id)) or 0
+    rows = list(session.scalars(select(Trajectory).where(Trajectory.run_id == run_id)
+                                .order_by(Trajectory.case_index).limit(limit).offset(offset)))
+    return total, rows
+
+
+def one_row(*, session: Session, run_id: int, case_id: str) -> Trajectory | None:
+    return session.scalar(select(Trajectory).where(Trajectory.run_id == run_id, Trajectory.case_id == case_id)
+                          .order_by(Trajectory.case_index).limit(1))
 
 
 def run_result(*, session: Session, run: Run) -> RunResult:

@@ -121,15 +121,20 @@ def acknowledge_commit(
 @router.get("/verdicts", response_model=VerdictsPublic)
 def project_verdicts(
     project: str, session: SessionDep, flagged: bool | None = None,
-    limit: limit_param(100, 1000) = 100,
+    limit: limit_param(100, 1000) = 100, offset: Offset = 0,
 ) -> VerdictsPublic:
-    """The project's verdict history, newest first (`flagged=true`: only those failing CI)."""
+    """The project's commits' verdict history, newest first (`flagged=true`: only those failing CI),
+    paged (`count`: in all). CI's feed: commit runs only. A contributor's verify run is no commit of
+    the project and fails no CI; its verdict is in its own run (GET /runs/{id})."""
     project_row = projects.get_by_name(session=session, name=project)
-    query = select(Verdict).join(Run, Verdict.run_id == Run.id).where(Run.project_id == project_row.id)
+    query = (select(Verdict).join(Run, Verdict.run_id == Run.id)
+             .where(Run.project_id == project_row.id, Run.kind == "commit"))
     if flagged is not None:
         query = query.where(Verdict.flagged.is_(flagged))
-    rows = session.scalars(query.order_by(Verdict.created_at.desc()).limit(limit)).all()
-    return VerdictsPublic(data=[verdict_public(row) for row in rows])
+    count = session.scalar(select(func.count()).select_from(query.subquery()))
+    rows = session.scalars(query.order_by(Verdict.created_at.desc(), Verdict.id.desc())
+                           .limit(limit).offset(offset)).all()
+    return VerdictsPublic(data=[verdict_public(row) for row in rows], count=count or 0)
 
 
 @router.get("/releases", response_model=CommitsPublic)

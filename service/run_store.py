@@ -181,6 +181,20 @@ def heartbeat(run_id: int, *, worker: str, session: Session | None = None) -> bo
         return runs.heartbeat(session=session, run_id=run_id, worker=worker)
 
 
+def cancel_requested(run_id: int, *, session: Session | None = None) -> bool:
+    """Whether a cancel of the run was asked for (the watchdog polls this, worker/jobs/watchdog.py)."""
+    with _session(session) as session:
+        return runs.cancel_requested(session=session, run_id=run_id)
+
+
+def end_stopped(run_id: int, *, worker: str, status: str, error: str, session: Session | None = None) -> bool:
+    """A run the watchdog stopped (deadline, cancel, or a task that stayed blocked): `status`
+    (ERROR or CANCELLED) with `error`, final, while it is still `worker`'s; False otherwise.
+    Never queued again: the re-delivered task finds it final and skips it."""
+    with _session(session) as session:
+        return runs.set_status(session=session, run_id=run_id, worker=worker, status=status, error=error)
+
+
 class ClaimedRun:
     """One claimed run's transaction-by-transaction record, over one session held for the job:
     its build, its progress and its results in batches, its end. Every write is conditional on

@@ -85,6 +85,12 @@ class Settings(BaseSettings):
     # A running run whose heartbeat is older than this is presumed dead and re-queued.
     stale_after_s: float = 180.0
     max_attempts: int = 3
+    # The watchdog (worker/jobs/watchdog.py): a phase of a job (build, kernel host, co-run) still
+    # going this long past its own limit is stopped, its boxes killed; a job thread still blocked
+    # watchdog_grace_s after that ends its worker process, its run `error` and never re-sent.
+    # A cancel or a SIGTERM stops a running job the same way, within a second or two.
+    watchdog_slack_s: float = Field(default=120.0, ge=0)
+    watchdog_grace_s: float = Field(default=15.0, gt=0)
     # How often the API re-sends runs that never reached the broker and reaps dead ones (0: never).
     maintenance_interval_s: float = 15.0
     # Redis visibility timeout: longer than the longest run, or Redis re-delivers a running task.

@@ -7,28 +7,41 @@ task).
 - optdrift.time_kernels: a finished run's kernel timing (worker/jobs/timing.py)
 - optdrift.attribute_environments: a build variant's changed cases against its base environment's
   build (worker/jobs/environment_attribution.py)
+
+Each runs under a watchdog (worker/jobs/watchdog.py; the run job arms its own per phase): no wait
+on a box can hold the worker past its deadline, a cancel or a shutdown. Celery's own time limits
+cannot do this here: the hard limit exists only in the prefork pool (never in `serve`'s solo
+worker), knows no phase, and kills the pool process without settling the run; the soft limit is an
+exception a thread blocked in a syscall never sees. A warm shutdown (SIGTERM) waits for the running
+task, so the worker's main process relays it (_stop_running_jobs) and the job stops within seconds.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
-from celery.signals import task_postrun, worker_ready
+from celery.signals import task_postrun, worker_process_init, worker_ready, worker_shutting_down
 
 from service.broker.queueing import (
     CORUN_TASK_NAME, ENVIRONMENT_ATTRIBUTION_TASK_NAME, RUN_TASK_NAME, TIMING_TASK_NAME,
 )
+from service import run_store
 from service.settings import get_settings
 from worker import gc_policy, sandbox
 from worker.celery_app import app
 from worker.jobs.corun import record_and_tell
 from worker.jobs.environment_attribution import attribute_and_store
 from worker.jobs.run import execute_run
+from worker.jobs import follow_ups, watchdog
 from worker.jobs.timing import time_or_yield
 from worker.sandbox import log_tail
+from worker.speed.record import ANSWER_SLACK_S, budget_s as timing_budget_s
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +93,69 @@ def _build_harness_before_runs(**_kwargs) -> None:  # noqa: ANN003
                  built.stdout.strip().splitlines()[-1])
 
 
+# What the worker's main process sends its prefork pool processes when it is told to shut down:
+# SIGTERM is reset to its default there (Celery's process_initializer), and SIGUSR1 is Celery's.
+STOP_SIGNAL = signal.SIGUSR2
+
+
+def _pool_processes() -> list[int]:
+    """This process's prefork pool processes: its children forked without exec (same command
+    line, same process group); a box leads a group of its own."""
+    def command_line(pid: int | str) -> bytes | None:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                return cmdline.read()
+        except OSError:
+            return None
+
+    own, group = command_line("self"), os.getpgrp()
+    return [pid for pid, pgid in watchdog.children() if pgid == group and command_line(pid) == own]
+
+
+@worker_shutting_down.connect
+def _stop_running_jobs(sig: str = "SIGTERM", how: str = "Warm", **_kwargs) -> None:  # noqa: ANN003
+    """In the worker's main process, from its signal handler (so: set a flag, send signals). A solo
+    worker runs its job in this process: its watchdog sees the flag; pool processes are told."""
+    reason = f"the worker got {sig}: {how.lower()} shutdown"
+    watchdog.request_shutdown(reason)
+    for pid in _pool_processes():
+        try:
+            os.kill(pid, STOP_SIGNAL)
+        except ProcessLookupError:
+            pass
+
+
+@worker_process_init.connect
+def _listen_for_stop(**_kwargs) -> None:  # noqa: ANN003
+    """In each prefork pool process: the main process's relay of a shutdown reaches the watchdog.
+    The handler runs in the main thread, even one blocked in open() (the signal interrupts it;
+    Python retries the call after the handler)."""
+    signal.signal(STOP_SIGNAL, lambda *_: watchdog.request_shutdown("the worker is shutting down (SIGTERM)"))
+
+
+def _guarded(label: str, limit_s: float, body: Callable[[], str], *, send_again: Callable[[], None]) -> str:
+    """A task beside the runs (co-run, timing, attribution) under a watchdog for `limit_s`: past it
+    or on a shutdown its boxes are killed (the job logs its failure; the run's verdict stands), and
+    a thread still blocked ends the process. Stopped by a shutdown, it is sent again for the next
+    worker."""
+    with watchdog.Watchdog(label=label, grace_s=get_settings().watchdog_grace_s) as guard, \
+            guard.phase(label, limit_s):
+        outcome = body()
+    if guard.stop is not None and guard.stop.cause == watchdog.SHUTDOWN:
+        try:
+            send_again()
+        except Exception:  # noqa: BLE001  (the verdict stands without it)
+            log.exception("%s: stopped by the shutdown and not queued again", label)
+        return "stopped"
+    return outcome
+
+
+def _beside_runs_limit_s() -> float:
+    """A co-run or an attribution: two builds and at most a run's worth of cases, then the slack."""
+    settings = get_settings()
+    return 2 * settings.max_build_s + settings.max_run_s + settings.watchdog_slack_s
+
+
 @app.task(name=RUN_TASK_NAME, ignore_result=True)
 @gc_policy.collect_after  # a full collection after the task, none during it
 def execute_run_task(run_id: int) -> str:
@@ -89,7 +165,10 @@ def execute_run_task(run_id: int) -> str:
 @app.task(name=CORUN_TASK_NAME, ignore_result=True)
 @gc_policy.collect_after  # a full collection after the task, none during it
 def record_baseline_diffs_task(run_id: int) -> str:
-    return record_and_tell(run_id, get_settings())
+    settings = get_settings()
+    return _guarded(f"co-run of run {run_id}", _beside_runs_limit_s(), lambda: record_and_tell(run_id, settings),
+                    send_again=lambda: follow_ups.send_later(CORUN_TASK_NAME, run_id, countdown=0,
+                                                             environment=run_store.run_facts(run_id).environment))
 
 
 @app.task(name=TIMING_TASK_NAME, ignore_result=True)
@@ -97,7 +176,12 @@ def record_baseline_diffs_task(run_id: int) -> str:
 def time_kernels_task(run_id: int) -> str:
     """The kernels' own speed of a finished run (worker/jobs/timing.py). Like the co-run it never
     holds a run back: while runs wait for this environment it is queued again for later."""
-    return time_or_yield(run_id, get_settings())
+    settings = get_settings()
+    # The timing's own deadline (worker/jobs/timing.py): its budget, the answer's slack, a build.
+    limit_s = timing_budget_s(settings) + ANSWER_SLACK_S + settings.max_build_s + settings.watchdog_slack_s
+    return _guarded(f"kernel timing of run {run_id}", limit_s, lambda: time_or_yield(run_id, settings),
+                    send_again=lambda: follow_ups.send_later(TIMING_TASK_NAME, run_id, countdown=0,
+                                                             environment=run_store.run_facts(run_id).environment))
 
 
 @app.task(name=ENVIRONMENT_ATTRIBUTION_TASK_NAME, ignore_result=True)
@@ -105,4 +189,9 @@ def time_kernels_task(run_id: int) -> str:
 def attribute_environments_task(attribution_id: int) -> str:
     """A build variant's changed cases against its base environment's build, co-run here
     (worker/jobs/environment_attribution.py); like the co-run, it yields to waiting runs."""
-    return attribute_and_store(attribution_id, get_settings())
+    settings = get_settings()
+    return _guarded(f"environment attribution {attribution_id}", _beside_runs_limit_s(),
+                    lambda: attribute_and_store(attribution_id, settings),
+                    send_again=lambda: follow_ups.send_later(
+                        ENVIRONMENT_ATTRIBUTION_TASK_NAME, attribution_id, countdown=0,
+                        environment=run_store.environment_attribution_queue(attribution_id)))

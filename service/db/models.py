@@ -128,6 +128,9 @@ class Run(Base):
 
     status: Mapped[str] = mapped_column(String(20), default=QUEUED, index=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # Attempts that ended with their worker gone mid-run (the reaper found the heartbeat stale): a
+    # run that took down its worker twice is not handed to another (service.domain.runs.reap_stale).
+    workers_lost: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     worker: Mapped[str | None] = mapped_column(String(255))
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -107,11 +107,19 @@ def request_cancel(*, session: Session, run_id: int) -> Run:
     return run
 
 
+# The poison-pill rule (docs/SECURITY.md): a worker can die mid-run for reasons not the run's (a
+# deploy, the OOM killer on a neighbour), so the first lost worker re-queues the run; the second
+# makes it poison: `error`, never handed to another worker. A run whose watchdog fired is `error`
+# at once (worker/jobs/watchdog.py), which the reaper never sees. `optdrift retry` starts afresh.
+POISON_AFTER_WORKERS_LOST = 2
+
+
 def reap_stale(
     *, session: Session, stale_after_s: float, max_attempts: int, now: datetime | None = None
 ) -> tuple[list[int], list[int]]:
     """Runs whose worker stopped heart-beating: back to `queued` (to be dispatched again) while
-    attempts remain, else `failed` with the reason. Returns (requeued ids, failed ids)."""
+    attempts remain and the run has not taken down POISON_AFTER_WORKERS_LOST workers, else `error`
+    with the reason. Returns (requeued ids, ended ids)."""
     now = now or _now()
     cutoff = now - timedelta(seconds=stale_after_s)
     stale = session.scalars(
@@ -120,10 +128,17 @@ def reap_stale(
     requeued, failed = [], []
     for run in stale:
         last = run.heartbeat_at.strftime("%Y-%m-%d %H:%M:%S")
+        lost = run.workers_lost + 1
         reason = (f"worker {run.worker} stopped reporting (last heartbeat {last} UTC) "
                   f"during attempt {run.attempt}")
-        if run.attempt < max_attempts:
-            values = dict(status=QUEUED, worker=None, dispatched_at=None, error=reason)
+        if lost >= POISON_AFTER_WORKERS_LOST:
+            values = dict(status=ERROR, finished_at=now,
+                          error=f"{reason}; its worker was lost in {lost} attempts, so it is not handed to "
+                                "another worker (a run that takes down workers is poison, docs/SECURITY.md); "
+                                "`optdrift retry` runs it again")
+            target = failed
+        elif run.attempt < max_attempts:
+            values = dict(status=QUEUED, worker=None, dispatched_at=None, error=f"{reason}; queued again")
             target = requeued
         else:  # a lost worker is optdrift's failure, never the commit's
             values = dict(status=ERROR, finished_at=now,
@@ -131,7 +146,7 @@ def reap_stale(
             target = failed
         result = session.execute(
             update(Run).where(Run.id == run.id, Run.status == run.status,
-                              Run.heartbeat_at == run.heartbeat_at).values(**values)
+                              Run.heartbeat_at == run.heartbeat_at).values(workers_lost=lost, **values)
         )
         if result.rowcount == 1:
             target.append(run.id)
@@ -171,7 +186,7 @@ def retry(*, session: Session, run_id: int) -> Run:
         raise ConflictError(f"run {run_id} is {run.status}; only a run that ended in `error` (an optdrift "
                             "failure) is retried; submit a new commit to run changed code")
     session.execute(update(Run).where(Run.id == run_id, Run.status == ERROR).values(
-        status=QUEUED, attempt=0, worker=None, dispatched_at=None, finished_at=None,
+        status=QUEUED, attempt=0, workers_lost=0, worker=None, dispatched_at=None, finished_at=None,
         error=f"retried after: {run.error}"))
     session.commit()
     session.refresh(run)

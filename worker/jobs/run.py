@@ -6,6 +6,13 @@ writing the trajectories and the progress in batches as it goes -> done -> verdi
 baseline -> the co-run and the timing sent (follow_ups.py). A heartbeat thread keeps
 `heartbeat_at` fresh; cancellation is honoured between phases and batches; if the reaper took the
 run away (heartbeat lost), the job stops writing. Every database access is service.run_store's.
+
+A watchdog thread (worker/jobs/watchdog.py) arms a deadline around each phase that waits on a box
+(build, kernel host, blame): its own limit + OPTDRIFT_WATCHDOG_SLACK_S. Past it, on a cancel, or
+when the worker is told to shut down, it kills the run's boxes; the job sees JobStopped at its next
+check and settles the run (a deadline: `error`, not retried; a cancel: `cancelled`; a shutdown:
+queued again for another worker, the start not counted). If this thread stays blocked, the
+watchdog records the run itself and ends the process (docs/SECURITY.md, "No run can wedge a worker").
 """
 
 from __future__ import annotations
@@ -16,12 +23,15 @@ import time
 
 from service import run_store
 from service.core.project_config import ProjectConfigError
-from service.run_store import DATABASE_DOWN, DONE, ERROR, FAILED, ClaimedRun, RunFacts, RunLost, retry_database
+from service.run_store import (
+    CANCELLED, DATABASE_DOWN, DONE, ERROR, FAILED, ClaimedRun, RunFacts, RunLost, retry_database,
+)
 from service.settings import Settings, get_settings
 from worker import pipeline, sandbox
 from worker.battery import BatteryError
 from worker.identity import worker_name
 from worker.jobs import follow_ups
+from worker.jobs.watchdog import CANCEL, DEADLINE, JobStopped, Stop, Watchdog
 from worker.jobs.workspace import Workspace, build_limit_s
 from worker.sandbox import log_tail
 
@@ -151,9 +161,16 @@ def execute_run(run_id: int, *, settings: Settings | None = None, worker: str | 
         log.info("run %s is not queued (taken, finished or cancelled); skipping", run_id)
         return "skipped"
     run_store.run_changed(run_id, settings=settings)  # the check run shows "in progress" (issue 16)
-    with Heartbeat(run_id=run_id, worker=worker, interval_s=settings.heartbeat_interval_s) as beat:
+    guard = Watchdog(label=f"run {run_id}", grace_s=settings.watchdog_grace_s,
+                     cancelled=lambda: run_store.cancel_requested(run_id),
+                     on_wedged=lambda stop: _record_wedged(run_id, stop, settings=settings, worker=worker))
+    with guard, Heartbeat(run_id=run_id, worker=worker, interval_s=settings.heartbeat_interval_s) as beat:
         try:
-            status = _phases(run_id=run_id, settings=settings, worker=worker, beat=beat)
+            status = _phases(run_id=run_id, settings=settings, worker=worker, beat=beat, guard=guard)
+        except JobStopped as stopped:
+            status = _settle_stopped(run_id, stopped.stop, settings=settings, worker=worker)
+            if status != ERROR:  # an `error` is judged below, like any other
+                return status
         except RunLost as lost:
             log.warning("run %s: %s", run_id, lost)
             return "lost"
@@ -183,6 +200,39 @@ def execute_run(run_id: int, *, settings: Settings | None = None, worker: str | 
     return status
 
 
+NOT_RETRIED = ("a run that wedges a worker is not handed to another (docs/SECURITY.md); `optdrift retry` "
+               "runs it again")
+
+
+def _settle_stopped(run_id: int, stop: Stop, *, settings: Settings, worker: str) -> str:
+    """The watchdog stopped the run and this thread unwound: a cancel ends it `cancelled`; a
+    deadline `error`, never re-sent; a shutdown queues it again for another worker, this start not
+    counted (the worker's going is not the run's failure)."""
+    log.warning("run %s: stopped by the watchdog (%s): %s", run_id, stop.cause, stop.reason)
+    if stop.cause == CANCEL:
+        run_store.end_stopped(run_id, worker=worker, status=CANCELLED, error="cancelled on request")
+        return CANCELLED
+    if stop.cause == DEADLINE:
+        run_store.end_stopped(run_id, worker=worker, status=ERROR,
+                              error=f"{stop.reason}; its boxes were killed on worker {worker}: {NOT_RETRIED}")
+        return ERROR
+    return _give_way(run_id, settings=settings, worker=worker,
+                     note=f"worker {worker} shut down mid-run ({stop.reason}); queued again for another worker "
+                          "(this start is not counted)")
+
+
+def _record_wedged(run_id: int, stop: Stop, *, settings: Settings, worker: str) -> None:
+    """The watchdog's record of a run whose thread stayed blocked after its boxes were killed (its
+    worker process ends next): `cancelled` for a cancel, else `error`, never re-sent."""
+    blocked = (f"its task stayed blocked {settings.watchdog_grace_s:g} s after its boxes were killed, so worker "
+               f"{worker} ended its process")
+    if stop.cause == CANCEL:
+        run_store.end_stopped(run_id, worker=worker, status=CANCELLED, error=f"cancelled on request; {blocked}")
+        return
+    if run_store.end_stopped(run_id, worker=worker, status=ERROR, error=f"{stop.reason}; {blocked}: {NOT_RETRIED}"):
+        run_store.judge(run_id, worker=worker, settings=settings)
+
+
 def _give_way(run_id: int, *, settings: Settings, worker: str, note: str) -> str:
     """A verify run yields (VerifyYielded): back to `queued` with `note` on its page, sent again
     on the verify queue, which this worker consumes only once the commit runs' queue is empty
@@ -207,8 +257,8 @@ class StoredResults:
     BATCH = 128
     FLUSH_AFTER_S = 0.5
 
-    def __init__(self, claimed: ClaimedRun, *, beat: Heartbeat) -> None:
-        self.claimed, self.beat = claimed, beat
+    def __init__(self, claimed: ClaimedRun, *, beat: Heartbeat, guard: Watchdog) -> None:
+        self.claimed, self.beat, self.guard = claimed, beat, guard
         self.pending: list[tuple[int, object]] = []
         self.indices: set[int] = set()
         self.oldest = 0.0
@@ -226,14 +276,16 @@ class StoredResults:
     def flush(self) -> None:
         if not self.pending:
             return
-        _checkpoint(self.claimed, beat=self.beat)
+        _checkpoint(self.claimed, beat=self.beat, guard=self.guard)
         done = self.indices | {index for index, _ in self.pending}
         self.claimed.store_batch(self.pending, cases_done=len(done))
         self.indices, self.pending = done, []
 
 
-def _checkpoint(claimed: ClaimedRun, *, beat: Heartbeat) -> None:
-    """Between phases: stop if the run was taken from us or a cancel was asked for."""
+def _checkpoint(claimed: ClaimedRun, *, beat: Heartbeat, guard: Watchdog) -> None:
+    """Between phases: stop if the watchdog stopped the run, the run was taken from us or a cancel
+    was asked for."""
+    guard.check()
     if beat.lost.is_set():
         raise RunLost("heartbeat lost; another attempt owns this run now")
     if claimed.cancel_if_asked():
@@ -288,12 +340,13 @@ def _blame(run: RunFacts, ran: pipeline.Ran, *, workspace: Workspace, project, p
     store.flush()
 
 
-def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) -> str:
+def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat, guard: Watchdog) -> str:
     with run_store.open_run(run_id, worker=worker) as claimed, \
             Workspace(settings, prefix=f"optdrift-run{run_id}-") as workspace:
         run = claimed.run
 
         def fail(error: str) -> str:  # the commit's fault: broken
+            guard.check()  # unless the watchdog killed what failed
             claimed.fail(error)
             return FAILED
 
@@ -313,17 +366,23 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
         except Exception as exc:  # noqa: BLE001
             raise OptdriftFailure(f"fetching the source {run.source_digest[:12]} from {settings.resolved_public_url} "
                                   f"failed: {exc}") from exc
-        _checkpoint(claimed, beat=beat)
+        _checkpoint(claimed, beat=beat, guard=guard)
         give_way("before its build")
-        try:
-            job = workspace.prepare(source_dir, project=claimed.project, battery=run.battery, kind=run.kind)
-        except (ProjectConfigError, BatteryError) as error:
-            return fail(str(error))
-        policy = workspace.policy(untrusted=budget.untrusted, environment=run.environment, warm=True,
-                                  case_timeout_s=budget.case_timeout_s,
-                                  deadline=budget.deadline,
-                                  reference_cache=settings.resolved_build_cache_dir / "references")
-        built = workspace.build(job, policy)
+        slack_s = settings.watchdog_slack_s
+        # Until the build's log is read: the box's files are waits too.
+        with guard.phase("build", budget.build_timeout_s() + slack_s):
+            try:
+                job = workspace.prepare(source_dir, project=claimed.project, battery=run.battery, kind=run.kind)
+            except (ProjectConfigError, BatteryError) as error:
+                return fail(str(error))
+            policy = workspace.policy(untrusted=budget.untrusted, environment=run.environment, warm=True,
+                                      case_timeout_s=budget.case_timeout_s,
+                                      deadline=budget.deadline,
+                                      reference_cache=settings.resolved_build_cache_dir / "references")
+            built = workspace.build(job, policy)
+            guard.check()
+            build_log = _read_log(built.log_path)
+        guard.check()
         available, what = sandbox.status()
         detail = {**job.record(), "battery_version": job.battery.version, "build_ok": built.ok,
                   "build_error": built.error, "cuda_archs": built.cuda_archs,
@@ -333,19 +392,19 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
         if job.config.build.kind == "torch-extension":  # the tree's own flags (docs/PROJECTS.md)
             detail["build_flags"] = {"cflags": job.config.build.cflags, "cuda_cflags": job.config.build.cuda_cflags,
                                      "defines": job.config.build.defines}
-        if not claimed.record(build_log=_read_log(built.log_path), build_digest=built.digest,
+        if not claimed.record(build_log=build_log, build_digest=built.digest,
                               build_cached=built.cached, battery_hash=job.battery.digest,
                               environment_detail=detail):
             raise RunLost("the run was taken away during the build")
         if not built.ok:
             return fail(f"build failed: {built.error}")
-        _checkpoint(claimed, beat=beat)
+        _checkpoint(claimed, beat=beat, guard=guard)
         if commits_first is not None:
             commits_first.last_check = float("-inf")  # the build may have been long: look now
         give_way("after its build")
 
         claimed.start_cases(len(job.cases))
-        stored = StoredResults(claimed, beat=beat)
+        stored = StoredResults(claimed, beat=beat, guard=guard)
 
         def store(index: int, result) -> None:  # noqa: ANN001
             # Before storing: a run that yields writes nothing more (and what it wrote is deleted).
@@ -357,11 +416,17 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
 
         fingerprint: dict | None = None
         try:
-            ran = pipeline.run(job, built, policy, on_result=store, on_pause=stored.flush,
-                               baseline_digests=claimed.baseline_digests(),
-                               unsteady=run_store.unsteady_case_ids(run.project_id))
-            stored.flush()
-            _blame(run, ran, workspace=workspace, project=claimed.project, policy=policy, store=stored)
+            # A case may run past the run's budget by its own timeout before the budget is looked at.
+            with guard.phase("kernel host", max(0.0, budget.deadline - time.monotonic()) + budget.case_timeout_s
+                             + slack_s):
+                ran = pipeline.run(job, built, policy, on_result=store, on_pause=stored.flush,
+                                   baseline_digests=claimed.baseline_digests(),
+                                   unsteady=run_store.unsteady_case_ids(run.project_id))
+                stored.flush()
+            # Blame builds the baseline (a cache hit, usually) and repeats cases until the deadline.
+            with guard.phase("blame", budget.build_s + max(0.0, budget.deadline - time.monotonic())
+                             + budget.case_timeout_s + slack_s):
+                _blame(run, ran, workspace=workspace, project=claimed.project, policy=policy, store=stored)
         except RunBudgetExceeded as exceeded:
             return fail(str(exceeded))
         if ran.environment is not None:
@@ -369,5 +434,6 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat) ->
             detail["reference_digests"] = pipeline.reference_digests(job, ran)
         if ran.adapter:  # what the kernel host loaded (the adapter's describe(): version, path)
             detail["adapter"] = ran.adapter
+        guard.check()
         claimed.finish({**detail, **({"fingerprint": fingerprint} if fingerprint else {})})
         return DONE

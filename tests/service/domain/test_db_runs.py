@@ -80,9 +80,10 @@ def test_reaper_requeues_then_gives_up_as_an_optdrift_error(db_session, api_sett
         if attempt == 1:
             assert (requeued, failed, run.status, run.dispatched_at) == ([run.id], [], "queued", None)
         else:
-            # A lost worker is optdrift's failure, never the commit's: `error`, not `failed`.
+            # A lost worker is optdrift's failure, never the commit's: `error`, not `failed`; the
+            # second lost worker also makes it poison (tests/service/domain/test_poison_runs.py).
             assert (requeued, failed, run.status) == ([], [run.id], "error")
-            assert "gave up after 2 attempts" in run.error
+            assert "not handed to another worker" in run.error
     # A fresh heartbeat is never reaped.
     other = _commit_run(db_session, api_settings, "b", [])
     runs.claim(session=db_session, run_id=other.id, worker="w")

@@ -215,6 +215,10 @@ _flags = st.one_of(
     st.builds(lambda prefix, rest: prefix + rest, st.sampled_from(_PREFIXES), st.text(_ALPHABET, max_size=14)),
     st.sampled_from(HOST_ALLOWED + NVCC_ALLOWED).flatmap(lambda flag: st.builds(
         lambda cut, extra: flag[:cut] + extra, st.integers(0, len(flag)), st.text(_ALPHABET, max_size=4))),
+    # nvcc's pass-through lists, of allowed host flags and of words that are not flags.
+    st.builds(lambda option, items: option + ",".join(items), st.sampled_from(["-Xcompiler=", "--compiler-options="]),
+              st.lists(st.one_of(st.sampled_from(HOST_ALLOWED), st.text("abcdefw-=.", min_size=1, max_size=8)),
+                       min_size=1, max_size=3)),
 )
 _LIST_SHAPES = ("-gencode=", "--generate-code=", "-Xptxas=", "--ptxas-options=", "-Xcompiler=", "--compiler-options=")
 _REFUSED_PREFIXES = ("-wrapper", "-fplugin", "-B", "-specs", "--specs", "@", "-include", "-imacros", "-I", "-L",

@@ -305,9 +305,11 @@ def _gradient_label(spec: dict[str, Any]) -> str:
     return label
 
 
-def run_page(*, session: Session, run_id: int, cases_page: int = 1, cases_per_page: int = RUN_PAGE_CASES) -> RunPage:
-    """A run's page, its case tables showing page `cases_page` (changed cases largest relative change
-    first, as the page reads; set-aside cases in stored order)."""
+def run_page(*, session: Session, run_id: int, cases_page: int = 1, cases_per_page: int | None = None) -> RunPage:
+    """A run's page, its case tables showing page `cases_page` of `cases_per_page` rows (default
+    RUN_PAGE_CASES; changed cases largest relative change first, as the page reads; set-aside cases
+    in stored order)."""
+    cases_per_page = cases_per_page or RUN_PAGE_CASES
     run = session.get(Run, run_id)
     if run is None:
         raise NotFoundError(f"no run with id {run_id}")

@@ -67,7 +67,7 @@ MAX_KEPT_FILE_BYTES = 64 * 1024 * 1024
 REFUSALS = (400, 404, 409, 413, 422)
 # The verify budgets of the test's worker (service/settings.py): small, so a hang costs seconds.
 VERIFY_BUDGETS = {"OPTDRIFT_VERIFY_MAX_BUILD_S": "8", "OPTDRIFT_VERIFY_CASE_TIMEOUT_S": "6",
-                  "OPTDRIFT_VERIFY_MAX_RUN_S": "40"}
+                  "OPTDRIFT_VERIFY_MAX_RUN_S": "40", "OPTDRIFT_VERIFY_BUILD_MAX_BYTES": str(400 * 1024 ** 2)}
 # `sleep 4713107`: a number no other process on the machine uses (nor a copy on another Redis db)
 FIRST_MARKER = 4_700_100 + 1000 * REDIS_DB
 
@@ -87,10 +87,26 @@ class World:
     base_sha: str
     secrets: dict[str, str] = field(default_factory=dict)   # name -> value; none may ever be served
     worker: subprocess.Popen | None = None
+    # Canary files (0600, the worker's secrets and one outside everything): their sha256 and mtime
+    # must never change, whatever a box plants for the worker to write through.
+    canary_files: dict[Path, tuple[str, int]] = field(default_factory=dict)
+
+    def changed_canaries(self) -> list[str]:
+        return [f"{path} ({'gone' if now is None else 'changed'})" for path, was in self.canary_files.items()
+                if (now := _fingerprint(path)) != was]
 
     def log_tail(self, name: str = "worker.log", chars: int = 3000) -> str:
         path = self.tmp / name
         return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+
+def _fingerprint(path: Path) -> tuple[str, int] | None:
+    import hashlib
+
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 def _create_token(env: dict[str, str], scope: str) -> str:
@@ -171,8 +187,18 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         base = http.post(f"/api/v1/projects/{PROJECT}/commits", headers={"Authorization": f"Bearer {submit_token}"},
                          data={"sha": "base"}, files={"archive": ("base.tar.gz", make_archive({"kernel.cpp": "// base\n"}))})
         assert base.status_code == 201, base.text
+        outside = tmp / "outside-everything" / "canary"
+        _plant(outside, _canary("outside"))
+        world_secrets["a file outside everything"] = outside.read_text()
+        key_file = home / "secrets-key"  # the Fernet key that encrypts every secret at rest
+        if key_file.is_file():
+            world_secrets["OPTDRIFT_HOME/secrets-key"] = key_file.read_text().strip()
+        canary_files = {path: _fingerprint(path) for path in (
+            home / "secrets.env", home / "admin-token", home / "worker-token", key_file,
+            worker_home / ".aws" / "credentials", worker_home / ".pgpass", outside) if path.is_file()}
         world_ = World(url=url, target=target, tmp=tmp, http=http, verify_token=verify_token,
-                       submit_token=submit_token, base_sha="base", secrets=world_secrets)
+                       submit_token=submit_token, base_sha="base", secrets=world_secrets,
+                       canary_files=canary_files)
         worker_env = {**service_env, "HOME": str(worker_home), "OPTDRIFT_WORKER_TOKEN": worker_token}
         world_.worker = start_process(["worker", "--loglevel", "INFO"], worker_env, tmp / "worker.log")
         base_run = _wait_final(http, base.json()["runs"][0]["id"], timeout_s=180)
@@ -439,6 +465,9 @@ def test_hostile(world: World, name: str) -> None:
         keys = residue.redis_keys()
         if keys:
             problems.append(f"keys written to the broker's Redis: {keys}")
+        changed = world.changed_canaries()
+        if changed:
+            problems.append(f"canary files written through: {changed}")
         big = residue.big_files(started_at)
         if big:
             problems.append(f"the run left files over {MAX_KEPT_FILE_BYTES >> 20} MiB on the worker's disk: {big}")
@@ -502,3 +531,29 @@ def test_a_verify_build_is_never_served_to_a_commit_run_and_leaves_nothing_behin
     assert commit_run["build_cached"] is False, "the commit run took the verify run's build"
     trusted = [p.read_text().strip() for p in _build_cache_files(world, "who.txt")]
     assert trusted and set(trusted) == {"trusted"}, trusted
+
+
+def test_after_the_corpus_the_worker_answers_a_commit_run_in_time_and_no_canary_moved(world: World) -> None:
+    """Issue 43: whatever the attacks planted (FIFOs, links, a full scratch), the same worker takes
+    the next commit run and ends it within its budget; and no canary file was written through."""
+    files = {"optdrift.toml": COMMAND_TOML_AFTER, "build.sh": "exit 0\n", "nonce.txt": secrets.token_hex(8)}
+    commit = world.http.post(f"/api/v1/projects/{PROJECT}/commits", headers={"Authorization": f"Bearer {world.submit_token}"},
+                             data={"sha": f"after-{secrets.token_hex(4)}", "parents": world.base_sha},
+                             files={"archive": ("t.tar.gz", make_archive(files))})
+    assert commit.status_code == 201, commit.text
+    run = _wait_final(world.http, commit.json()["runs"][0]["id"], 90)
+    assert run is not None, f"the worker did not end a plain commit run within 90 s:\n{world.log_tail()}"
+    assert world.changed_canaries() == []
+
+
+# A build that succeeds and names a library its commands did not make: the run ends at once with a
+# reason, after a whole build and its bookkeeping (the worker is alive and answering).
+COMMAND_TOML_AFTER = """[project]
+adapter = "bundled"
+
+[build]
+kind = "command"
+commands = ["sh build.sh"]
+timeout_s = 20
+library = "lib"
+"""

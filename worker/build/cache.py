@@ -207,19 +207,22 @@ def remove_tree(path: Path) -> None:
 
 class OutputTooLarge(Exception):
     def __init__(self, written: int, max_bytes: int) -> None:
-        super().__init__(f"the build wrote {written / 1024 ** 2:.1f} MiB, more than the "
+        super().__init__(f"the build wrote {written / 1024 ** 2:.1f} MiB (its folder and its scratch HOME/TMPDIR), "
+                         f"more than the "
                          f"{max_bytes / 1024 ** 2:.1f} MiB an untrusted build may "
                          f"({VERIFY_BUILD_MAX_BYTES_VARIABLE}), and was stopped")
         self.written, self.max_bytes = written, max_bytes
 
 
-def wait_bounded(child: subprocess.Popen, timeout_s: float, *, output: Path | None = None,
+def wait_bounded(child: subprocess.Popen, timeout_s: float, *, output: Path | list[Path] | None = None,
                  max_bytes: int | None = None) -> int:
-    """`child.wait(timeout_s)` (subprocess.TimeoutExpired as it), measuring `output` every
-    OUTPUT_POLL_S while the child runs when `max_bytes` is given: past it, the child's process
-    group (it leads one) is killed and OutputTooLarge raised."""
+    """`child.wait(timeout_s)` (subprocess.TimeoutExpired as it), measuring `output` (a folder, or
+    several together: the build's folder and its scratch HOME/TMPDIR) every OUTPUT_POLL_S while the
+    child runs when `max_bytes` is given: past it, the child's process group (it leads one) is
+    killed and OutputTooLarge raised."""
     if output is None or max_bytes is None:
         return child.wait(timeout=timeout_s)
+    folders = output if isinstance(output, list) else [output]
     deadline = time.monotonic() + timeout_s
     while True:
         left = deadline - time.monotonic()
@@ -228,7 +231,7 @@ def wait_bounded(child: subprocess.Popen, timeout_s: float, *, output: Path | No
         except subprocess.TimeoutExpired:
             if left <= OUTPUT_POLL_S:
                 raise
-        written = folder_bytes(output)
+        written = sum(folder_bytes(folder) for folder in folders)
         if written > max_bytes:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()

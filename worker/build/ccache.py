@@ -18,6 +18,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from worker.sandbox import boxfiles
+
 EXTENSION_NAME_MACRO = "TORCH_EXTENSION_NAME"  # torch defines it per build: <LIBRARY_PREFIX><digest>
 
 # ccache's own default cache limit is 5 GB; one csrc build's objects take a few MB.
@@ -35,8 +37,13 @@ class CompilerCacheStats(BaseModel):
     links: int = 0
     missed_files: list[str] = []
     uncacheable_reasons: list[str] = []
+    # Why the stats log was not read (the build left it as a link, a FIFO, too large...): the
+    # counts are then unknown, not zero.
+    unread: str | None = None
 
     def summary(self) -> str:
+        if self.unread:
+            return f"{self.ccache}: counts unknown ({self.unread})"
         line = f"{self.ccache}: {self.hits} hit(s), {self.misses} miss(es)"
         if self.missed_files:
             line += f" [{', '.join(self.missed_files)}]"
@@ -118,12 +125,20 @@ _LOCAL_COUNTERS = ("cache_miss", "called_for_link", "called_for_preprocessing", 
                    "preprocessed_cache_miss", "recache")
 
 
-def read_ccache_stats_log(stats_log: Path, ccache: str) -> CompilerCacheStats:
-    """Per-file outcomes from a CCACHE_STATSLOG: '# <file>' followed by that invocation's counters."""
+# A stats log holds a few lines per compile: a build of thousands of files stays far below this.
+MAX_STATS_LOG_BYTES = 4 * 1024 * 1024
+
+
+def read_ccache_stats_log(folder: Path, name: str, ccache: str) -> CompilerCacheStats:
+    """Per-file outcomes from the CCACHE_STATSLOG `name` in `folder`: '# <file>' followed by that
+    invocation's counters. ccache writes it inside the box, so it is taken through
+    worker.sandbox.boxfiles (no link followed, no FIFO waited on, bounded)."""
     stats = CompilerCacheStats(ccache=ccache)
     try:
-        text = stats_log.read_text(errors="replace")
-    except OSError:
+        text = boxfiles.read_text(folder, name, max_bytes=MAX_STATS_LOG_BYTES)
+    except boxfiles.BoxFileRefused as refused:
+        return stats.model_copy(update={"unread": str(refused)})
+    if text is None:
         return stats
     records: list[tuple[str, list[str]]] = []
     for line in text.splitlines():

@@ -8,10 +8,16 @@ with a wall-clock timeout; its whole output goes to the build log. A compiler er
 `BuildResult` with `ok=False` and the compiler's message, never a traceback.
 
 For ccache hits across builds (worker.build.ccache), the build compiles a private copy of the
-sources at `<staging>/src` (only the files the digest covers, so nothing outside the digest can
+sources at `<staging>/out/src` (only the files the digest covers, so nothing outside the digest can
 reach the compiler), and ccache's base_dir is the cache root: every path it hashes is then relative
 to the staging folder, the same for every commit tree and every build. The build log and
 `BuildResult.compiler_cache` say whether ccache was used and which files it hit or missed.
+
+What the box may write and what the worker writes are apart: the box is shown `<staging>/out`
+(sources, ninja's files, objects, the library, ccache's stats log) and nothing else of the staging
+folder; the build log (the child's stdout, a descriptor the worker opened) and the manifest live in
+`<staging>` itself, where no box has a bind. What the worker takes from `out` (the stats log, the
+check that the library is a plain file) goes through worker.sandbox.boxfiles.
 """
 
 from __future__ import annotations
@@ -30,17 +36,18 @@ from pydantic import BaseModel
 
 from worker import sandbox
 from worker.build.cache import (
-    BuildResult, LabelledHash, OutputTooLarge, cached_build, default_cache_dir, verify_build_max_bytes, wait_bounded,
+    MAX_KEPT_LOG_BYTES, BuildResult, LabelledHash, OutputTooLarge, cached_build, default_cache_dir,
+    verify_build_max_bytes, wait_bounded,
 )
 from worker.build.host_cpu import depends_on_host, isa_digest
 from worker.build.toolchain import Toolchain, ToolchainError, identify
 from worker.build.ccache import (
     EXTENSION_NAME_MACRO, ccache_env, ccache_version, find_ccache, read_ccache_stats_log,
 )
-from worker.sandbox import log_tail
+from worker.sandbox import boxfiles, log_tail
 
 # Bump when the way a build is made changes, so old cache entries are not reused.
-BUILD_RECIPE_VERSION = "2"  # 2: libstdc++ linked dynamically, --fmad=false
+BUILD_RECIPE_VERSION = "3"  # 2: libstdc++ linked dynamically, --fmad=false; 3: the box writes only <staging>/out
 SOURCE_SUFFIXES = (".cpp", ".cc", ".cu", ".h", ".hpp", ".cuh")
 DEFAULT_CFLAGS = ("-O3",)
 # No --use_fast_math, and no FMA contraction (--fmad=false): the CUDA kernels compute exactly the
@@ -51,6 +58,7 @@ DEFAULT_CFLAGS = ("-O3",)
 # memory-bound: FMA buys them no speed.
 DEFAULT_CUDA_CFLAGS = ("-O3", "-lineinfo", "--fmad=false")
 LIBRARY_PREFIX = "optdrift_kernels_"
+BOX_FOLDER = "out"  # <staging>/out: the only part of a staging folder an extension build's box may write
 
 
 class BuildSpec(BaseModel):
@@ -228,7 +236,9 @@ def _compile(
 ) -> BuildResult:
     # Compile a private copy of exactly the digested files, at a path that is the same relative
     # to the staging folder in every build (see the module docstring: ccache hits across trees).
-    copy_root = staging / "src"
+    box_root = staging / BOX_FOLDER
+    box_root.mkdir()
+    copy_root = box_root / "src"
     copied = []
     for path in kernel_source_files(source_dir):
         target = copy_root / path.relative_to(source_dir)
@@ -247,13 +257,13 @@ def _compile(
         name=name,
         sources=[str(p) for p in compiled],
         include_dirs=[str(copy_root)],
-        build_directory=str(staging),
+        build_directory=str(box_root),
         cuda_archs=archs,
         extra_cflags=list(extra_cflags),
         extra_cuda_cflags=list(extra_cuda_cflags),
         ccache=str(ccache) if ccache else None,
     )
-    stats_log = staging / "ccache-stats.log"
+    stats_log = box_root / "ccache-stats.log"
     scratch = sandbox.Scratch(prefix="optdrift-build-scratch-")
     extra_env = {"TORCH_CUDA_ARCH_LIST": ";".join(archs)} if archs else {}
     if compiler:  # a build variant's host compiler, in place of the worker's $CXX
@@ -290,15 +300,17 @@ def _compile(
         child = sandbox.popen(
             [sys.executable, "-P", "-m", "worker.build.child", spec.model_dump_json()],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            cwd=staging if sandbox.available() else Path(__file__).resolve().parents[2],
-            limits=sandbox.BUILD_LIMITS, guard_group=True, scratch=scratch.path, writable=[staging] + ([ccache_dir] if ccache and trusted else []),
+            cwd=box_root if sandbox.available() else Path(__file__).resolve().parents[2],
+            limits=sandbox.BUILD_LIMITS, guard_group=True, scratch=scratch.path,
+            writable=[box_root] + ([ccache_dir] if ccache and trusted else []),
             # The ccache executable's own folder too: an operator's OPTDRIFT_CCACHE may live outside
             # the system folders the box shows (e.g. a ccache unpacked under the worker's home).
             readable=([ccache_dir] if ccache and not trusted else []) + ([Path(ccache).resolve().parent] if ccache else []),
         )
         try:
-            # An untrusted build's folder is measured while it runs (worker.build.cache).
-            returncode = wait_bounded(child, timeout_s, output=staging,
+            # An untrusted build's folder and its scratch HOME/TMPDIR are measured while it runs
+            # (worker.build.cache): the scratch is on the worker's disk too.
+            returncode = wait_bounded(child, timeout_s, output=[staging, scratch.path],
                                       max_bytes=None if trusted else verify_build_max_bytes())
         except OutputTooLarge as error:
             return base.model_copy(update={"error": str(error)})
@@ -307,12 +319,20 @@ def _compile(
             child.wait()
             return base.model_copy(update={"error": f"the build took longer than {timeout_s:.0f} s and was stopped"})
     if ccache:
-        stats = read_ccache_stats_log(stats_log, f"{ccache_version(str(ccache))} ({ccache})")
+        stats = read_ccache_stats_log(box_root, stats_log.name, f"{ccache_version(str(ccache))} ({ccache})")
         base = base.model_copy(update={"compiler_cache": stats})
         with open(log_path, "a") as log:
             log.write(f"compiler cache: {stats.summary()}\n")
+    log_tail.keep_tail(log_path, MAX_KEPT_LOG_BYTES)
     log_text = log_path.read_text(errors="replace")
-    library = staging / f"{name}.so"
-    if returncode != 0 or not library.is_file():
+    if returncode != 0:
         return base.model_copy(update={"error": compiler_message(log_text)})
+    library = box_root / f"{name}.so"
+    try:
+        handle = boxfiles.open_file(box_root, library.name)
+    except boxfiles.BoxFileRefused as refused:
+        return base.model_copy(update={"error": f"the built library: {refused}"})
+    if handle is None:
+        return base.model_copy(update={"error": compiler_message(log_text)})
+    os.close(handle)
     return base.model_copy(update={"ok": True, "library_path": str(library)})

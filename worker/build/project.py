@@ -212,7 +212,8 @@ def _run_commands(workdir: Path, config: ProjectConfig, archs: list[str], log_pa
                           scratch=scratch.path)
         stats = None
         if ccache is not None:
-            stats = read_ccache_stats_log(Path(env["CCACHE_STATSLOG"]), f"{ccache_version(str(ccache))} ({ccache})")
+            stats_log = Path(env["CCACHE_STATSLOG"])  # in the scratch, which the box writes
+            stats = read_ccache_stats_log(stats_log.parent, stats_log.name, f"{ccache_version(str(ccache))} ({ccache})")
             log.write(f"compiler cache: {stats.summary()}\n".encode())
     log_tail.keep_tail(log_path, MAX_KEPT_LOG_BYTES)
     return error, stats
@@ -234,8 +235,9 @@ def _run_each(config: ProjectConfig, workdir: Path, env: dict[str, str], log, lo
         except OSError as error:
             return f"build command {command!r} could not start: {error}"
         try:
-            # An untrusted build's folder is measured while it runs (worker.build.cache).
-            code = wait_bounded(child, max(0.0, deadline - time.monotonic()), output=workdir.parent,
+            # An untrusted build's folder and its scratch HOME/TMPDIR are measured while it runs
+            # (worker.build.cache): the scratch is on the worker's disk too.
+            code = wait_bounded(child, max(0.0, deadline - time.monotonic()), output=[workdir.parent, scratch],
                                 max_bytes=None if trusted else verify_build_max_bytes())
         except OutputTooLarge as error:
             return f"{error} during {command!r}"

@@ -60,6 +60,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from worker.sandbox import boxfiles
+
 FOLDER = "compile"  # <build cache root>/compile
 SCRATCH_COPY = "compile-cache"  # an untrusted host's copy, in its scratch
 LOCKS = ".locks"  # <root>/compile/.locks/<digest>.lock: held shared while a digest's cache is in use
@@ -264,6 +266,11 @@ def use_in_host(bound: str | Path, *, writable: bool, class_key: str, scratch: s
     return target
 
 
+# One compiled artefact of inductor's caches is kilobytes to a few MB; a larger file in a host's
+# scratch copy is not taken.
+MAX_ENTRY_FILE_BYTES = 256 * 1024 * 1024
+
+
 def keep_new_entries(copy: Path, cache: CompileCache, class_key: str) -> int:
     """A trusted spare's scratch copy (`copy`) merged into `cache`'s folder for its environment:
     regular files not there yet, each written beside its place and renamed in (a reader never sees
@@ -273,16 +280,20 @@ def keep_new_entries(copy: Path, cache: CompileCache, class_key: str) -> int:
     target = cache.folder / environment_folder_name(class_key)
     added = 0
     for folder, _subfolders, files in os.walk(copy):
-        here = target / Path(folder).relative_to(copy)
+        relative = Path(folder).relative_to(copy)
+        here = target / relative
         for name in files:
-            source, destination = Path(folder) / name, here / name
-            if source.is_symlink() or not source.is_file() or destination.exists():
+            destination = here / name
+            if destination.exists():
                 continue
             here.mkdir(parents=True, exist_ok=True)
-            partial = destination.with_name(f".{name}.{os.getpid()}.partial")
-            shutil.copyfile(source, partial)
-            os.replace(partial, destination)
-            added += 1
+            # The scratch copy is the host's: taken through worker.sandbox.boxfiles (no link
+            # followed, no FIFO opened, bounded), written beside its place and renamed in.
+            try:
+                if boxfiles.copy_out(copy, relative / name, destination, max_bytes=MAX_ENTRY_FILE_BYTES):
+                    added += 1
+            except boxfiles.BoxFileRefused:
+                continue
     return added
 
 

@@ -31,6 +31,7 @@ from service.core.results import CaseResult, CaseSpec, RunResult
 from worker import sandbox
 from worker.battery import BatterySpec
 from worker.engine import params_file
+from worker.sandbox import boxfiles
 from worker.engine.host import KernelHost
 
 Progress = Callable[[int, int, CaseResult], None]
@@ -217,9 +218,7 @@ class _Chunk:
             sides = []
             for side, host in enumerate(hosts):
                 own = self.own_files[side]
-                mapped = (params_file.open_checked(host.scratch_path / self.file_name,
-                                                   params_file.total_elements(self.cases))
-                          if any(p not in own for p in differing) else None)
+                mapped = (self._taken_chunk_file(host, side) if any(p not in own for p in differing) else None)
 
                 def rows(position: int, own=own, mapped=mapped) -> np.ndarray:  # noqa: ANN001
                     region = layout[position]
@@ -231,9 +230,28 @@ class _Chunk:
         finally:
             for side, host in enumerate(hosts):
                 (host.scratch_path / self.file_name).unlink(missing_ok=True)
+                (self.workdir / self._taken_name(side)).unlink(missing_ok=True)
                 for path in self.own_files[side].values():
                     path.unlink(missing_ok=True)
         return {self.cases[p].case_id: series for p, series in zip(differing, values)}
+
+    def _taken_name(self, side: int) -> str:
+        return f"side{side}-chunk{self.number}.f32"
+
+    def _taken_chunk_file(self, host: KernelHost, side: int) -> np.ndarray:
+        """The chunk's parameter file the host wrote in its scratch, copied first into the worker's
+        own folder (worker.sandbox.boxfiles: the host is alive and runs submitted code; it could
+        swap the file for a link or a FIFO, or truncate a mapping under the worker) and mapped there."""
+        elements = params_file.total_elements(self.cases)
+        taken = self.workdir / self._taken_name(side)
+        try:
+            found = boxfiles.copy_out(host.scratch_path, self.file_name, taken, max_bytes=elements * 4,
+                                      exact_bytes=elements * 4)
+        except boxfiles.BoxFileRefused as refused:
+            raise params_file.ParamsFileError(f"the kernel host's parameter file: {refused}") from None
+        if not found:
+            raise params_file.ParamsFileError(f"the kernel host left no parameter file {self.file_name}")
+        return params_file.open_checked(taken, elements)
 
 
 def _timed(into: dict[str, float], key: str, work: Callable, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202

@@ -7,6 +7,7 @@ Uses the tiny extension (tests/fixtures/tiny_ext: ops.cpp and cpu/scale.cpp, two
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -97,11 +98,26 @@ def test_stats_log_outcomes_per_file(tmp_path: Path):
         "# src/cpu/c.cpp", "unsupported_compiler_option",
         "# optdrift_kernels_x.so", "called_for_link",
     ]) + "\n")
-    stats = read_ccache_stats_log(log, "ccache version 4.14.2")
+    stats = read_ccache_stats_log(tmp_path, log.name, "ccache version 4.14.2")
     assert (stats.hits, stats.misses, stats.uncacheable, stats.links) == (2, 1, 1, 1)
     assert stats.missed_files == ["b.cu"]
     assert stats.uncacheable_reasons == ["unsupported_compiler_option"]
-    assert read_ccache_stats_log(tmp_path / "missing.log", "ccache").hits == 0
+    assert read_ccache_stats_log(tmp_path, "missing.log", "ccache").hits == 0
+
+
+def test_a_stats_log_left_as_a_link_or_fifo_is_not_read_and_says_so(tmp_path: Path):
+    """Issue 43: the box writes the stats log; a link to a worker secret or a FIFO there must give
+    'counts unknown' with the reason, never the secret's lines and never a wait."""
+    secret = tmp_path / "pgpass"
+    secret.write_text("127.0.0.1:5432:*:postgres:canarypassword\n")
+    box = tmp_path / "box"
+    box.mkdir()
+    (box / "linked.log").symlink_to(secret)
+    os.mkfifo(box / "fifo.log")
+    for name, what in (("linked.log", "link"), ("fifo.log", "FIFO")):
+        stats = read_ccache_stats_log(box, name, "ccache version 4.14.2")
+        assert stats.unread and what in stats.unread
+        assert "canarypassword" not in stats.summary() and "counts unknown" in stats.summary()
 
 
 def test_extension_name_is_left_out_of_the_hash_only_when_no_source_names_it(tmp_path: Path):

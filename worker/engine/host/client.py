@@ -44,7 +44,8 @@ from worker.engine.host.protocol import (
     run_many_request,
     shown_seconds,
 )
-from worker.sandbox import log_tail
+from worker.engine import states_file
+from worker.sandbox import boxfiles, log_tail
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 CHILD_MODULE = "worker.engine.host.child"
@@ -55,19 +56,19 @@ log = logging.getLogger(__name__)
 STARTS_BEFORE_GIVING_UP = 2
 
 
-def take_params_file(written: Path, destination: Path) -> str | None:
-    """Move the parameters the host wrote in its scratch to `destination`; the reason when the file
-    must not be read. The host runs submitted code: a link planted there would point the worker's
-    own reads (the co-run's diffs, attribution) at a file outside the box, so only a plain file
-    with one name is taken."""
+def take_params_file(written: Path, destination: Path, *, max_bytes: int) -> str | None:
+    """Copy the parameters (or states) the host wrote in its scratch to `destination` and remove
+    them there; the reason when the file must not be read. The host runs submitted code: a link
+    planted there would point the worker's own reads (the co-run's diffs, attribution) at a file
+    outside the box, a FIFO would block the worker's open for ever, and the host may still change
+    the file while it is read; so it is taken through worker.sandbox.boxfiles (a plain file with
+    one name, at most `max_bytes`, copied into the worker's own folder)."""
     try:
-        info = written.lstat()
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-        return ("the kernel host left its parameter file as a link or a special file; "
-                "not read (submitted code may only write plain files in its scratch)")
-    shutil.move(written, destination)
+        found = boxfiles.copy_out(written.parent, written.name, destination, max_bytes=max_bytes)
+    except boxfiles.BoxFileRefused as refused:
+        return f"the kernel host's output file was not read: {refused}"
+    if found:
+        written.unlink(missing_ok=True)
     return None
 
 
@@ -509,14 +510,16 @@ class KernelHost:
         if answer.get("restart"):
             self._kill()
         if self._pending_params_out is not None:
-            refused = take_params_file(self._scratch.path / "params.f32", self._pending_params_out)
+            refused = take_params_file(self._scratch.path / "params.f32", self._pending_params_out,
+                                       max_bytes=case.steps * case.size * 4)
             if refused:
                 return CaseResult(case=case, status="broken", message=refused,
                                   duration_s=time.monotonic() - started)
         if self._pending_states_out is not None:
             # A refused state file costs the case its states, not its result: attribution reads the
             # parameters alone (worker.engine.states_file reads what is taken as untrusted anyway).
-            if take_params_file(self._scratch.path / "states.npys", self._pending_states_out):
+            if take_params_file(self._scratch.path / "states.npys", self._pending_states_out,
+                                max_bytes=states_file.byte_limit(case.size, case.steps)):
                 self._pending_states_out.unlink(missing_ok=True)
         return result
 

@@ -126,7 +126,7 @@ NVCC_SHAPES: tuple[Shape, ...] = (
            _NVCC_OWN),
     _shape("-arch=sm_XX, -code=sm_XX, -gencode=arch=compute_XX,code=sm_XX", _NVCC_ARCH),
     _shape("-Xptxas=<" + " ".join(sorted(PTXAS_OPTIONS)) + ">", _XPTXAS),
-    # Checked item by item against the host shapes in nvcc_flag_problem.
+    # Checked item by item against the host shapes in flag_problem.
     _shape("-Xcompiler=<allowed host flags, comma-separated>", r"(?:-Xcompiler|--compiler-options)=[^,]+(?:,[^,]+)*"),
 )
 SHAPES: Mapping[Compiler, tuple[Shape, ...]] = {"host": HOST_SHAPES, "nvcc": NVCC_SHAPES}

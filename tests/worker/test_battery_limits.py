@@ -99,9 +99,13 @@ def _group(draw, *, steps: int, max_axis: int) -> dict:  # noqa: ANN001
     kinds = draw(st.lists(st.sampled_from(["open", "closed"]), min_size=1, max_size=2, unique=True))
     seeds = draw(st.lists(st.integers(0, 10 ** 6), min_size=1, max_size=max_axis, unique=True))
     sizes = draw(st.lists(st.integers(1, 5000), min_size=1, max_size=max_axis, unique=True))
-    return {"optimizers": optimizers, "families": families, "param_dtypes": dtypes,
-            "points": [{"lr": lr} for lr in lrs], "gradients": [{"kind": k} for k in kinds],
-            "seeds": seeds, "sizes": sizes, "steps": steps}
+    group = {"optimizers": optimizers, "families": families, "param_dtypes": dtypes,
+             "points": [{"lr": lr} for lr in lrs], "gradients": [{"kind": k} for k in kinds],
+             "seeds": seeds, "sizes": sizes, "steps": steps}
+    # A group may leave out an axis that has a default (one value): it counts as that one value.
+    for axis in draw(st.sets(st.sampled_from(["families", "param_dtypes", "points", "gradients", "seeds"]))):
+        del group[axis]
+    return group
 
 
 @st.composite
@@ -143,8 +147,8 @@ def _declared(raw: dict) -> dict[str, int]:
     out = {"max_cases": 0, "max_steps_per_case": 0, "max_elements_per_case": 0, "max_case_steps": 0,
            "max_case_step_elements": 0}
     for g in raw["groups"]:
-        count = math.prod(len(g[a]) for a in ("optimizers", "families", "param_dtypes", "points",
-                                              "gradients", "seeds", "sizes"))
+        count = math.prod(len(g.get(a, [None])) for a in ("optimizers", "families", "param_dtypes", "points",
+                                                          "gradients", "seeds", "sizes"))
         out["max_cases"] += count
         out["max_steps_per_case"] = max(out["max_steps_per_case"], g["steps"])
         out["max_elements_per_case"] = max(out["max_elements_per_case"], max(g["sizes"]))

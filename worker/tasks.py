@@ -40,7 +40,7 @@ from worker.jobs.environment_attribution import attribute_and_store
 from worker.jobs.run import execute_run
 from worker.jobs import follow_ups, watchdog
 from worker.jobs.timing import time_or_yield
-from worker.sandbox import log_tail
+from worker.sandbox import log_tail, privilege
 from worker.speed.record import ANSWER_SLACK_S, budget_s as timing_budget_s
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,11 @@ log = logging.getLogger(__name__)
 
 @worker_ready.connect
 def _say_whether_sandboxed(**_kwargs) -> None:  # noqa: ANN003
+    who = privilege.identity()  # decided before Celery started (service/cli/main.py `worker`)
+    if who.warning:
+        log.warning("%s", who.warning)
+    else:
+        log.info("worker identity: %s", who.detail)
     available, what = sandbox.status()
     if available:
         log.info("sandbox: builds and kernel hosts run under %s", what)
@@ -99,17 +104,17 @@ STOP_SIGNAL = signal.SIGUSR2
 
 
 def _pool_processes() -> list[int]:
-    """This process's prefork pool processes: its children forked without exec (same command
-    line, same process group); a box leads a group of its own."""
-    def command_line(pid: int | str) -> bytes | None:
+    """This process's prefork pool processes: its children that run this Python, forked without a
+    session of their own (a box leads a group of its own). By the executable, not the command line:
+    a pool process may retitle itself (setproctitle)."""
+    def executable(pid: int | str) -> str | None:
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                return cmdline.read()
+            return os.readlink(f"/proc/{pid}/exe")
         except OSError:
             return None
 
-    own, group = command_line("self"), os.getpgrp()
-    return [pid for pid, pgid in watchdog.children() if pgid == group and command_line(pid) == own]
+    own, group = executable("self"), os.getpgrp()
+    return [pid for pid, pgid in watchdog.children() if pgid == group and executable(pid) == own]
 
 
 @worker_shutting_down.connect

@@ -187,9 +187,23 @@ def _start_presence(sender=None, **_kwargs) -> None:  # noqa: ANN001, ANN003
     detail = {"host": socket.gethostname(), "pid": os.getpid(), "device": settings.worker_device,
               "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
               # the build variants it serves beside its environment (`cpu+fma` runs wait for it too)
-              "variants": sorted(settings.build_variants)}
+              "variants": sorted(settings.build_variants),
+              # what /healthz says of this worker's sandbox and of whom its file handling runs as
+              "sandbox": sandbox_report()}
     _presence = PresenceBeat(name=f"{node}:{os.getpid()}", environment=settings.worker_environment,
                              detail=detail, interval_s=PRESENCE_INTERVAL_S).start()
+
+
+def sandbox_report() -> dict:
+    """Whether builds and kernel hosts run boxed here, and who the worker's own work runs as
+    (worker.sandbox.privilege): a root worker that found no worker user carries its warning."""
+    from worker import sandbox
+    from worker.sandbox import privilege
+
+    available, what = sandbox.status()
+    who = privilege.identity()
+    return {"available": available, "what": what, "identity": who.as_dict(),
+            **({"warning": who.warning} if who.warning else {})}
 
 
 @worker_shutdown.connect

@@ -130,12 +130,21 @@ def worker(
             console.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from exc
         raise typer.Exit(code)
+    if name is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", name):
+        raise _fail(f"--name {name!r}: use 1-40 letters, digits, '-' or '_'", EXIT_USAGE)
+    # Root only to launch the box (worker/sandbox/privilege.py): as root, become OPTDRIFT_WORKER_USER
+    # now, before Celery, its pool and any thread start. (`--gpus` above supervises and starts the
+    # per-GPU workers, each of which drops here; it touches no file, database or network itself.)
+    from worker.sandbox.privilege import DropRefused, drop_for_worker
+
+    try:
+        drop_for_worker()
+    except DropRefused as exc:
+        raise _fail(f"the worker cannot drop root: {exc}", EXIT_USAGE) from None
     from service.settings import get_settings
     from worker.celery_app import app as celery_app, worker_argv
 
     settings = get_settings()
-    if name is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", name):
-        raise _fail(f"--name {name!r}: use 1-40 letters, digits, '-' or '_'", EXIT_USAGE)
     celery_app.worker_main(worker_argv(environment=settings.worker_environment,
                                        concurrency=concurrency, pool=pool, loglevel=loglevel, name=name,
                                        variants=list(settings.build_variants)))

@@ -38,6 +38,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from worker.sandbox import launcher, mounts
+from worker.sandbox import privilege
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,11 @@ def _set_limits(limits: SandboxLimits) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def _make_preexec(limits: SandboxLimits, isolate: bool):  # noqa: ANN202
+def _make_preexec(limits: SandboxLimits, isolate: bool, *, tether: bool = False):  # noqa: ANN202
+    """`tether`: the child is the tether of a worker that dropped root (worker.sandbox.privilege): it
+    gets effective uid 0 back to fork bwrap as root, keeping the worker's real uid so that the
+    worker's signals reach it. Without bubblewrap (no tether) a dropped worker's child never gets
+    root back: it runs a build as the worker's user, not as root."""
     def preexec() -> None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
         # bwrap makes the folders above each bind with the caller's umask: a worker started with
@@ -148,6 +153,8 @@ def _make_preexec(limits: SandboxLimits, isolate: bool):  # noqa: ANN202
         if isolate:
             _unshare_network()
         _set_limits(limits)
+        if tether:
+            privilege.raise_effective_in_child()
 
     return preexec
 
@@ -202,16 +209,42 @@ def _plan(*, readable: list[Path], writable: list[Path], gpu: bool) -> mounts.Mo
                             devices=mounts.gpu_devices() if gpu else [], secrets=secret_paths())
 
 
-def _give_to_sandbox_user(paths: list[Path]) -> None:
+def _give_to_sandbox_user(paths: list[Path]) -> list[Path]:
     """As root the child runs as uid 65534: hand it the folders it may write (whole trees: a build
-    writes next to the sources it was given)."""
-    for top in paths:
-        if os.lstat(top).st_uid == mounts.SANDBOX_UID:
-            continue  # handed over before (the shared compiler cache, every trusted build): no walk
+    writes next to the sources it was given). Returns the folders handed over now: a worker that
+    dropped root takes them back when the box is gone (worker.sandbox.privilege.take_back), so it
+    handles what the build wrote as their owner. A folder that is the box's already (the shared
+    compiler cache) is neither walked nor taken back."""
+    handed = [Path(top) for top in paths if os.lstat(top).st_uid != mounts.SANDBOX_UID]
+    if privilege.dropped():
+        # CAP_CHOWN, in a child that regains root: never in this process, whose threads share its uids.
+        privilege.chown_trees(handed, mounts.SANDBOX_UID, mounts.SANDBOX_GID)
+        return handed
+    for top in handed:
         os.lchown(top, mounts.SANDBOX_UID, mounts.SANDBOX_GID)
         for folder, dirs, files in os.walk(top):
             for name in dirs + files:
                 os.lchown(os.path.join(folder, name), mounts.SANDBOX_UID, mounts.SANDBOX_GID)
+    return handed
+
+
+class _TakenBackPopen(subprocess.Popen):
+    """A dropped worker's box (its tether): once its exit is seen (wait, poll, communicate), the
+    folders handed to the box are the worker's user's again."""
+
+    def __init__(self, *args, taken_back: list[Path], **kwargs) -> None:  # noqa: ANN002, ANN003
+        self._taken_back = list(taken_back)
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            privilege.take_back(self._taken_back)
+            raise
+
+    def _handle_exitstatus(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super()._handle_exitstatus(*args, **kwargs)
+        folders, self._taken_back = self._taken_back, []
+        if folders:
+            privilege.take_back(folders)
 
 
 def bwrap_command(args: list[str], *, env: dict[str, str], readable: list[Path] = (),
@@ -220,7 +253,7 @@ def bwrap_command(args: list[str], *, env: dict[str, str], readable: list[Path] 
     (bwrap must exist). Start it with launcher.LAUNCHER_ENV: bwrap and the identity drop never see
     `env`; `env -i` applies it as the last step, inside every namespace, as the sandbox user."""
     found = launcher.launcher()
-    privileged = os.geteuid() == 0
+    privileged = privilege.launches_as_root()
     problem = found.problem(privileged=privileged)
     if problem is not None:
         raise SandboxUnavailable(problem)
@@ -242,16 +275,18 @@ def status() -> tuple[bool, str]:
     if not sys.platform.startswith("linux"):
         return False, f"bubblewrap is Linux-only (platform {sys.platform})"
     found = launcher.launcher()
-    problem = found.problem(privileged=os.geteuid() == 0)
+    problem = found.problem(privileged=privilege.launches_as_root())
     if problem is not None:
         return False, problem
     executable = found.bwrap
     env = sandbox_env(scratch=Path("/tmp"))
     env["PYTHONPATH"] = str(mounts.code_root())
+    command = bwrap_command([sys.executable, "-P", "-c", "import worker, os; print(os.getuid())"], env=env)
+    tether = privilege.dropped()  # as popen starts a box (worker.sandbox.privilege)
     try:
-        out = subprocess.run(bwrap_command([sys.executable, "-P", "-c", "import worker, os; print(os.getuid())"],
-                                           env=env), env=dict(launcher.LAUNCHER_ENV), capture_output=True,
-                             text=True, timeout=60)
+        out = subprocess.run(privilege.tether_command(command) if tether else command,
+                             env=dict(launcher.LAUNCHER_ENV), capture_output=True, text=True, timeout=60,
+                             preexec_fn=privilege.raise_effective_in_child if tether else None)
     except (OSError, subprocess.SubprocessError) as exc:
         return False, f"bubblewrap did not start: {exc}"
     if out.returncode != 0 or out.stdout.strip() != str(mounts.SANDBOX_UID):
@@ -295,9 +330,12 @@ def popen(args: list[str], *, limits: SandboxLimits, env: dict[str, str], readab
         if scratch is not None:
             writable = [*writable, Path(scratch)]
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(mounts.code_root()), env.get("PYTHONPATH")]))
-        if os.geteuid() == 0:
-            _give_to_sandbox_user([Path(p) for p in writable])
         command = bwrap_command(args, env=env, readable=readable, writable=writable, gpu=gpu, cwd=cwd)
+        handed = _give_to_sandbox_user([Path(p) for p in writable]) if privilege.launches_as_root() else []
+        if privilege.dropped():
+            return _TakenBackPopen(privilege.tether_command(command), taken_back=handed,
+                                   env=dict(launcher.LAUNCHER_ENV), start_new_session=True,
+                                   preexec_fn=_make_preexec(limits, False, tether=True), **kwargs)
         return subprocess.Popen(command, env=dict(launcher.LAUNCHER_ENV), start_new_session=True,
                                 preexec_fn=_make_preexec(limits, False), **kwargs)
     name = Path(args[0]).name

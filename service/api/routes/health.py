@@ -16,9 +16,33 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
-    """The process is up (no dependencies checked)."""
-    return {"status": "ok"}
+def healthz(session: SessionDep) -> dict:
+    """The process is up (it answers whether or not the database does). `sandbox`: what each live
+    worker reported of its sandbox and of whom its own work runs as, and the warnings an operator
+    should act on (a worker running as root for want of a worker user, a worker without its box)."""
+    return {"status": "ok", "sandbox": sandbox_status(session)}
+
+
+def sandbox_status(session) -> dict:  # noqa: ANN001
+    """From the workers' presence rows (worker/gpu_workers.py `sandbox_report`): liveness must not
+    depend on the database, so an unreadable one is said, not raised."""
+    from service.domain import workers
+
+    try:
+        live = workers.live_workers(session=session)
+    except Exception as exc:  # noqa: BLE001
+        return {"workers": [], "warnings": [], "unknown": f"worker presence unreadable: {str(exc).splitlines()[0]}"}
+    reports, warnings = [], []
+    for row in live:
+        report = (row.detail or {}).get("sandbox")
+        if not isinstance(report, dict):
+            continue  # a worker of an older version: it does not say
+        reports.append({"worker": row.name, "environment": row.environment, **report})
+        if report.get("warning"):
+            warnings.append(f"{row.name}: {report['warning']}")
+        if report.get("available") is False:
+            warnings.append(f"{row.name}: sandbox unavailable: {report.get('what')}")
+    return {"workers": reports, "warnings": warnings}
 
 
 def _broker_ok(settings) -> str | None:  # noqa: ANN001

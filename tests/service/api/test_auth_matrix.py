@@ -47,6 +47,7 @@ POLICY: dict[tuple[str, str], set[str] | str] = {
     ("POST", "/api/v1/runs/{run_id}/cancel"): {"admin", "submit"},
     ("POST", "/api/v1/runs/{run_id}/retry"): {"admin", "submit"},
     ("POST", "/api/v1/runs/{run_id}/acknowledge"): {"admin"},
+    ("GET", "/api/v1/runs/{run_id}/cases"): PUBLIC,
     ("GET", "/api/v1/runs/{run_id}/trajectories"): PUBLIC,
     ("GET", "/api/v1/runs/{run_id}/trajectories.csv"): PUBLIC,
     ("GET", "/api/v1/runs/{run_id}/trajectories/{case_id}"): PUBLIC,

@@ -270,6 +270,9 @@ class CasesPublic(BaseModel):
     offset: int
     data: list[dict[str, Any]] = Field(description="each case's comparison, with its `attribution` "
                                                    "(null until the co-run's attribution has it)")
+    attribution_detail: dict[str, Any] | None = Field(
+        None, description="the verdict's stored detail.attribution for this page's cases (and its `error`); "
+                          "null before the co-run has stored one")
 
 
 class AcknowledgeRequest(BaseModel):

@@ -53,14 +53,17 @@ def corun_detail(run: dict) -> CorunDetail | None:
                        attributed="attribution" in detail)
 
 
-def _complete_verdict(verdict: dict, cases: list[dict]) -> None:
+def _complete_verdict(verdict: dict, cases: list[dict], stored_attribution: dict) -> None:
     """Put every case (GET /runs/{id}/cases, stored order) in a verdict whose answer showed a few: its
-    detail's cases, their attributions, and the lists drawn from them, as a small run's answer has."""
+    detail's cases and attribution, the public attributions, and the lists drawn from the cases, as a
+    small run's answer has them."""
     attributions = [case.pop("attribution") for case in cases if case.get("attribution")]
     for case in cases:
         case.pop("attribution", None)
     detail = verdict.setdefault("detail", {})
     detail["cases"] = cases
+    if "attribution" in detail:  # stored (maybe as its error): every case's, not the first page's
+        detail["attribution"] = {**detail["attribution"], **stored_attribution}
     verdict["attribution"] = attributions
     verdict["cases_shown"] = len(cases)
     verdict["not_applicable"] = [{"case_id": c["case_id"], "optimizer": c["optimizer"], "reason": c.get("message")}
@@ -205,14 +208,23 @@ class OptdriftClient:
         run = self._check(self.http.get(f"/api/v1/runs/{run_id}"))
         verdict = run.get("verdict")
         if verdict and verdict.get("cases_total", 0) > verdict.get("cases_shown", 0):
-            _complete_verdict(verdict, self.paged(verdict["cases_url"], page_size=500))
+            stored_attribution: dict = {}
+
+            def keep_attribution(page: dict) -> None:
+                stored_attribution.update(page.get("attribution_detail") or {})
+            cases = self.paged(verdict["cases_url"], page_size=500, on_page=keep_attribution)
+            _complete_verdict(verdict, cases, stored_attribution)
         return run
 
-    def paged(self, path: str, *, page_size: int, **params: Any) -> list[dict]:  # noqa: ANN401
-        """Every item of a paged list answer ({"data", "count"}; limit/offset), page after page."""
+    def paged(self, path: str, *, page_size: int, on_page: Callable[[dict], None] | None = None,
+              **params: Any) -> list[dict]:  # noqa: ANN401
+        """Every item of a paged list answer ({"data", "count"}; limit/offset), page after page;
+        `on_page` sees each whole answer (its other fields)."""
         items: list[dict] = []
         while True:
             answer = self._check(self.http.get(path, params={**params, "limit": page_size, "offset": len(items)}))
+            if on_page:
+                on_page(answer)
             items.extend(answer["data"])
             if not answer["data"] or len(items) >= answer.get("count", 0):
                 return items

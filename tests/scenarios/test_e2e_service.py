@@ -57,7 +57,7 @@ def three_commit_scenario(url: str, home: Path) -> None:
     assert flagged["first_divergent_step"] == 1
     cases = flagged["detail"]["cases"]
     changed = {c["case_id"] for c in cases if c["verdict"] == "changed"}
-    trajectories = client.http.get(f"/api/v1/runs/{ids['buggy']}/trajectories").json()["data"]
+    trajectories = client.trajectories(ids["buggy"])  # every page
     specs = {t["case_id"]: t["case"] for t in trajectories}
     # Every fp32 Adam/AdEMAMix case with weight decay must change, at step 1 (lr*wd*|update| is
     # far above one float32 ulp at these sizes); nothing else may change (wd=0 gives the same
@@ -77,7 +77,7 @@ def three_commit_scenario(url: str, home: Path) -> None:
     # step and non-zero at it.
     deadline = time.monotonic() + 300
     while True:
-        detail = client.http.get(f"/api/v1/runs/{ids['buggy']}").json()["verdict"]["detail"]
+        detail = client.run(ids["buggy"])["verdict"]["detail"]  # every case, page by page
         with_diffs = {c["case_id"]: c for c in detail["cases"] if c.get("max_abs_diff_per_step")}
         if set(with_diffs) >= changed or time.monotonic() > deadline:
             break
@@ -103,7 +103,7 @@ def three_commit_scenario(url: str, home: Path) -> None:
     # with weight decay after the update.
     while "attribution" not in detail and time.monotonic() < deadline + 300:
         time.sleep(1)
-        detail = client.http.get(f"/api/v1/runs/{ids['buggy']}").json()["verdict"]["detail"]
+        detail = client.run(ids["buggy"])["verdict"]["detail"]  # every case's attribution
     named = {case_id: found.get("variant") for case_id, found in detail["attribution"].items()}
     assert {named.get(case_id) for case_id in must_change} == {"decay_after_update"}, named
 

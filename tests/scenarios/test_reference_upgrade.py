@@ -89,8 +89,7 @@ def _stop(server: subprocess.Popen) -> None:
 
 
 def _final_distances(client, run_id: int) -> dict[str, float]:  # noqa: ANN001
-    answer = client._check(client.http.get(f"/api/v1/runs/{run_id}/trajectories"))
-    return {row["case_id"]: row["series"]["ref64_max_abs"][-1] for row in answer["data"]}
+    return {row["case_id"]: row["series"]["ref64_max_abs"][-1] for row in client.trajectories(run_id)}
 
 
 def _submit(sha: str, parents: list[str], tree: Path, url: str, env: dict[str, str]) -> subprocess.CompletedProcess:

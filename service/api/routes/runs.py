@@ -76,10 +76,12 @@ def list_cases(run_id: RunIdPath, session: SessionDep,
     detail = run.verdict.detail if run.verdict is not None else {}
     stored = detail.get("cases", [])
     page = stored[offset:offset + limit]
-    attributed = {a.case_id: a for a in attribution_public(detail_for_cases(detail, page))}
+    page_detail = detail_for_cases(detail, page)
+    attributed = {a.case_id: a for a in attribution_public(page_detail)}
     data = [{**case, "attribution": attributed[case["case_id"]].model_dump() if case.get("case_id") in attributed
              else None} for case in page]
-    return CasesPublic(run_id=run_id, count=len(stored), limit=limit, offset=offset, data=data)
+    return CasesPublic(run_id=run_id, count=len(stored), limit=limit, offset=offset, data=data,
+                       attribution_detail=page_detail.get("attribution"))
 
 
 TrajectoryLimit = limit_param(TRAJECTORIES_PAGE_DEFAULT, TRAJECTORIES_PAGE_MAX)

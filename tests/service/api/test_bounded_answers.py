@@ -138,11 +138,21 @@ def test_a_run_with_more_cases_than_a_page_answers_bounded_pages_and_the_total(a
     assert csv.headers["x-total-count"] == "130" and "cases1-10" in csv.headers["content-disposition"]
     assert api.get(f"/api/v1/runs/{run.id}/trajectories/case-0125").json()["case_index"] == 125
 
-    # The CLI's client reads every case back, page by page, as a small run's answer has them.
+    # The CLI's client reads every case back, page by page, as a small run's answer has them, with
+    # every case's stored attribution (the run's answer carries the shown cases' alone).
+    verdict_row = run.verdict
+    verdict_row.detail = {**verdict_row.detail, "attribution": {
+        case_id: {"kind": "semantic", "variant": "decay_after_update"} for case_id in ids[120:123] + ids[99:101]}}
+    db_session.flush()
+    shown = api.get(f"/api/v1/runs/{run.id}").json()["verdict"]
+    assert set(shown["detail"]["attribution"]) == set(ids[120:123])  # case-0099/0100: past the first 50
+    assert {a["case_id"] for a in shown["attribution"]} == set(ids[120:123])
     client = OptdriftClient("http://testserver")
     client.http = api
     whole = client.run(run.id)["verdict"]
     assert [c["case_id"] for c in whole["detail"]["cases"]] == ids
+    assert set(whole["detail"]["attribution"]) == set(ids[120:123] + ids[99:101])
+    assert {a["case_id"] for a in whole["attribution"]} == set(ids[120:123] + ids[99:101])
     assert [c["case_id"] for c in whole["not_applicable"]] == ["case-0007", "case-0047", "case-0087", "case-0127"]
     assert len(client.trajectories(run.id)) == 130
 

@@ -183,6 +183,11 @@ def test_a_root_worker_drops_to_its_user_and_still_builds_in_the_box(worker_user
 
 
 def _worker_until_ready(env: dict[str, str], log_path: Path, timeout_s: float = 240.0):  # noqa: ANN202
+    """`optdrift migrate` (as root, as `serve` would: the database is root's until the worker starts),
+    then a real `optdrift worker` up to Celery's "ready." line."""
+    migrated = subprocess.run([sys.executable, "-m", "service.cli", "migrate"], cwd=REPO_ROOT, capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **env}, timeout=120)
+    assert migrated.returncode == 0, migrated.stderr[-3000:]
     worker = start_process(["worker", "--pool", "solo", "--name", "privilegecheck"], env, log_path)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -201,7 +206,7 @@ def _healthz_sandbox(home: Path, timeout_s: float = 30.0) -> dict:
     from fastapi.testclient import TestClient
 
     from service.api.main import create_app
-    from service.db.session import get_engine
+    from service.db.session import get_engine, get_sessionmaker
     from service.settings import get_settings
 
     deadline = time.monotonic() + timeout_s
@@ -213,8 +218,8 @@ def _healthz_sandbox(home: Path, timeout_s: float = 30.0) -> dict:
         time.sleep(0.5)
     previous = os.environ.get("OPTDRIFT_HOME")
     os.environ["OPTDRIFT_HOME"] = str(home)
-    get_settings.cache_clear()
-    get_engine.cache_clear()
+    for cached in (get_settings, get_engine, get_sessionmaker):
+        cached.cache_clear()
     try:
         with TestClient(create_app()) as client:
             return client.get("/healthz").json()
@@ -223,8 +228,8 @@ def _healthz_sandbox(home: Path, timeout_s: float = 30.0) -> dict:
             os.environ.pop("OPTDRIFT_HOME", None)
         else:
             os.environ["OPTDRIFT_HOME"] = previous
-        get_settings.cache_clear()
-        get_engine.cache_clear()
+        for cached in (get_settings, get_engine, get_sessionmaker):
+            cached.cache_clear()
 
 
 def _worker_env(home: Path, base: Path, user: str) -> dict[str, str]:
@@ -265,6 +270,7 @@ def test_a_root_worker_without_its_user_says_so_at_start_and_in_healthz(base: Pa
         health = _healthz_sandbox(home)
     finally:
         stop_process(worker)
+    assert len(health["sandbox"]["workers"]) == 1, (health, text[-3000:])
     [report] = health["sandbox"]["workers"]
     assert report["identity"]["mode"] == "root", report
     assert any("running as root" in warning and missing in warning for warning in health["sandbox"]["warnings"]), health

@@ -279,21 +279,16 @@ def raise_effective_in_child() -> None:
 # with real uid the worker's and effective uid 0. Self-contained: nothing of the worker is imported as root.
 TETHER = """
 import ctypes, os, signal, sys
-prctl = ctypes.CDLL(None).prctl
-prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: gone with the worker
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: gone with the worker
 if os.getppid() != int(sys.argv[1]):
     os._exit(128 + signal.SIGKILL)  # the worker died before the request took effect
-tether = os.getpid()
 child = os.fork()
 if child == 0:
     try:
         os.setresuid(0, 0, 0)
         os.setresgid(0, 0, 0)
         os.setgroups([int(g) for g in sys.argv[2].split(",") if g])
-        # bwrap goes with the tether: set after the uid change (which clears it), kept by the exec
-        prctl(1, signal.SIGKILL)
-        if os.getppid() == tether:
-            os.execv(sys.argv[3], sys.argv[3:])
+        os.execv(sys.argv[3], sys.argv[3:])  # --die-with-parent: bwrap and its box go with the tether
     finally:
         os._exit(127)
 # The tether keeps effective uid 0 until it ends: the kernel checks the parent-death signal like a

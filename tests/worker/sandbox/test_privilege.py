@@ -182,6 +182,53 @@ def test_a_root_worker_drops_to_its_user_and_still_builds_in_the_box(worker_user
     assert stat.S_IMODE(os.stat(canary).st_mode) == 0o600 and os.stat(canary).st_uid == 0
 
 
+DROPPED_WORKER_THAT_DIES = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from worker import sandbox
+    from worker.sandbox import privilege
+
+    privilege.drop_for_worker()
+    sandbox.popen([sys.executable, "-c", "import time; time.sleep(120)", sys.argv[1]], limits=sandbox.BUILD_LIMITS,
+                  env=sandbox.sandbox_env(scratch=Path("/tmp")))
+    print("started", flush=True)
+    time.sleep(120)
+""")
+
+
+def _processes_running(marker: str, *, uid: int | None = None) -> list[str]:
+    """Processes whose command line holds `marker` (of `uid` alone, where given)."""
+    def runs(pid: str) -> bool:
+        try:
+            return marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes() and (
+                uid is None or os.stat(f"/proc/{pid}").st_uid == uid)
+        except OSError:
+            return False
+    return [pid for pid in os.listdir("/proc") if pid.isdigit() and runs(pid)]
+
+
+def test_the_box_of_a_dropped_worker_dies_with_the_worker(worker_user, base: Path) -> None:  # noqa: ANN001
+    """The tether dies with the worker (its own parent-death signal) and bwrap with the tether."""
+    marker = f"box-of-a-killed-worker-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OPTDRIFT_WORKER_USER": worker_user.pw_name,
+           "OPTDRIFT_HOME": str(base / "home")}
+    worker = subprocess.Popen([sys.executable, "-c", DROPPED_WORKER_THAT_DIES, marker], cwd=base, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert worker.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 10
+        while not _processes_running(marker, uid=65534) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _processes_running(marker, uid=65534), "the box's command never started"
+    finally:
+        worker.kill()
+        worker.wait()
+    deadline = time.monotonic() + 5
+    while _processes_running(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_running(marker) == [], "the box outlived the worker that started it"
+
+
 def _worker_until_ready(env: dict[str, str], log_path: Path, timeout_s: float = 240.0):  # noqa: ANN202
     """`optdrift migrate` (as root, as `serve` would: the database is root's until the worker starts),
     then a real `optdrift worker` up to Celery's "ready." line."""

@@ -21,7 +21,10 @@ COPY csrc ./csrc
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir ".[worker]"
 # The worker runs as an unprivileged user: bubblewrap then maps the sandbox's uid 65534 to it
-# through a user namespace, and submitted code never runs as root inside the container.
+# through a user namespace, and submitted code never runs as root inside the container. The user
+# is named `optdrift`, the default OPTDRIFT_WORKER_USER: a container started as root instead (which
+# bwrap's privileged mode needs CAP_SYS_ADMIN for) has each worker become it at start and keep root
+# only to launch the box (worker/sandbox/privilege.py, docs/DEPLOY.md).
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin optdrift \
     && mkdir -p /data/builds && chown -R optdrift:optdrift /data
 ENV OPTDRIFT_HOME=/data OPTDRIFT_HARNESS_CACHE=/data/harness

@@ -321,3 +321,26 @@ def test_a_root_worker_without_its_user_says_so_at_start_and_in_healthz(base: Pa
     [report] = health["sandbox"]["workers"]
     assert report["identity"]["mode"] == "root", report
     assert any("running as root" in warning and missing in warning for warning in health["sandbox"]["warnings"]), health
+
+
+def test_the_systemd_example_starts_a_root_worker_that_drops_to_its_user() -> None:
+    """docker/optdrift-worker.service: a real `optdrift worker` command line, real variables, and no
+    User= (a worker started as its user could not launch boxes privileged)."""
+    import click
+    import typer
+
+    from service.cli.main import app
+    from service.settings import Settings
+
+    unit = (REPO_ROOT / "docker" / "optdrift-worker.service").read_text()
+    lines = [line.strip() for line in unit.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert not [line for line in lines if line.startswith(("User=", "DynamicUser="))]
+    environment = dict(line.removeprefix("Environment=").split("=", 1) for line in lines if line.startswith("Environment="))
+    assert environment.get("OPTDRIFT_WORKER_USER") == "optdrift"
+    known = {f"OPTDRIFT_{name.upper()}" for name in Settings.model_fields} | {"OPTDRIFT_WORKER_USER", "OPTDRIFT_HARNESS_CACHE"}
+    assert set(environment) <= known, set(environment) - known
+    [start] = [line.removeprefix("ExecStart=") for line in lines if line.startswith("ExecStart=")]
+    program, *words = start.split()
+    assert Path(program).name == "optdrift" and words[0] == "worker", start
+    group = typer.main.get_command(app)
+    group.get_command(click.Context(group), "worker").make_context("worker", words[1:], resilient_parsing=False)

@@ -37,6 +37,7 @@ import logging
 import os
 import pwd
 import stat
+import struct
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -149,6 +150,8 @@ def drop_for_worker() -> Identity:
         _check_reachable(needed, user, groups, becoming_its=folders)
     root_only = _root_only_files(settings)
     _preload_secrets(settings)
+    if settings.uses_filesystem_broker:
+        _share_new_files(settings.broker_folder, user.pw_uid)
     # The compiler cache is shared by every trusted build on the host, several at once: it stays the
     # box's (never taken back after one build while another writes it); the worker never writes in it.
     compiler_cache = Path(os.path.abspath(settings.resolved_build_cache_dir / "ccache"))
@@ -257,6 +260,28 @@ def _give_tree_to(top: Path, uid: int, gid: int, *, keep: set[Path], box_owned: 
         for name in files:
             path = os.path.join(folder, name)
             give(path, os.lstat(path))
+
+
+def _share_new_files(folder: Path, uid: int) -> None:
+    """The embedded broker's folders (`optdrift serve` as root): the API, still root, keeps writing
+    message and exchange files there after the drop, and kombu opens an exchange file for writing
+    when the worker binds its queues. A default ACL makes every file created there later the worker
+    user's to read and write (root's mode bits alone would make them read-only to it)."""
+    entry, anyone = struct.Struct("<HHI"), 0xFFFFFFFF
+    # version 2; owner rwx, the worker user rwx, owning group and others nothing, mask rwx
+    acl = struct.pack("<I", 2) + b"".join([entry.pack(0x01, 7, anyone), entry.pack(0x02, 7, uid),
+                                           entry.pack(0x04, 0, anyone), entry.pack(0x10, 7, anyone),
+                                           entry.pack(0x20, 0, anyone)])
+    folder.mkdir(parents=True, exist_ok=True)
+    for sub in ("queue", "processed", "control"):  # service.broker.queueing's folders
+        (folder / sub).mkdir(exist_ok=True)
+    try:
+        for here, _dirs, _files in os.walk(folder):
+            os.setxattr(here, "system.posix_acl_default", acl)
+    except OSError as error:
+        log.warning("cannot give the worker user the files the API makes later in %s (%s): with `optdrift "
+                    "serve` as root, use Redis (OPTDRIFT_BROKER_URL) or a file system with POSIX ACLs",
+                    folder, error)
 
 
 # ----------------------------------------------------------------------------- root in a child only

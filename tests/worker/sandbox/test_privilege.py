@@ -295,6 +295,15 @@ def test_a_started_worker_runs_as_its_user_and_healthz_says_so(worker_user, base
         assert uids == [str(worker_user.pw_uid)] * 2 + ["0"], uids
         assert f"run as {worker_user.pw_name!r}" in text, text[-3000:]
         assert os.stat(home / "optdrift.db").st_uid == worker_user.pw_uid, "the database is not the worker's"
+        # `optdrift serve`'s API stays root and keeps writing the embedded broker's files: the worker
+        # must still be able to open them for writing (kombu binds a queue by rewriting the exchange file)
+        made_by_root = home / "broker" / "control" / "made-by-the-api.exchange"
+        made_by_root.write_text("[]")
+        assert made_by_root.stat().st_uid == 0
+        opened = subprocess.run([sys.executable, "-c", "import sys; open(sys.argv[1], 'rb+').close()", str(made_by_root)],
+                                user=worker_user.pw_uid, group=worker_user.pw_gid, extra_groups=[],
+                                capture_output=True, text=True)
+        assert opened.returncode == 0, opened.stderr[-2000:]
         health = _healthz_sandbox(home)
     finally:
         stop_process(worker)

@@ -103,10 +103,13 @@ def build_registry(session: Session, *, now: datetime | None = None) -> Collecto
     environments = set(session.scalars(select(Run.environment).distinct()))
     live = {name: 0 for name in environments}
     cutoff = now - timedelta(seconds=PRESENCE_STALE_S)
-    for environment, count in session.execute(
-            select(WorkerPresence.environment, func.count()).where(WorkerPresence.seen_at >= cutoff)
-            .group_by(WorkerPresence.environment)):
-        live[environment] = count
+    # A worker serves its environment and each build variant its presence detail lists (`cpu+fma`
+    # runs wait for it too, service/domain/workers.py live_workers): counted under each of them.
+    for environment, detail in session.execute(
+            select(WorkerPresence.environment, WorkerPresence.detail).where(WorkerPresence.seen_at >= cutoff)):
+        variants = (detail or {}).get("variants") or []
+        for served in (environment, *(f"{environment}+{variant}" for variant in variants)):
+            live[served] = live.get(served, 0) + 1
     workers_gauge = Gauge("optdrift_live_workers", "Workers seen within the presence window, per environment",
                           ["environment"], registry=registry)
     for environment, count in live.items():

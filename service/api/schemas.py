@@ -31,6 +31,9 @@ def _battery_allowed(value: str) -> str:
 ProjectName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 BuildKind = Annotated[str, Field(pattern=r"^(torch-extension|command)$")]
 BatteryName = Annotated[str, AfterValidator(_battery_allowed)]
+# Not stored: whether an environment no live worker serves is registered anyway (with a warning).
+_ALLOW_UNSERVED = ("register environments no live worker serves (their worker starts later); the answer's "
+                   "`warnings` name the worker setting that serves each (service/domain/registration_rules.py)")
 _REGISTERED_NOTE = ("registered defaults: a tree's optdrift.toml overrides each of them for its own runs "
                     "(GET /api/v1/projects/{project} shows what the newest commit's runs use)")
 
@@ -45,6 +48,7 @@ class ProjectCreate(BaseModel):
     # Registered environments: submissions may only name these (each is a run and a worker queue).
     environments: list[EnvironmentName] = Field(default_factory=lambda: ["cpu"], min_length=1,
                                                 max_length=32)
+    allow_unserved: bool = Field(False, description=_ALLOW_UNSERVED)
 
 
 class ProjectUpdate(BaseModel):
@@ -56,6 +60,7 @@ class ProjectUpdate(BaseModel):
     adapter: str | None = Field(None, min_length=1)
     default_battery: BatteryName | None = None
     environments: list[EnvironmentName] | None = Field(None, min_length=1, max_length=32)
+    allow_unserved: bool = Field(False, description=_ALLOW_UNSERVED)
 
     @model_validator(mode="after")
     def _only_build_command_may_be_cleared(self) -> "ProjectUpdate":
@@ -76,6 +81,13 @@ class ProjectPublic(BaseModel):
     default_battery: str
     environments: list[str]
     created_at: datetime
+
+
+class ProjectRegistered(ProjectPublic):
+    """A created or changed project, with what registration warns of (environments no live worker
+    serves yet, each with the worker setting that serves it)."""
+
+    warnings: list[str] = Field(default_factory=list)
 
 
 class ProjectDetail(ProjectPublic):
@@ -217,7 +229,7 @@ class RunPublic(BaseModel):
     error: str | None
     verdict: VerdictPublic | None
     report_url: str
-    # Set while the run is queued and cannot start, e.g. "no live worker for queue gpu.sm90: ...".
+    # Set while the run is queued and cannot start, e.g. "no live worker serves environment gpu.sm90; ...".
     waiting_for: str | None = None
     # What made and ran its kernels (docs/ENVIRONMENTS.md): the machine's fingerprint (device,
     # driver, CUDA, torch, CPU instruction set), the compilers' own version lines (torch-extension

@@ -213,7 +213,8 @@ def serve(
         from service.domain import workers
 
         # the API below runs in this process: until that worker beats, runs wait for it, not for a person
-        workers.embedded_worker_started(environment=settings.worker_environment)
+        workers.embedded_worker_started(environment=settings.worker_environment,
+                                        variants=sorted(settings.build_variants))
     from service.api.slow_clients import uvicorn_options
 
     # Idle keep-alive, slow-header and slow-body connections are closed (service/api/slow_clients.py).

@@ -8,6 +8,7 @@ commit's configuration with where each field came from."""
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated, Optional
 
 import typer
@@ -26,7 +27,11 @@ BatteryOption = Annotated[Optional[str], typer.Option("--battery", help="the def
 AdapterOption = Annotated[Optional[str], typer.Option(help="the default adapter; a tree's optdrift.toml overrides it")]
 BuildKindOption = Annotated[Optional[str], typer.Option("--build-kind", help="torch-extension or command (default "
                                                                            "for trees without optdrift.toml)")]
-EXIT_CODES = "Exit codes: 0 done; 2 bad input or a refused request (not admin, unknown project, invalid field); " \
+AllowUnservedOption = Annotated[bool, typer.Option(
+    "--allow-unserved", help="register an environment no live worker serves yet (its worker starts later); "
+                             "a warning names the worker setting that serves it")]
+EXIT_CODES = "Exit codes: 0 done; 2 bad input or a refused request (not admin, unknown project, invalid field, " \
+             "an unknown battery or adapter, an environment no live worker serves without --allow-unserved); " \
              "4 optdrift or service error."
 
 
@@ -50,25 +55,36 @@ def _fields(environment: list[str] | None, battery: str | None, adapter: str | N
     return {key: value for key, value in named.items() if value is not None}
 
 
+def _warn(project: dict) -> None:
+    """The service's registration warnings (an environment no live worker serves yet), on stderr."""
+    for warning in project.get("warnings") or []:
+        print(f"warning: {warning}", file=sys.stderr)
+
+
 @project_app.command("create", epilog=EXIT_CODES)
 def create(name: NameArgument, environment: EnvironmentOption = None, battery: BatteryOption = None,
-           adapter: AdapterOption = None, build_kind: BuildKindOption = None, url: UrlOption = DEFAULT_URL) -> None:
+           adapter: AdapterOption = None, build_kind: BuildKindOption = None,
+           allow_unserved: AllowUnservedOption = False, url: UrlOption = DEFAULT_URL) -> None:
     """Register a project (admin token). Fields left out take the service's defaults."""
     project = _call(url, "POST", "/api/v1/projects", {"name": name, **_fields(environment, battery, adapter,
-                                                                               build_kind)})
+                                                                               build_kind),
+                                                       "allow_unserved": allow_unserved})
+    _warn(project)
     print(f"project {project['name']} created: environments {', '.join(project['environments'])}, "
           f"default battery {project['default_battery']}")
 
 
 @project_app.command("update", epilog=EXIT_CODES)
 def update(name: NameArgument, environment: EnvironmentOption = None, battery: BatteryOption = None,
-           adapter: AdapterOption = None, build_kind: BuildKindOption = None, url: UrlOption = DEFAULT_URL) -> None:
+           adapter: AdapterOption = None, build_kind: BuildKindOption = None,
+           allow_unserved: AllowUnservedOption = False, url: UrlOption = DEFAULT_URL) -> None:
     """Change registered fields (admin token); those not given stay as they are."""
     body = _fields(environment, battery, adapter, build_kind)
     if not body:
         cli = _cli()
         raise cli.fail("nothing to change: give --environment, --battery, --adapter or --build-kind", cli.EXIT_USAGE)
-    project = _call(url, "PATCH", f"/api/v1/projects/{name}", body)
+    project = _call(url, "PATCH", f"/api/v1/projects/{name}", {**body, "allow_unserved": allow_unserved})
+    _warn(project)
     print(f"project {project['name']} updated: " + ", ".join(f"{key} {project[key]}" for key in body))
 
 

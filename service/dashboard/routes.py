@@ -24,7 +24,7 @@ from service.dashboard import release_matrix, speed_pages, wording
 from service.dashboard import commit_page as commit_page_figures  # the route below is also named commit_page
 from service.db.models import FINAL_STATUSES
 from service.core import attribution_view
-from service.domain import environment_matrix, project_configuration
+from service.domain import environment_matrix, project_configuration, workers
 from service.domain import dashboard_queries as queries
 from service.domain.errors import NotFoundError
 
@@ -96,6 +96,8 @@ def _run_page(request: Request, session: SessionDep, run_id: int, cases_page: in
                  multiples=multiples,
                  multiples_json=multiples.as_json(),
                  first_plot=first_plot, final=data.run.status in FINAL_STATUSES,
+                 # why a queued run is not starting (no live worker serves its environment), as the API says
+                 waiting_for=workers.waiting_for(session=session, run=data.run),
                  figures=commit_page_figures.headline_figures(data.run),
                  next_cases_url=_cases_page_url(request, cases_page + 1) if data.more_cases else None,
                  previous_cases_url=_cases_page_url(request, cases_page - 1) if cases_page > 1 else None)

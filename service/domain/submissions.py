@@ -135,9 +135,22 @@ def find_commit(*, session: Session, project: Project, ref: str) -> Commit:
 
 
 def existing_run_for_key(*, session: Session, project: Project, key: str | None) -> Run | None:
+    """The run that carries the idempotency key: one per submission (its first environment's)."""
     if not key:
         return None
     return session.scalar(select(Run).where(Run.project_id == project.id, Run.idempotency_key == key))
+
+
+def runs_of_keyed_submission(*, session: Session, keyed: Run) -> list[Run]:
+    """Everything the keyed submission made, for its answer: a commit run's key sits on its first
+    environment's run only, so a repeated `submit` (CI re-running a red job) answered with that one
+    run, and a change flagged in another environment turned green (issue 44). A commit is submitted
+    once per battery: the answer is every environment's run of that commit and battery, queued or
+    done, in the order they were made. A verify run is its submission's only run."""
+    if keyed.commit_id is None:
+        return [keyed]
+    return list(session.scalars(select(Run).where(
+        Run.commit_id == keyed.commit_id, Run.battery == keyed.battery).order_by(Run.id)))
 
 
 def _check_source_unchanged(*, session: Session, project: Project, sha: str, digest: str | None) -> None:
@@ -177,7 +190,8 @@ def submit_commit(
                             digest=sha256_hex(archive) if archive is not None else source_digest)
     keyed = existing_run_for_key(session=session, project=project, key=idempotency_key)
     if keyed is not None:
-        return Submission(runs=[keyed], commit=keyed.commit, requeued_run_ids=_requeue_errored(session, [keyed]))
+        runs = runs_of_keyed_submission(session=session, keyed=keyed)
+        return Submission(runs=runs, commit=keyed.commit, requeued_run_ids=_requeue_errored(session, runs))
     battery = check_battery(battery)
     environments = check_environments(
         project_name=project.name, registered=project.environments, requested=environments,

@@ -71,7 +71,8 @@ def test_api_says_a_queued_run_waits_for_a_live_worker(api, db_session):  # noqa
     assert answer.status_code == 201, answer.text
     run = answer.json()["runs"][0]
     assert run["environment"] == "gpu.sm90" and run["status"] == "queued"
-    assert run["waiting_for"].startswith("no live worker for queue gpu.sm90")
+    assert run["waiting_for"].startswith("no live worker serves environment gpu.sm90; start a worker with "
+                                         "OPTDRIFT_WORKER_ENVIRONMENT=gpu.sm90")
     # A live worker of another class changes nothing; one of this class clears it.
     workers.beat(session=db_session, name="cpu-worker:1", environment="cpu")
     assert api.get(f"/api/v1/runs/{run['id']}").json()["waiting_for"] is not None

@@ -16,7 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.api.deps import SessionDep, SettingsDep
 from service.domain.auth import (
-    ADMIN, SUBMIT, VERIFY, WORKER, Principal, QuotaExceeded, ScopeDenied, TokenRejected, authenticate,
+    ADMIN, MAINTAIN, SUBMIT, VERIFY, WORKER, Principal, QuotaExceeded, ScopeDenied, TokenRejected, authenticate,
 )
 
 bearer = HTTPBearer(auto_error=False, description="an optdrift API token (`optdrift token create`)")
@@ -50,6 +50,8 @@ AdminDep = Annotated[Principal, Depends(require_scope(ADMIN))]
 SubmitDep = Annotated[Principal, Depends(require_scope(SUBMIT))]
 VerifyDep = Annotated[Principal, Depends(require_scope(VERIFY, SUBMIT))]
 WorkerDep = Annotated[Principal, Depends(require_scope(WORKER))]
+# Acknowledging a change: a maintainer's act, which needs none of admin's other rights.
+MaintainDep = Annotated[Principal, Depends(require_scope(MAINTAIN))]
 
 
 def read_access(request: Request, session: SessionDep, settings: SettingsDep,

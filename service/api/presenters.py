@@ -9,7 +9,7 @@ from dataclasses import asdict
 from sqlalchemy.orm import object_session
 
 from service.api.schemas import (
-    CaseAttributionPublic, CommitPublic, DirectionDisagreement, NondeterministicCase, NotApplicableCase, Progress, RunPublic,
+    AcknowledgedViaPublic, BaselinePublic, CaseAttributionPublic, CommitPublic, DirectionDisagreement, NondeterministicCase, NotApplicableCase, Progress, RunPublic,
     TrajectoryPublic, VerdictPublic,
 )
 from service.db.models import ERROR, FAILED, Commit, Run, Trajectory, Verdict
@@ -57,10 +57,32 @@ def verdict_public(verdict: Verdict, *, cases_limit: int = VERDICT_CASES_SHOWN) 
         acknowledged_by=verdict.acknowledged_by,
         acknowledgement_note=verdict.acknowledgement_note,
         acknowledged_at=verdict.acknowledged_at, created_at=verdict.created_at,
+        baseline=baseline_public(verdict), baseline_note=verdict.baseline_note,
+        no_baseline_allowed=bool(run.allow_no_baseline), acknowledged_via=acknowledged_via_public(verdict),
         figures=figures_of(verdict.detail), detail=shown_detail,
         attribution=attribution_public(shown_detail),
         attribution_summary=attribution_view.headline(verdict.detail),
     )
+
+
+def baseline_public(verdict: Verdict) -> BaselinePublic | None:
+    baseline = verdict.baseline_run
+    if baseline is None:
+        return None
+    return BaselinePublic(run_id=baseline.id, commit_sha=baseline.commit.sha if baseline.commit else None,
+                          environment=baseline.environment, battery=baseline.battery,
+                          commits_back=verdict.baseline_commits_back)
+
+
+def acknowledged_via_public(verdict: Verdict) -> AcknowledgedViaPublic | None:
+    original = verdict.acknowledged_via_run
+    if original is None:
+        return None
+    original_verdict = original.verdict
+    return AcknowledgedViaPublic(
+        run_id=original.id, commit_sha=original.commit.sha if original.commit else None,
+        acknowledged_by=original_verdict.acknowledged_by if original_verdict else None,
+        note=original_verdict.acknowledgement_note if original_verdict else None)
 
 
 def attribution_public(detail: dict) -> list[CaseAttributionPublic]:

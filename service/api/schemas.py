@@ -159,6 +159,26 @@ class CaseAttributionPublic(BaseModel):
     next_best_ratio: float | None
 
 
+class BaselinePublic(BaseModel):
+    """What a verdict compared with (issue 44: every result says so)."""
+
+    run_id: int
+    commit_sha: str | None = Field(description="the baseline run's commit")
+    environment: str
+    battery: str
+    commits_back: int | None = Field(description="first-parent commits between the two: 1 for the parent; "
+                                                 "null for an explicit base (verify, --baseline)")
+
+
+class AcknowledgedViaPublic(BaseModel):
+    """The acknowledgement a person gave to the same change on another commit (a PR's merge sha)."""
+
+    run_id: int
+    commit_sha: str | None
+    acknowledged_by: str | None
+    note: str | None
+
+
 class VerdictPublic(BaseModel):
     run_id: int
     run_kind: Literal["commit", "verify"] = Field(description="commit: CI's run of a commit; verify: a "
@@ -169,6 +189,13 @@ class VerdictPublic(BaseModel):
                                          "that matter (broken, changed, ...) when there are more")
     cases_url: str = Field(description="every case, page by page (limit, offset)")
     baseline_run_id: int | None
+    baseline: BaselinePublic | None = Field(None, description="the run compared with: commit, run, environment, "
+                                                              "how many commits back")
+    baseline_note: str | None = Field(None, description="which baseline was chosen and why, or why there is none "
+                                                        "and what to do")
+    no_baseline_allowed: bool = Field(False, description="the submission accepted having no baseline "
+                                                         "(allow_no_baseline): a no-baseline verdict passes CI as "
+                                                         "neutral; otherwise it fails CI")
     outcome: str
     flagged: bool
     changed_cases: int
@@ -178,6 +205,10 @@ class VerdictPublic(BaseModel):
     acknowledged_by: str | None
     acknowledgement_note: str | None
     acknowledged_at: datetime | None
+    acknowledged_via: AcknowledgedViaPublic | None = Field(
+        None, description="set when this verdict was acknowledged automatically: the same change as this "
+                          "acknowledged run's (the same source against the same baseline source, or the "
+                          "same changed cases' digests)")
     created_at: datetime
     # Cases per case verdict, every verdict named (zeros too): unchanged, changed, broken, new,
     # not_applicable, nondeterministic. not_applicable and nondeterministic never count as broken.

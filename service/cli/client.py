@@ -163,9 +163,14 @@ class OptdriftClient:
     def submit_commit(self, *, project: str, sha: str, source_dir: Path, parents: list[str] = (),
                       ref: str | None = None, release_tag: str | None = None,
                       message: str | None = None, battery: str | None = None,
-                      idempotency_key: str | None = None) -> dict:
+                      idempotency_key: str | None = None, ancestry: list[str] = (),
+                      allow_no_baseline: bool = False) -> dict:
         archive = pack_directory(Path(source_dir))
         form = {"sha": sha, "parents": " ".join(parents)}
+        if ancestry:  # first-parent ancestors, nearest first: the service picks the nearest it has a run of
+            form["ancestry"] = " ".join(ancestry)
+        if allow_no_baseline:
+            form["allow_no_baseline"] = "true"
         for key, value in (("ref", ref), ("release_tag", release_tag), ("message", message),
                            ("battery", battery)):
             if value:
@@ -198,7 +203,7 @@ class OptdriftClient:
         return self._check(self.http.post(f"/api/v1/runs/{run_id}/retry"))
 
     def acknowledge(self, run_id: int, *, note: str, by: str | None = None) -> dict:
-        """A maintainer (admin token) marks a run's changed verdict as intended; returns the verdict."""
+        """A maintainer (maintain or admin token) marks a run's changed verdict as intended; returns the verdict."""
         body = {"note": note, **({"by": by} if by else {})}
         return self._check(self.http.post(f"/api/v1/runs/{run_id}/acknowledge", json=body))
 

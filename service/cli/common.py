@@ -18,17 +18,22 @@ from service.cli.report import make_console
 console = make_console()
 DEFAULT_URL = os.environ.get("OPTDRIFT_URL", "http://127.0.0.1:8000")
 # Exit codes: CI branches on them, so each means one thing (README "Exit codes").
-EXIT_OK = 0               # unchanged, no baseline, or a change a maintainer acknowledged
+EXIT_OK = 0               # unchanged, a change a maintainer acknowledged, or an allowed no-baseline
 EXIT_CHANGED = 1          # a trajectory changed
 EXIT_USAGE = 2            # bad input or usage: an option, a file, a folder, a 4xx from the service
 EXIT_BROKEN = 3           # the commit's fault: it does not build, its kernels crash, hang or go NaN
 EXIT_OPTDRIFT_ERROR = 4   # optdrift's fault: service unreachable, 5xx, a run in status `error`
 EXIT_NONDETERMINISTIC = 5  # a kernel does not reproduce itself on the same build
+# Nothing to compare with: no commit on the first-parent line has a finished run in the environment
+# (issue 44: never a silent pass). `submit --allow-no-baseline` (a project's first commit) makes it 0.
+EXIT_NO_BASELINE = 6
 # Where several runs end differently, the exit code is the first of these that any run has: an
 # incomplete answer first, then the commit's own failure, then the findings.
-_EXIT_PRECEDENCE = (EXIT_OPTDRIFT_ERROR, EXIT_BROKEN, EXIT_NONDETERMINISTIC, EXIT_CHANGED, EXIT_OK)
-VERDICT_EXIT_CODES = ("Exit codes: 0 unchanged / no baseline / acknowledged; 1 changed; 2 bad input "
-                      "or usage; 3 broken commit; 4 optdrift or service error; 5 nondeterministic.")
+_EXIT_PRECEDENCE = (EXIT_OPTDRIFT_ERROR, EXIT_BROKEN, EXIT_NONDETERMINISTIC, EXIT_CHANGED, EXIT_NO_BASELINE,
+                    EXIT_OK)
+VERDICT_EXIT_CODES = ("Exit codes: 0 unchanged / acknowledged / no baseline allowed by --allow-no-baseline; "
+                      "1 changed; 2 bad input or usage; 3 broken commit; 4 optdrift or service error; "
+                      "5 nondeterministic; 6 no baseline (no ancestor has a finished run).")
 SERVER_EXIT_CODES = "Exit codes: 0 done; 2 bad input or usage; 4 optdrift error."
 
 

@@ -120,3 +120,14 @@ def export_tree(repo: Path, sha: str, source: str, dest: Path) -> Path:
     with tarfile.open(fileobj=io.BytesIO(result.stdout)) as tar:
         tar.extractall(dest, filter="data")
     return dest
+
+
+def first_parent_ancestry(repo: Path, sha: str, limit: int) -> list[str]:
+    """The first-parent ancestors of `sha` in the clone holding `repo`, nearest first, at most
+    `limit` (what `optdrift submit` sends, so that the service finds the nearest submitted one
+    however many commits were never submitted). A shallow clone gives what it has; GitError when
+    `repo` is no git clone or does not hold `sha`."""
+    result = _git(repo, "rev-list", "--first-parent", f"--max-count={limit + 1}", "--end-of-options", sha)
+    if result.returncode != 0:
+        raise GitError(f"git rev-list {sha[:12]} in {repo} failed: {' '.join(result.stderr.decode().split())}")
+    return _text(result).split()[1:]

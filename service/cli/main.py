@@ -37,7 +37,8 @@ from rich.table import Table
 
 from service.cli.report import make_console
 from service.cli.common import (  # noqa: F401  (the names the commands below use)
-    DEFAULT_URL, ENGINE_MODULES, EXIT_BROKEN, EXIT_CHANGED, EXIT_NONDETERMINISTIC, EXIT_OK, EXIT_OPTDRIFT_ERROR,
+    DEFAULT_URL, ENGINE_MODULES, EXIT_BROKEN, EXIT_CHANGED, EXIT_NO_BASELINE, EXIT_NONDETERMINISTIC, EXIT_OK,
+    EXIT_OPTDRIFT_ERROR,
     EXIT_USAGE, SERVER_EXIT_CODES, SERVER_MODULES, VERDICT_EXIT_CODES, WORKER_MODULES, _EXIT_PRECEDENCE, console,
 )
 from service.cli.common import check_format as _format, cuda_visible as _cuda_visible  # noqa: F401
@@ -343,8 +344,9 @@ def token_main() -> None:
 @token_app.command("create", epilog=SERVER_EXIT_CODES)
 def token_create(
     name: Annotated[str, typer.Option(help="who or what holds it (e.g. 'ci-bitsandbytes')")],
-    scope: Annotated[str, typer.Option(help="admin, submit (CI), verify (contributors) or worker")],
-    project: Annotated[Optional[str], typer.Option(help="limit a submit/verify token to this project")] = None,
+    scope: Annotated[str, typer.Option(help="admin, submit (CI), verify (contributors), maintain "
+                                                 "(acknowledging changes) or worker")],
+    project: Annotated[Optional[str], typer.Option(help="limit a submit/verify/maintain token to this project")] = None,
     expires_days: Annotated[Optional[float], typer.Option(help="expire after this many days")] = None,
     daily_quota: Annotated[Optional[int], typer.Option(help="verify runs per UTC day "
                                                         "(default OPTDRIFT_VERIFY_DAILY_QUOTA)")] = None,
@@ -486,6 +488,8 @@ def run_exit_code(run: dict) -> int:
         return EXIT_NONDETERMINISTIC
     if outcome == "changed" and not verdict.get("acknowledged"):
         return EXIT_CHANGED
+    if outcome == "no-baseline" and not verdict.get("no_baseline_allowed"):
+        return EXIT_NO_BASELINE  # nothing was checked: never a silent pass (issue 44)
     return EXIT_OK
 
 
@@ -537,6 +541,13 @@ def submit(
     output: FormatOption = "text",
     detail: DetailOption = True,
     detail_timeout: DetailTimeoutOption = DEFAULT_DETAIL_TIMEOUT_S,
+    allow_no_baseline: Annotated[bool, typer.Option(
+        "--allow-no-baseline", help="accept having nothing to compare with (a project's first commit): a "
+                                    "no-baseline verdict then exits 0 (neutral on GitHub) instead of 6")] = False,
+    ancestry: Annotated[bool, typer.Option(
+        "--ancestry/--no-ancestry", help="send the commit's first-parent ancestors (up to 200, read with git "
+                                         "from the clone holding --source) so the service compares with the "
+                                         "nearest one it has a finished run of")] = True,
 ) -> None:
     """CI: submit a commit. With --wait, show progress and exit with the verdict's code."""
     from service.cli.client import OptdriftClient
@@ -545,17 +556,19 @@ def submit(
     _format(output)
     _source_folder(source)
     client = OptdriftClient(url)
+    say = print if output == "text" else _to_stderr
+    ancestors = _ancestry_of(source, commit, say) if ancestry else []
     with _expected_failures(url):
         try:
             answer = client.submit_commit(project=project, sha=commit, source_dir=source,
                                           parents=parent or [], ref=ref, release_tag=release,
                                           message=message, battery=battery,
-                                          idempotency_key=f"{project}:{commit}:{battery or ''}")
+                                          idempotency_key=f"{project}:{commit}:{battery or ''}",
+                                          ancestry=ancestors, allow_no_baseline=allow_no_baseline)
         except ArchiveError as exc:
             raise _fail(f"--source {source}: {exc}", EXIT_USAGE) from None
         run_ids = [run["id"] for run in answer["runs"]]
         # With --format json stdout is the JSON document alone; the words go to stderr.
-        say = print if output == "text" else _to_stderr
         say(f"{'submitted' if answer['created'] else 'already submitted'} {commit}: run(s) {run_ids}")
         for run_id in run_ids:
             say(f"run {run_id}: {client.dashboard_url(run_id)}")
@@ -571,6 +584,29 @@ def submit(
 
 def _to_stderr(text: str) -> None:
     print(text, file=sys.stderr)
+
+
+def _ancestry_of(source: Path, commit: str, say) -> list[str]:  # noqa: ANN001
+    """The commit's first-parent ancestors from the git clone holding --source (nearest first), or
+    none, saying why, when the folder is no clone or lacks the commit: the service then knows only
+    --parent, and answers no-baseline if that was never submitted."""
+    from service.cli.git_history import GitError, first_parent_ancestry
+    from service.domain.ancestry import MAX_ANCESTRY
+
+    try:
+        in_clone = subprocess.run(["git", "-C", str(source), "rev-parse", "--git-dir"], capture_output=True,
+                                  check=False).returncode == 0
+    except FileNotFoundError:  # no git on this machine: --parent alone
+        in_clone = False
+    if not in_clone:
+        return []  # not a clone (a tree exported for the upload): nothing to read, nothing to say
+    try:
+        return first_parent_ancestry(source, commit, MAX_ANCESTRY)
+    except GitError as exc:
+        say(f"note: no ancestry sent ({exc}); the service compares with --parent only. Fetch the history "
+            "(actions/checkout fetch-depth: 0, or `git fetch --deepen=200`) so it can find the nearest "
+            "submitted ancestor")
+        return []
 
 
 @app.command(epilog=VERDICT_EXIT_CODES)
@@ -636,7 +672,7 @@ def retry(
             raise typer.Exit(wait_and_report(client, [run["id"]], detail=detail, detail_timeout_s=detail_timeout))
 
 
-@app.command(epilog="Exit codes: 0 acknowledged; 2 bad input or a refused request (not admin, "
+@app.command(epilog="Exit codes: 0 acknowledged; 2 bad input or a refused request (no maintain or admin token, "
                     "no verdict yet, nothing to acknowledge: the run is unchanged or has no baseline); "
                     "4 optdrift or service error.")
 def ack(
@@ -645,8 +681,9 @@ def ack(
     by: Annotated[Optional[str], typer.Option(help="who acknowledges (default: the token's name)")] = None,
     url: UrlOption = DEFAULT_URL,
 ) -> None:
-    """A maintainer (admin token) acknowledges a changed verdict as intended: CI then exits 0 for
-    it and later commits compare with this run."""
+    """A maintainer (a maintain or admin token) acknowledges a changed verdict as intended: CI then
+    exits 0 for it, later commits compare with this run, and a later commit making the same change
+    (main's merge commit of an acknowledged pull request) is acknowledged automatically."""
     from service.cli.client import OptdriftClient
 
     if not note.strip():

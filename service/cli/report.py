@@ -93,9 +93,46 @@ def _cases(run: dict) -> list[dict]:
     return _detail(run).get("cases", [])
 
 
+def compared_with(run: dict) -> str:
+    """What the run's verdict compared with (issue 44: every result says so): the baseline's
+    commit, run and environment, and how far back when it is not the parent; or why none."""
+    verdict = run.get("verdict") or {}
+    if not verdict:
+        return "-"
+    baseline = verdict.get("baseline")
+    if not baseline:
+        return "no baseline" + (" (allowed)" if verdict.get("no_baseline_allowed") else "")
+    back = baseline.get("commits_back")
+    distance = f", {back} commits back" if back and back > 1 else ""
+    commit = (baseline.get("commit_sha") or "a verify tree")[:12]
+    return f"{commit} (run {baseline['run_id']}, {baseline['environment']}{distance})"
+
+
+def baseline_lines(runs: list[dict]) -> list[str]:
+    """A line per run on what it compared with, or why nothing and what to do; and the
+    acknowledgement it inherited from the same change on another commit."""
+    lines = []
+    for run in runs:
+        verdict = run.get("verdict") or {}
+        if not verdict:
+            continue
+        if verdict.get("baseline"):
+            lines.append(f"run {run['id']}: compared with {compared_with(run)}")
+        elif verdict.get("outcome") == "no-baseline":
+            allowed = "allowed by --allow-no-baseline: passes" if verdict.get("no_baseline_allowed") else \
+                "fails (exit 6)"
+            lines.append(f"run {run['id']}: no baseline, {allowed}: {verdict.get('baseline_note') or 'nothing to compare with'}")
+        via = verdict.get("acknowledged_via")
+        if via:
+            lines.append(f"run {run['id']}: acknowledged automatically, the same change as run {via['run_id']} "
+                         f"({(via.get('commit_sha') or '')[:12]}) acknowledged"
+                         f"{' by ' + via['acknowledged_by'] if via.get('acknowledged_by') else ''}: {via.get('note')}")
+    return lines
+
+
 def verdict_table(runs: list[dict]) -> Table:
     table = Table(title="optdrift verdict")
-    for column in ("run", "commit", "environment", "status", "verdict", "changed cases", "first step",
+    for column in ("run", "commit", "environment", "status", "verdict", "compared with", "changed cases", "first step",
                    "max |Δ| (per family, dtype)", "to float64 before → after (per family, dtype)", "summary"):
         table.add_column(column)
     for run in runs:
@@ -106,7 +143,7 @@ def verdict_table(runs: list[dict]) -> Table:
         text = verdict.get("summary") or run.get("error") or ""
         table.add_row(str(run["id"]), run.get("commit_sha") or f"verify vs {run.get('base_sha')}",
                       run["environment"], run["status"], f"[{style}]{outcome}[/]" if style else outcome,
-                      str(verdict.get("changed_cases", "-")),
+                      compared_with(run), str(verdict.get("changed_cases", "-")),
                       str(verdict.get("first_divergent_step") or "-"),
                       largest_diff, distance,
                       text.splitlines()[0] if text else "")
@@ -192,6 +229,8 @@ def full_messages(runs: list[dict]) -> list[str]:
 
 def print_report(console: Console, runs: list[dict]) -> None:
     console.print(verdict_table(runs))
+    for line in baseline_lines(runs):  # issue 44: what each verdict compared with, or why nothing
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     for table in (changed_cases_table(runs), not_applicable_table(runs)):
         if table is not None:
             console.print(table)

@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -88,6 +89,10 @@ class Commit(Base):
     project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
     sha: Mapped[str] = mapped_column(String(64))
     parents: Mapped[list[str]] = mapped_column(JSON, default=list)
+    # The first-parent line the client sent (parent first, bounded: service/domain/ancestry.py); the
+    # baseline is the nearest of these with a finished run (service/domain/baselines.py). NULL:
+    # only `parents` is known.
+    ancestry: Mapped[list[str] | None] = mapped_column(JSON)
     ref: Mapped[str | None] = mapped_column(String(255))
     release_tag: Mapped[str | None] = mapped_column(String(100))
     message: Mapped[str | None] = mapped_column(Text)
@@ -125,6 +130,9 @@ class Run(Base):
     environment: Mapped[str] = mapped_column(String(100))
     environment_detail: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    # The submission accepted having nothing to compare with (a project's first commit): its
+    # no-baseline verdict passes CI (neutral) instead of failing it.
+    allow_no_baseline: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     status: Mapped[str] = mapped_column(String(20), default=QUEUED, index=True)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
@@ -200,9 +208,20 @@ class Verdict(Base):
     acknowledged_by: Mapped[str | None] = mapped_column(String(255))
     acknowledgement_note: Mapped[str | None] = mapped_column(Text)
     acknowledged_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # How many first-parent commits back the baseline's commit is (1: the parent; NULL: no
+    # baseline, or an explicit base), and the sentence saying which baseline and why.
+    baseline_commits_back: Mapped[int | None] = mapped_column(Integer)
+    baseline_note: Mapped[str | None] = mapped_column(Text)
+    # What an acknowledgement accepted (service/domain/acknowledgements.py change_of): the two
+    # source digests and each changed case's digest. A later run whose change is the same is
+    # acknowledged automatically, linking the run acknowledged by a person (acknowledged_via_run_id).
+    acknowledged_change: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    acknowledged_via_run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     run: Mapped[Run] = relationship(back_populates="verdict", foreign_keys=[run_id])
+    baseline_run: Mapped[Run | None] = relationship(foreign_keys=[baseline_run_id], viewonly=True)
+    acknowledged_via_run: Mapped[Run | None] = relationship(foreign_keys=[acknowledged_via_run_id], viewonly=True)
 
 
 class UnsteadyCase(Base):

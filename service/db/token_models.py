@@ -16,9 +16,10 @@ from service.db.types import UTCDateTime
 
 # Scopes. admin: everything. submit: CI posting commits of one project (or all when project is
 # NULL). verify: a contributor's on-demand runs of one project, within a daily quota. worker:
-# fetching source archives (workers write results straight to the database).
-ADMIN, SUBMIT, VERIFY, WORKER = "admin", "submit", "verify", "worker"
-SCOPES = (ADMIN, SUBMIT, VERIFY, WORKER)
+# fetching source archives (workers write results straight to the database). maintain: a
+# maintainer of one project (or all) acknowledging a change as intended, without admin's other rights.
+ADMIN, SUBMIT, VERIFY, WORKER, MAINTAIN = "admin", "submit", "verify", "worker", "maintain"
+SCOPES = (ADMIN, SUBMIT, VERIFY, WORKER, MAINTAIN)
 
 
 class ApiToken(Base):

@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.db.base import utcnow
-from service.db.token_models import ADMIN, SCOPES, SUBMIT, VERIFY, WORKER, ApiToken
+from service.db.token_models import ADMIN, MAINTAIN, SCOPES, SUBMIT, VERIFY, WORKER, ApiToken
 
 TOKEN_PREFIX = "odt_"
 
@@ -122,7 +122,7 @@ def list_tokens(*, session: Session) -> list[ApiToken]:
     return list(session.scalars(select(ApiToken).order_by(ApiToken.id)))
 
 
-__all__ = ["ADMIN", "SUBMIT", "VERIFY", "WORKER", "SCOPES", "Principal", "TokenRejected",
+__all__ = ["ADMIN", "MAINTAIN", "SUBMIT", "VERIFY", "WORKER", "SCOPES", "Principal", "TokenRejected",
            "ScopeDenied", "QuotaExceeded", "create_token", "authenticate", "revoke", "list_tokens",
            "hash_token"]
 

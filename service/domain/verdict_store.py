@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.db.models import DONE, FAILED, FINAL_STATUSES, Run, Verdict
-from service.domain import baselines, trajectories
+from service.domain import acknowledgements, baselines, trajectories
 from service.domain.errors import ConflictError, NotFoundError
 from service.core.results import RunComparison
 
@@ -31,6 +29,7 @@ def evaluate(*, session: Session, run: Run) -> Verdict | None:
     if existing is not None:
         return existing
     baseline_run = None
+    choice = None
     if run.status == FAILED:
         comparison = RunComparison(
             verdict="broken", summary=f"run failed: {run.error or 'unknown error'}",
@@ -55,9 +54,14 @@ def evaluate(*, session: Session, run: Run) -> Verdict | None:
         outcome=comparison.verdict, flagged=comparison.verdict in FLAGGING_OUTCOMES,
         changed_cases=len(changed), first_divergent_step=min(first_steps) if first_steps else None,
         detail=comparison.model_dump(mode="json"),
+        # Which commit the run was compared with, how far back, and why (or why none).
+        baseline_commits_back=choice.commits_back if choice is not None and baseline_run is not None else None,
+        baseline_note=choice.reason if choice is not None else None,
     )
     session.add(verdict)
     session.flush()
+    # The same change a person acknowledged on another sha (a PR's merge sha) is acknowledged here too.
+    acknowledgements.carry_over(session=session, verdict=verdict)
     return verdict
 
 
@@ -109,13 +113,7 @@ def acknowledge(*, session: Session, run: Run, note: str, by: str | None) -> Ver
     refusal = nothing_to_acknowledge(run_id=run.id, verdict=verdict)
     if refusal:
         raise ConflictError(refusal)
-    verdict.acknowledged = True
-    verdict.flagged = False
-    verdict.acknowledgement_note = note
-    verdict.acknowledged_by = by
-    verdict.acknowledged_at = datetime.now(timezone.utc)
-    session.flush()
-    return verdict
+    return acknowledgements.record(session=session, verdict=verdict, note=note, by=by)
 
 
 def acknowledge_runs(*, session: Session, runs: list[Run], note: str, by: str | None) -> list[Verdict]:

@@ -6,8 +6,11 @@ GitHub's conclusions: success, neutral, failure, action_required, cancelled, ski
 - unchanged → success: every digest equals the baseline's.
 - acknowledged → success: a maintainer accepted the change; `optdrift submit --wait` exits 0 too,
   and children compare with this run.
-- no-baseline → neutral: nothing to compare with, so no claim either way (the CLI exits 0: it must
-  not block the first commit of a project or of a new battery).
+- no-baseline → failure: no commit on this one's first-parent line (the ancestry the client sent)
+  has a finished run in the environment, so nothing was checked; a gate that passed here would
+  pass a PR whose base was never submitted, bug and all (issue 44). The CLI exits 6. A submission
+  that allows it (`--allow-no-baseline`, Action input `allow-no-baseline: true`: a project's first
+  commit) gets neutral instead, and the CLI exits 0.
 - changed → failure: a trajectory moved; CI fails until someone acknowledges it (CLI exit 1).
 - broken → failure: the commit does not build or its kernels crash / go NaN (CLI exit 3).
 - nondeterministic → failure: the kernel does not reproduce itself; a finding to fix (CLI exit 5).
@@ -28,7 +31,7 @@ SUCCESS, NEUTRAL, FAILURE, ACTION_REQUIRED, CANCELLED = (
 _BY_STATE: dict[str, tuple[str, str]] = {
     "unchanged": (SUCCESS, "unchanged: every trajectory equals the baseline's"),
     "acknowledged": (SUCCESS, "changed, acknowledged by a maintainer"),
-    "no-baseline": (NEUTRAL, "no baseline to compare with"),
+    "no-baseline": (FAILURE, "no baseline: no ancestor of this commit has a finished run here"),
     "changed": (FAILURE, "changed: a trajectory differs from the baseline's"),
     "broken": (FAILURE, "broken: the commit does not build or its kernels fail"),
     "nondeterministic": (FAILURE, "nondeterministic: a kernel does not reproduce itself"),
@@ -58,8 +61,12 @@ def state_of(*, run_status: str, outcome: str | None, acknowledged: bool) -> str
     return outcome
 
 
-def conclusion_for(state: str) -> Conclusion:
+# A no-baseline run whose submission allowed it (the first adoption): no claim either way.
+NO_BASELINE_ALLOWED = (NEUTRAL, "no baseline to compare with (allowed by the submission)")
+
+
+def conclusion_for(state: str, *, no_baseline_allowed: bool = False) -> Conclusion:
     if state not in _BY_STATE:
         raise ValueError(f"no GitHub conclusion for state {state!r}; known: {', '.join(STATES)}")
-    conclusion, title = _BY_STATE[state]
+    conclusion, title = NO_BASELINE_ALLOWED if state == "no-baseline" and no_baseline_allowed else _BY_STATE[state]
     return Conclusion(state=state, conclusion=conclusion, title=title)

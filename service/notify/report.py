@@ -74,10 +74,28 @@ def _counts_line(page: RunPage) -> str:
     return ", ".join(parts) if parts else "no cases compared"
 
 
+def _cell(text: str) -> str:
+    """Text in one Markdown table cell: no pipe or line break can end the cell early."""
+    return " ".join(text.replace("|", "\\|").split())
+
+
 def _clip(text: str) -> str:
     if len(text) <= MAX_BODY_CHARS:
         return text
     return text[:MAX_BODY_CHARS] + "\n\n… cut here (GitHub's limit); the run page has every case."
+
+
+def compared_with(page: RunPage) -> str:
+    """Which run the verdict compared with (issue 44: every result says so), or why none."""
+    verdict, baseline = page.verdict, page.baseline_run
+    if verdict is None:
+        return "not compared yet"
+    if baseline is None:
+        return f"no baseline: {verdict.baseline_note}" if verdict.baseline_note else "no baseline"
+    sha = (page.baseline_commit_sha or "")[:12] or "a verify tree"
+    back = verdict.baseline_commits_back
+    distance = f", {back} commits back" if back and back > 1 else ""
+    return f"`{sha}` (run {baseline.id}, {baseline.environment}, battery {baseline.battery}{distance})"
 
 
 def check_output(*, page: RunPage, conclusion: Conclusion, run_url: str) -> dict[str, str]:
@@ -85,6 +103,10 @@ def check_output(*, page: RunPage, conclusion: Conclusion, run_url: str) -> dict
     summary = "\n".join([
         f"**{conclusion.title}**", "",
         page.summary.strip() or "(no summary)", "",
+        f"Compared with: {compared_with(page)}.",
+        *([f"Acknowledged{' by ' + page.verdict.acknowledged_by if page.verdict.acknowledged_by else ''}: "
+           f"{' '.join((page.verdict.acknowledgement_note or '').split())}"]
+          if page.verdict is not None and page.verdict.acknowledged else []),
         f"Cases: {_counts_line(page)}. Not applicable on this device: {len(page.not_applicable)}.",
         f"Run {page.run.id} ({page.run.environment}, battery {page.run.battery}): {run_url}",
     ])
@@ -110,11 +132,12 @@ def pr_comment(*, project: str, sha: str, runs: list[CommentRun]) -> str:
     """The PR comment: one section per run of the head commit, changed cases grouped by optimizer
     and family, and the count of cases the adapter cannot run on that device."""
     lines = [comment_marker(project), f"### optdrift · `{project}` at `{sha[:12]}`", "",
-             "| environment | battery | verdict | changed | not applicable | run |",
-             "|---|---|---|---:|---:|---|"]
+             "| environment | battery | verdict | compared with | changed | not applicable | run |",
+             "|---|---|---|---|---:|---:|---|"]
     for item in runs:
         verdict = item.conclusion.title if item.conclusion else item.page.run.status
         lines.append(f"| {item.page.run.environment} | {item.page.run.battery} | {verdict} "
+                     f"| {_cell(compared_with(item.page))} "
                      f"| {len(item.page.changed)} | {len(item.page.not_applicable)} "
                      f"| [run {item.page.run.id}]({item.run_url}) |")
     lines.append("")

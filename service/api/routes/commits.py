@@ -9,7 +9,7 @@ from fastapi import APIRouter, File, Form, Header, Response, UploadFile, status
 from sqlalchemy import func, select
 from sqlalchemy.orm import selectinload
 
-from service.api.auth import AdminDep, SubmitDep
+from service.api.auth import MaintainDep, SubmitDep
 from service.api.deps import SessionDep, SettingsDep
 from service.api.params import Offset, limit_param
 from service.api.presenters import commit_public, run_public, verdict_public
@@ -42,6 +42,12 @@ def submit_commit(
     baseline: Annotated[str | None, Form(description="compare with this sha/release")] = None,
     source_digest: Annotated[str | None, Form(description="sha256 of an uploaded archive")] = None,
     archive: Annotated[UploadFile | None, File(description="the source tree as tar.gz")] = None,
+    ancestry: Annotated[str | None, Form(description=(
+        "the commit's first-parent ancestors, nearest first (its parent, grandparent, ...), at most 200 "
+        "shas separated by spaces or commas: the baseline is the nearest with a finished run"))] = None,
+    allow_no_baseline: Annotated[bool, Form(description=(
+        "accept a no-baseline verdict (a project's first commit): it passes CI as neutral; without this "
+        "it fails CI"))] = False,
     idempotency_key: Annotated[str | None, Header()] = None,
 ) -> SubmissionPublic:
     project_row = projects.get_by_name(session=session, name=project)
@@ -50,7 +56,7 @@ def submit_commit(
         parents=split_list(parents), archive=read_limited(archive, settings=settings, field="archive"),
         source_digest=source_digest, ref=ref, release_tag=release_tag, message=message,
         battery=battery, environments=split_list(environments) or None, baseline=baseline,
-        idempotency_key=idempotency_key,
+        idempotency_key=idempotency_key, ancestry=split_list(ancestry), allow_no_baseline=allow_no_baseline,
     )
     session.commit()
     # Only now may a worker see the run ids.
@@ -104,7 +110,7 @@ def commit_verdicts(project: str, sha: str, session: SessionDep) -> VerdictsPubl
 
 @router.post("/commits/{sha}/acknowledge", response_model=VerdictsPublic)
 def acknowledge_commit(
-    project: str, sha: str, body: AcknowledgeRequest, session: SessionDep, _principal: AdminDep,
+    project: str, sha: str, body: AcknowledgeRequest, session: SessionDep, _principal: MaintainDep,
     settings: SettingsDep,
 ) -> VerdictsPublic:
     """Mark the commit's flagged change as intended (the verdicts of its runs that flag; 409 when

@@ -9,13 +9,13 @@ import io
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse, Response
 
-from service.api.auth import AdminDep, PrincipalDep
+from service.api.auth import PrincipalDep
 from service.api.deps import SessionDep, SettingsDep
 from service.api.paging import (
     CASES_PAGE_DEFAULT, CASES_PAGE_MAX, TRAJECTORIES_PAGE_DEFAULT, TRAJECTORIES_PAGE_MAX, detail_for_cases,
 )
 from service.api.params import Offset, RunIdPath, limit_param
-from service.domain.auth import SUBMIT
+from service.domain.auth import MAINTAIN, SUBMIT
 from service.api.presenters import attribution_public, run_public, trajectory_public, verdict_public
 from service.api.schemas import (
     AcknowledgeRequest, CasesPublic, RunPublic, TrajectoriesPublic, TrajectoryPublic, VerdictPublic,
@@ -58,8 +58,10 @@ def retry_run(run_id: RunIdPath, session: SessionDep, settings: SettingsDep,
 
 @router.post("/{run_id}/acknowledge", response_model=VerdictPublic)
 def acknowledge_run(run_id: RunIdPath, body: AcknowledgeRequest, session: SessionDep,
-                    _principal: AdminDep, settings: SettingsDep) -> VerdictPublic:
+                    principal: PrincipalDep, settings: SettingsDep) -> VerdictPublic:
     run = runs.get(session=session, run_id=run_id)
+    # The path names no project: a maintain token limited to one acknowledges that project's runs only.
+    principal.require(MAINTAIN, project=run.project.name)
     verdict = verdict_store.acknowledge(session=session, run=run, note=body.note, by=body.by)
     session.commit()
     notify_hooks.run_changed(run.id, settings=settings)  # the check run turns to success (issue 16)

@@ -1,7 +1,7 @@
 """Every route of the app x every kind of caller, against the real PostgreSQL.
 
-Callers: an admin token, submit and verify tokens for the project under test, a submit token for
-another project, a worker token, and four that must get 401 on a protected route: no token, an
+Callers: an admin token, submit, verify and maintain tokens for the project under test, a submit
+and a maintain token for another project, a worker token, and four that must get 401 on a protected route: no token, an
 unknown token, an expired admin token, a revoked admin token. Each answer is checked against the
 policy below: allowed -> neither 401/403 nor 5xx (a 404/409/422 for a request that makes no sense
 is fine: the request got past authorisation); a valid token without the scope -> 403; an invalid
@@ -21,7 +21,7 @@ from fastapi.routing import APIRoute
 
 from tests.service_fixtures import make_archive
 
-ANY_VALID = {"admin", "submit", "submit-other", "verify", "worker"}
+ANY_VALID = {"admin", "submit", "submit-other", "verify", "worker", "maintain", "maintain-other"}
 PUBLIC = "public"  # a read: anyone, or with protect_reads any valid token
 ALWAYS_PUBLIC = "always-public"  # probes: anyone, always
 
@@ -38,7 +38,8 @@ POLICY: dict[tuple[str, str], set[str] | str] = {
     ("GET", "/api/v1/projects/{project}/commits"): PUBLIC,
     ("GET", "/api/v1/projects/{project}/commits/{sha}"): PUBLIC,
     ("GET", "/api/v1/projects/{project}/commits/{sha}/verdicts"): PUBLIC,
-    ("POST", "/api/v1/projects/{project}/commits/{sha}/acknowledge"): {"admin"},
+    # acknowledging a change: a maintainer of the project (issue 44), no admin rights needed
+    ("POST", "/api/v1/projects/{project}/commits/{sha}/acknowledge"): {"admin", "maintain"},
     ("GET", "/api/v1/projects/{project}/verdicts"): PUBLIC,
     ("GET", "/api/v1/projects/{project}/releases"): PUBLIC,
     ("POST", "/api/v1/projects/{project}/verify"): {"admin", "submit", "verify"},
@@ -46,7 +47,7 @@ POLICY: dict[tuple[str, str], set[str] | str] = {
     ("GET", "/api/v1/runs/{run_id}/log"): PUBLIC,
     ("POST", "/api/v1/runs/{run_id}/cancel"): {"admin", "submit"},
     ("POST", "/api/v1/runs/{run_id}/retry"): {"admin", "submit"},
-    ("POST", "/api/v1/runs/{run_id}/acknowledge"): {"admin"},
+    ("POST", "/api/v1/runs/{run_id}/acknowledge"): {"admin", "maintain"},
     ("GET", "/api/v1/runs/{run_id}/cases"): PUBLIC,
     ("GET", "/api/v1/runs/{run_id}/trajectories"): PUBLIC,
     ("GET", "/api/v1/runs/{run_id}/trajectories.csv"): PUBLIC,
@@ -109,7 +110,8 @@ def world(db_session, api_settings):
     tokens = {}
     for caller, scope, project in (("admin", "admin", None), ("submit", "submit", "alpha"),
                                    ("submit-other", "submit", "beta"), ("verify", "verify", "alpha"),
-                                   ("worker", "worker", None), ("expired", "admin", None),
+                                   ("worker", "worker", None), ("maintain", "maintain", "alpha"),
+                                   ("maintain-other", "maintain", "beta"), ("expired", "admin", None),
                                    ("revoked", "admin", None)):
         row, tokens[caller] = auth.create_token(session=db_session, name=caller, scope=scope,
                                                 project=project)
@@ -215,7 +217,7 @@ def test_every_route_times_every_caller(world, api_settings, protect_reads: bool
                                 f"(expected {'allowed' if allowed else expected_denial}) "
                                 f"{response.text[:160]}")
     assert not failures, "\n".join(failures)
-    assert checked == len(app_routes) * 9
+    assert checked == len(app_routes) * (len(ANY_VALID) + len(INVALID_CALLERS))
 
 
 def test_verify_quota_per_utc_day(world, api_settings, db_session) -> None:

@@ -80,7 +80,11 @@ def test_failed_cancelled_and_error_ancestors_are_walked_past(db_session) -> Non
 
     choice = baselines.choose(session=db_session, run=run)
 
-    assert (choice.run, choice.pending, choice.reason) == (root_run, False, "first parent a")
+    # Four commits back, and the reason says which nearer ones were passed over and why.
+    assert (choice.run, choice.pending, choice.commits_back) == (root_run, False, 4)
+    assert choice.reason == (f"a, 4 commits back on the first-parent line (run {root_run.id}): nearer ones "
+                             f"passed over (d run {run.id - 1} error; c run {run.id - 2} cancelled; "
+                             f"b run {run.id - 3} failed)")
 
 
 def test_an_unfinished_parent_run_makes_the_verdict_wait(db_session) -> None:
@@ -96,7 +100,7 @@ def test_an_unfinished_parent_run_makes_the_verdict_wait(db_session) -> None:
 
     # It waits for the nearest ancestor rather than falling back to the finished grandparent.
     assert (choice.run, choice.pending) == (waiting_for, True)
-    assert choice.reason == f"waiting for parent b (run {waiting_for.id})"
+    assert choice.reason == f"waiting for b (run {waiting_for.id}, 1 commit(s) back)"
 
 
 def test_a_queued_parent_run_makes_the_verdict_wait_too(db_session) -> None:
@@ -143,7 +147,9 @@ def test_nothing_finished_in_the_environment_means_no_baseline(db_session) -> No
     choice = baselines.choose(session=db_session, run=run)
 
     assert (choice.run, choice.pending) == (None, False)
-    assert choice.reason == "no ancestor has a finished run in this environment"
+    assert choice.reason.startswith("none of the 1 first-parent ancestor(s) sent with commit b has a finished "
+                                    "run in cpu with battery quick (a run ")
+    assert "--allow-no-baseline" in choice.reason
 
 
 def test_a_root_commit_has_no_baseline(db_session) -> None:
@@ -159,7 +165,7 @@ def test_a_parent_never_submitted_ends_the_walk_and_says_so(db_session) -> None:
 
     choice = baselines.choose(session=db_session, run=line.run("b"))
 
-    assert choice.run is None and choice.reason == "parent never-sent was never submitted"
+    assert choice.run is None and "(never-sent never submitted)" in choice.reason
 
 
 def test_only_the_first_parent_of_a_merge_is_followed(db_session) -> None:
@@ -201,7 +207,7 @@ def test_a_verify_run_compares_with_its_base_commit(db_session) -> None:
     # Without a base and without a commit there is nothing to walk.
     lone = line.run(None, kind="verify")
     assert baselines.choose(session=db_session, run=lone) == baselines.BaselineChoice(
-        None, reason="no ancestor has a finished run in this environment")
+        None, reason="the run has no commit and no base")
 
 
 def test_a_named_base_without_a_run_in_the_class_is_no_baseline(db_session) -> None:

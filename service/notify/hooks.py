@@ -202,10 +202,10 @@ def _send_github(*, session: Session, gh, run: Run, row: GitHubCheckRun, state: 
         return
     page = run_page(session=session, run_id=run.id)
     sized = sum(1 for case in page.changed if case.max_abs_diff is not None)
-    sent_state = f"{state}|changed={len(page.changed)}|sized={sized}"
+    sent_state = f"{state}|changed={len(page.changed)}|sized={sized}|allowed={bool(run.allow_no_baseline)}"
     if row.sent_state == sent_state and row.error is None:
         return
-    conclusion = conclusion_for(state)
+    conclusion = conclusion_for(state, no_baseline_allowed=bool(run.allow_no_baseline))
     output = report.check_output(page=page, conclusion=conclusion, run_url=run_url)
     try:
         if row.check_run_id is None:
@@ -240,7 +240,8 @@ def _update_pr_comments(*, session: Session, gh, run: Run, owner: str, repo: str
     for sibling_id in sibling_ids:
         page = run_page(session=session, run_id=sibling_id)
         state = _state(page.run)
-        items.append(report.CommentRun(page=page, conclusion=conclusion_for(state) if state else None,
+        conclusion = conclusion_for(state, no_baseline_allowed=bool(page.run.allow_no_baseline)) if state else None
+        items.append(report.CommentRun(page=page, conclusion=conclusion,
                                        run_url=_run_url(base, sibling_id)))
     body = report.pr_comment(project=run.project.name, sha=run.commit.sha, runs=items)
     marker = report.comment_marker(run.project.name)

@@ -40,6 +40,7 @@ import stat
 import struct
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,6 +153,14 @@ def drop_for_worker() -> Identity:
     _preload_secrets(settings)
     if settings.uses_filesystem_broker:
         _share_new_files(settings.broker_folder, user.pw_uid)
+    if not os.environ.get("TMPDIR"):
+        # A temporary folder of the worker's own (becoming the user's with the home below), not /tmp:
+        # kombu's filesystem transport moves each message file there to read and delete it, and
+        # /tmp's sticky bit refuses the worker the deletion of a file the root API made.
+        own_tmp = settings.home / "tmp"
+        own_tmp.mkdir(mode=0o700, exist_ok=True)
+        os.environ["TMPDIR"] = str(own_tmp)
+        tempfile.tempdir = None  # tempfile caches the folder it found first
     # The compiler cache is shared by every trusted build on the host, several at once: it stays the
     # box's (never taken back after one build while another writes it); the worker never writes in it.
     compiler_cache = Path(os.path.abspath(settings.resolved_build_cache_dir / "ccache"))

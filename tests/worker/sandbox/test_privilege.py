@@ -279,6 +279,14 @@ def _healthz_sandbox(home: Path, timeout_s: float = 30.0) -> dict:
             cached.cache_clear()
 
 
+def _send_as_the_root_api(home: Path, *, run_id: int) -> None:
+    """One run message on the embedded broker, written by this (root) process as the API would."""
+    from service.broker.queueing import send_run
+    from service.settings import Settings
+
+    send_run(settings=Settings(home=home), run_id=run_id, environment="cpu", kind="commit")
+
+
 def _worker_env(home: Path, base: Path, user: str) -> dict[str, str]:
     blocker = base / "no-harness"
     blocker.write_text("a file where the harness cache would be: its build fails fast, and is only logged\n")
@@ -304,6 +312,17 @@ def test_a_started_worker_runs_as_its_user_and_healthz_says_so(worker_user, base
                                 user=worker_user.pw_uid, group=worker_user.pw_gid, extra_groups=[],
                                 capture_output=True, text=True)
         assert opened.returncode == 0, opened.stderr[-2000:]
+        # ... and take the messages the root API sends: kombu moves each to the worker's temporary
+        # folder, reads it and deletes it (a run id nobody has: the task finds nothing to do)
+        _send_as_the_root_api(home, run_id=987654)
+        queue = home / "broker" / "queue"
+        deadline = time.monotonic() + 30
+        while any(queue.iterdir()) and worker.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        text = (base / "worker.log").read_text(errors="replace")
+        assert worker.poll() is None and "Unrecoverable error" not in text, text[-3000:]
+        assert not any(queue.iterdir()), "the worker did not take the message the root API sent"
         health = _healthz_sandbox(home)
     finally:
         stop_process(worker)

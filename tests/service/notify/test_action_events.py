@@ -154,6 +154,24 @@ def _evaluate(expression: str, contexts: dict) -> object:
     return value
 
 
+CONDITION = re.compile(r"(.+?)\s*(==|!=)\s*('[^']*')")
+
+
+def condition(text: str | None, contexts: dict) -> bool:
+    """A step's `if:` as the runner evaluates it, as far as action.yml uses it: `path == 'literal'`
+    and `path != 'literal'` joined by &&; a missing value compares as ''."""
+    if text is None:
+        return True
+    result = True
+    for part in (p.strip() for p in str(text).split("&&")):
+        match = CONDITION.fullmatch(part)
+        assert match, f"if: {text!r}: this test evaluates path ==/!= 'literal' joined by && only; add the syntax here"
+        value = _evaluate(match.group(1), contexts)
+        equal = ("" if value is None else str(value)) == match.group(3)[1:-1]
+        result = result and (equal if match.group(2) == "==" else not equal)
+    return result
+
+
 def render(text: str, contexts: dict) -> str:
     def one(match: re.Match) -> str:
         value = _evaluate(match.group(1), contexts)
@@ -255,6 +273,8 @@ def run_action(tmp_path: Path, workspace: Path, *, event_name: str, payload: dic
         if "uses" in step:
             assert step["uses"].startswith("actions/setup-python@"), f"unexpected action {step['uses']}"
             continue
+        if not condition(step.get("if"), contexts):
+            continue  # the runner skips the step, and its outputs stay empty
         if "pip install" in step["run"] and "$GITHUB_ACTION_PATH" in step["run"]:
             continue  # installs the client: the stand-in `optdrift` is on PATH instead
         script = tmp_path / f"step{index}"
@@ -431,3 +451,45 @@ def test_pull_request_target_is_refused(origin: Origin, tmp_path: Path) -> None:
 def test_the_readme_workflow_checks_out_the_events_commit() -> None:
     """The rule needs the checkout at github.sha: the README's workflow must not pick another ref."""
     assert "ref" not in _readme_checkout()
+
+
+def test_pull_request_from_a_fork_skips_with_a_notice_and_passes(origin: Origin, tmp_path: Path) -> None:
+    """GitHub gives a fork's pull_request run no secrets (the token input is empty): the action
+    submits nothing, says where the verdict comes from instead (the service's check run), exits 0."""
+    event = payload("pull_request_fork", BASE=origin.sha["B1"], HEAD=origin.sha["H2"],
+                    HEAD_PARENT=origin.sha["H1"], MERGE=origin.sha["M"])
+    workspace = tmp_path / "workspace"
+    checkout(origin, workspace, origin.sha["M"], "refs/remotes/pull/8/merge")
+    run = run_action(tmp_path, workspace, event_name="pull_request", payload=event,
+                     github={"GITHUB_SHA": origin.sha["M"], **PR_ENV, "GITHUB_REF": "refs/pull/8/merge"},
+                     inputs={"token": ""})
+    assert run.code == 0, run.log
+    assert run.submitted is None, "a fork's run submitted (and would have answered 401)"
+    [notice] = [line for line in run.log.splitlines() if line.startswith("::notice title=optdrift::")]
+    assert "outside-contributor/my-kernels" in notice and "GitHub App" in notice
+    assert "Pull requests from forks" in notice
+    assert run.outputs["verdict"] == "skipped" and run.outputs["exit-code"] == "0"
+    assert not any(line.startswith("::error") for line in run.log.splitlines())
+
+
+def test_an_empty_token_on_a_branch_of_the_repository_itself_skips_too(origin: Origin, tmp_path: Path) -> None:
+    """A pull_request run of the repository's own branch that gets no secret (Dependabot's runs):
+    the same skip, never a 401."""
+    workspace = tmp_path / "workspace"
+    checkout(origin, workspace, origin.sha["M"], "refs/remotes/pull/7/merge")
+    run = run_action(tmp_path, workspace, event_name="pull_request", payload=_pr_payload(origin),
+                     github={"GITHUB_SHA": origin.sha["M"], **PR_ENV}, inputs={"token": ""})
+    assert run.code == 0 and run.submitted is None, run.log
+    assert run.outputs["verdict"] == "skipped"
+
+
+def test_an_empty_token_on_push_is_refused_not_skipped(origin: Origin, tmp_path: Path) -> None:
+    """main's push always has the repository's secrets: an empty token there is a misconfiguration,
+    and passing would be a green with nothing checked."""
+    workspace = tmp_path / "workspace"
+    checkout(origin, workspace, origin.sha["B3"], "refs/remotes/origin/main")
+    run = run_action(tmp_path, workspace, event_name="push",
+                     payload=_push_payload("push", origin, origin.sha["B1"], "B3"),
+                     github={"GITHUB_SHA": origin.sha["B3"], "GITHUB_REF": "refs/heads/main", "GITHUB_REF_NAME": "main"},
+                     inputs={"token": ""})
+    _assert_refused(run, "`token` input is empty", "push")

@@ -67,8 +67,10 @@ def test_inputs_and_outputs_are_wired_to_the_submit_step() -> None:
     for name in ("url", "project", "source", "battery", "token"):
         assert f"${{{{ inputs.{name} }}}}" in step["env"].values(), f"input {name} does not reach the step"
     for name in ("verdict", "run-url", "exit-code"):
+        # A fork's pull request (issue 44) skips with verdict `skipped`, exit code 0 and no run page.
+        fork = f" || steps.fork.outputs.{name}" if name != "run-url" else ""
         assert action["outputs"][name]["value"] == (
-            f"${{{{ steps.submit.outputs.{name} || steps.compare.outputs.{name} }}}}")
+            f"${{{{ steps.submit.outputs.{name} || steps.compare.outputs.{name}{fork} }}}}")
     # No expression is spliced into the script's text (script injection): inputs come as env.
     assert "${{" not in step["run"]
     install = [s for s in action["runs"]["steps"] if "pip install" in s.get("run", "")]
@@ -157,8 +159,10 @@ def test_the_upgrade_check_mode_compares_two_environments_instead_of_submitting(
     `optdrift compare --run` on `release` (default github.sha) with submit's exit codes and outputs."""
     action = yaml.safe_load(ACTION.read_text())
     steps = {step.get("id"): step for step in action["runs"]["steps"]}
-    assert steps["commit"]["if"] == steps["submit"]["if"] == "inputs.compare-environments == ''"
-    assert steps["compare"]["if"] == "inputs.compare-environments != ''"
+    # ... and all three are skipped for a fork's pull request (issue 44: the fork step).
+    not_fork = " && steps.fork.outputs.skip != 'true'"
+    assert steps["commit"]["if"] == steps["submit"]["if"] == "inputs.compare-environments == ''" + not_fork
+    assert steps["compare"]["if"] == "inputs.compare-environments != ''" + not_fork
     step = _compare_step(action)
     assert "${{" not in step["run"]  # inputs reach the script as environment only
     assert step["env"]["OPTDRIFT_ENVIRONMENTS"] == "${{ inputs.compare-environments }}"

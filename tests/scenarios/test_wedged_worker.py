@@ -248,7 +248,7 @@ def test_a_run_that_wedges_workers_ends_error_is_not_sent_again_and_the_worker_g
     assert (still["status"], still["attempt"]) == ("error", 2), still
     page = http.get(f"/runs/{wedging}")
     assert page.status_code == 200
-    assert "attempt 2; its worker was lost in 1" in page.text and "passed the watchdog&#39;s deadline" in page.text
+    assert "(attempt 2, 1 worker(s) lost mid-run)" in page.text and "passed the watchdog&#39;s deadline" in page.text
 
     # The pool process the watchdog ended was replaced: the worker goes on with a normal commit run.
     assert second.poll() is None, "the worker's main process should have survived its pool process"

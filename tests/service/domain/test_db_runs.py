@@ -183,13 +183,15 @@ def test_results_are_stored_in_batches_with_their_progress_and_a_lost_run_stops(
     from service.db.models import Run
     from service.run_store import ClaimedRun, RunLost
     from worker.jobs.run import StoredResults
+    from worker.jobs.watchdog import Watchdog
 
     run = _commit_run(db_session, api_settings, "a", [])
     assert runs.claim(session=db_session, run_id=run.id, worker="w")
     monkeypatch.setattr(StoredResults, "BATCH", 3)
     monkeypatch.setattr(StoredResults, "FLUSH_AFTER_S", 3600.0)  # only a full batch (or flush()) writes
     stored = StoredResults(ClaimedRun(db_session, run_id=run.id, worker="w"),
-                           beat=SimpleNamespace(lost=threading.Event()))
+                           beat=SimpleNamespace(lost=threading.Event()),
+                           guard=Watchdog(label="run under test", grace_s=1.0))  # never started: never stops
     digests = [f"{i:032x}" for i in range(len(AWKWARD))]
 
     def rows() -> int:

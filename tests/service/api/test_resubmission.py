@@ -108,3 +108,17 @@ def test_re_running_a_red_job_stays_red(live_api, admin_token, db_session, monke
         report = json.loads(waited.stdout)
         assert report["exit_code"] == 1
         assert sorted(run["id"] for run in report["runs"]) == sorted(run_ids)
+
+
+def test_a_repeated_submission_queues_again_each_environments_errored_run(api, db_session) -> None:  # noqa: ANN001
+    """An `error` (optdrift's failure) in any environment is run again by the re-run job, not only
+    in the environment whose run carries the idempotency key."""
+    assert api.post("/api/v1/projects", json={"name": "errored", "environments": ENVIRONMENTS[2],
+                                              "allow_unserved": True}).status_code == 201
+    cpu_run, fma_run = (run["id"] for run in _submit(api, "errored", "c1", "errored:c1:").json()["runs"])
+    _finish(db_session, cpu_run, "unchanged")
+    run = db_session.get(Run, fma_run)
+    run.status, run.error, run.finished_at = "error", "lost worker", utcnow()
+    db_session.commit()
+    again = _submit(api, "errored", "c1", "errored:c1:")
+    assert [(r["id"], r["status"]) for r in again.json()["runs"]] == [(cpu_run, "done"), (fma_run, "queued")]

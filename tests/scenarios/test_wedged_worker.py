@@ -145,9 +145,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         drop_database(db_name)
 
 
-def _worker(service: dict, name: str, **settings: str):  # noqa: ANN202
+def _worker(service: dict, name: str, *options: str, **settings: str):  # noqa: ANN202
     env = {**service["env"], **settings}
-    process = start_process(["worker", "--loglevel", "INFO"], env, service["folder"] / f"{name}.log")
+    process = start_process(["worker", "--loglevel", "INFO", *options], env, service["folder"] / f"{name}.log")
     service["workers"].append(process)
     return process
 
@@ -183,11 +183,14 @@ def _sleeping_box(timeout_s: float) -> None:
     assert matching(f"^sleep {SLEEP_S}$"), f"the sleeping build did not start within {timeout_s:g} s"
 
 
-def test_cancel_and_sigterm_end_a_build_that_sleeps_within_seconds(service) -> None:
+# prefork: production's pool (the job in a pool process, SIGTERM relayed to it); solo: `serve`'s
+# embedded worker (the job in the process that gets the SIGTERM).
+@pytest.mark.parametrize("pool", ["prefork", "solo"])
+def test_cancel_and_sigterm_end_a_build_that_sleeps_within_seconds(service, pool: str) -> None:
     http = service["http"]
-    worker = _worker(service, "sleepy-worker", OPTDRIFT_MAX_BUILD_S="300", OPTDRIFT_WATCHDOG_SLACK_S="60",
-                     OPTDRIFT_WATCHDOG_GRACE_S="5")
-    cancelled = _commit(http, "sleeps-then-cancelled", SLEEPING)
+    worker = _worker(service, f"sleepy-worker-{pool}", "--pool", pool, OPTDRIFT_MAX_BUILD_S="300",
+                     OPTDRIFT_WATCHDOG_SLACK_S="60", OPTDRIFT_WATCHDOG_GRACE_S="5")
+    cancelled = _commit(http, f"sleeps-then-cancelled-{pool}", SLEEPING)
     _sleeping_box(timeout_s=180)
     assert http.post(f"/api/v1/runs/{cancelled}/cancel").status_code == 200
     asked = time.monotonic()
@@ -197,7 +200,7 @@ def test_cancel_and_sigterm_end_a_build_that_sleeps_within_seconds(service) -> N
     assert took < FEW_S, f"the cancel took {took:.1f} s"
     assert not wait_gone(f"^sleep {SLEEP_S}$", timeout_s=FEW_S), "the build's box outlived the cancel"
 
-    stopped = _commit(http, "sleeps-then-sigterm", SLEEPING)
+    stopped = _commit(http, f"sleeps-then-sigterm-{pool}", SLEEPING)
     _sleeping_box(timeout_s=60)
     assert _run(http, stopped)["status"] == "building"
     os.kill(worker.pid, signal.SIGTERM)  # the worker's main process, as a supervisor stops it

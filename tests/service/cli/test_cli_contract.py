@@ -213,26 +213,28 @@ def _finish_run(server: dict, run_id: int, *, status: str, outcome: str | None =
     engine.dispose()
 
 
-@pytest.mark.parametrize(("status", "outcome", "error", "acknowledged", "code"), [
-    ("done", "unchanged", None, False, 0),
-    ("done", "no-baseline", None, False, 0),
-    ("done", "changed", None, True, 0),
-    ("done", "changed", None, False, 1),
-    ("failed", "broken", "segfault in adam_step", False, 3),
-    ("error", None, "source fetch refused: 401 from http://127.0.0.1:8000", False, 4),
-    ("done", "nondeterministic", None, False, 5),
+@pytest.mark.parametrize(("status", "outcome", "error", "acknowledged", "code", "options"), [
+    ("done", "unchanged", None, False, 0, []),
+    # Nothing to compare with fails (issue 44), unless the submission allowed it (a first commit).
+    ("done", "no-baseline", None, False, 6, []),
+    ("done", "no-baseline", None, False, 0, ["--allow-no-baseline"]),
+    ("done", "changed", None, True, 0, []),
+    ("done", "changed", None, False, 1, []),
+    ("failed", "broken", "segfault in adam_step", False, 3, []),
+    ("error", None, "source fetch refused: 401 from http://127.0.0.1:8000", False, 4, []),
+    ("done", "nondeterministic", None, False, 5, []),
 ])
 def test_submit_wait_exits_with_the_runs_code(server: dict, tmp_path: Path, status: str,
                                               outcome: str | None, error: str | None,
-                                              acknowledged: bool, code: int) -> None:
-    project = f"codes-{status}-{outcome}-{int(acknowledged)}"
+                                              acknowledged: bool, code: int, options: list[str]) -> None:
+    project = f"codes-{status}-{outcome}-{int(acknowledged)}-{len(options)}"
     _project(server, project)
     source = write_tree(tmp_path / "src", {**SOURCE, "variant.cpp": project})
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPTDRIFT_")}
     env.update({"OPTDRIFT_HOME": str(server["home"]), "COLUMNS": "200"})
     # The CLI waits on the queued run (no worker here); the run then ends as a worker would end it.
     waiting = subprocess.Popen([str(OPTDRIFT), "submit", "--project", project, "--commit", "c1", "--source",
-                                str(source), "--url", server["url"], "--wait"], cwd=REPO_ROOT, env=env,
+                                str(source), "--url", server["url"], "--wait", *options], cwd=REPO_ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while True:

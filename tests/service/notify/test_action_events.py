@@ -493,3 +493,28 @@ def test_an_empty_token_on_push_is_refused_not_skipped(origin: Origin, tmp_path:
                      github={"GITHUB_SHA": origin.sha["B3"], "GITHUB_REF": "refs/heads/main", "GITHUB_REF_NAME": "main"},
                      inputs={"token": ""})
     _assert_refused(run, "`token` input is empty", "push")
+
+
+def test_a_shallow_checkout_is_deepened_so_the_client_sends_the_first_parent_line(origin: Origin,
+                                                                                 tmp_path: Path) -> None:
+    """Issue 44: the baseline is the nearest ancestor the service has a run of, so the client sends
+    the first-parent line, read with git from the checkout; actions/checkout's depth-1 clone holds
+    none of it, and the action deepens it. allow-no-baseline reaches the client only when set."""
+    from service.cli.git_history import first_parent_ancestry
+
+    workspace = tmp_path / "workspace"
+    checkout(origin, workspace, origin.sha["M"], "refs/remotes/pull/7/merge", depth=1)
+    assert first_parent_ancestry(workspace / SOURCE, origin.sha["M"], 200) == []  # depth 1: no history
+    run = run_action(tmp_path, workspace, event_name="pull_request", payload=_pr_payload(origin),
+                     github={"GITHUB_SHA": origin.sha["M"], **PR_ENV})
+    _assert_submitted(run, origin, commit="M", parents=["B1", "H2"], ref="pull/7/merge")
+    assert first_parent_ancestry(workspace / SOURCE, origin.sha["M"], 200) == [origin.sha["B1"], origin.sha["B0"]]
+    assert "--allow-no-baseline" not in json.loads((tmp_path / "submitted.json").read_text())["argv"]
+
+    first = tmp_path / "first"
+    first.mkdir()
+    checkout(origin, first / "workspace", origin.sha["B0"], "refs/remotes/origin/main", depth=1)
+    run = run_action(first, first / "workspace", event_name="workflow_dispatch", payload={},
+                     github={"GITHUB_SHA": origin.sha["B0"], "GITHUB_REF": "refs/heads/main", "GITHUB_REF_NAME": "main"},
+                     inputs={"allow-no-baseline": "true"})
+    assert "--allow-no-baseline" in json.loads((first / "submitted.json").read_text())["argv"], run.log

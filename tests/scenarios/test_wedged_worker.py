@@ -24,7 +24,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from datetime import datetime
 
 import httpx
 import pytest
@@ -236,8 +236,6 @@ def test_a_run_that_wedges_workers_ends_error_is_not_sent_again_and_the_worker_g
     assert again["workers_lost"] == 1, again
     ended = _wait(http, wedging, lambda run: run["status"] in FINAL, "ended by the watchdog",
                   timeout_s=deadline_s + grace_s + 60)
-    from datetime import datetime
-
     took = (datetime.fromisoformat(ended["finished_at"]) - datetime.fromisoformat(ended["started_at"])).total_seconds()
     assert ended["status"] == "error", ended
     assert "build phase passed the watchdog's deadline of 9 s" in ended["error"], ended["error"]

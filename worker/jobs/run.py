@@ -380,9 +380,8 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat, gu
                                       deadline=budget.deadline,
                                       reference_cache=settings.resolved_build_cache_dir / "references")
             built = workspace.build(job, policy)
-            guard.check()
             build_log = _read_log(built.log_path)
-        guard.check()
+        guard.check()  # a build the watchdog killed is not the commit's failure
         available, what = sandbox.status()
         detail = {**job.record(), "battery_version": job.battery.version, "build_ok": built.ok,
                   "build_error": built.error, "cuda_archs": built.cuda_archs,

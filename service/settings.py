@@ -133,6 +133,10 @@ class Settings(BaseSettings):
     # or the one in secrets_key_file; neither set: <home>/secrets-key, made 0600 on first start.
     secrets_key: SecretStr | None = None
     secrets_key_file: Path | None = None
+    # The secret GitHub signs webhook deliveries with (X-Hub-Signature-256): the GitHub App's webhook
+    # secret, or a repository webhook's. Unset: POST /api/v1/github/events refuses every delivery
+    # (service/notify/pull_requests.py, docs/INTEGRATIONS.md "Pull requests from forks").
+    github_webhook_secret: SecretStr | None = None
 
     @property
     def resolved_database_url(self) -> str:

@@ -9,6 +9,11 @@ not conform is answered 422 (as GitHub answers "Validation Failed") and recorded
 Answers are the description's own examples for the operation, with the ids and fields the test
 needs set from the stand-in's state (check runs, PR comments, pull requests).
 
+Repository archives: GET /repos/{o}/{r}/tarball/{ref} answers GitHub's 302 to a second server, the
+stand-in's download host (GitHub's codeload), which is not the REST API and so is not checked
+against the description; it serves `tarballs` to a URL carrying its own short-lived token and
+records every request's Authorization header (our credential must never reach it).
+
 Tests can queue scripted failures (`fail_next`): a 403/429 with GitHub's rate-limit headers, or a
 5xx, for the next request(s) to an operation, to prove the client's backoff and retries.
 """
@@ -237,6 +242,16 @@ class StandinState:
     comments: dict[int, dict[int, str]] = field(default_factory=dict)
     # commit sha -> [(PR number, head sha, state)]
     pulls: dict[str, list[tuple[int, str, str]]] = field(default_factory=dict)
+    # PR number -> {"head_sha", "base_ref", "state", "mergeable", "merge_commit_sha"} (pulls/get)
+    pull_details: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # commit sha -> its parents' shas (repos/get-commit)
+    commit_parents: dict[str, list[str]] = field(default_factory=dict)
+    # commit sha -> the tar.gz the download host serves for it
+    tarballs: dict[str, bytes] = field(default_factory=dict)
+    codeload_url: str = ""
+    codeload_token: str = "standin-download-token-0123"
+    # (path, Authorization header or None) of every request the download host got
+    codeload_requests: list[tuple[str, str | None]] = field(default_factory=list)
     requests: list[Recorded] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     failures: list[ScriptedFailure] = field(default_factory=list)
@@ -259,7 +274,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         data = b"" if payload is None else json.dumps(payload).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=utf-8")
+        if payload is not None:
+            self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
         for key, value in (headers or {}).items():
             self.send_header(key, value)
@@ -326,6 +342,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(scripted.status, scripted.body, scripted.headers)
             status, payload = self._answer(op, params, parsed or {})
             record.status = status
+            if status == 302:  # a download: `payload` is where
+                return self._send(302, None, {"Location": payload})
             self._send(status, payload)
 
     def _answer(self, op: Operation, params: dict[str, str], body: dict[str, Any]) -> tuple[int, Any]:
@@ -374,6 +392,29 @@ class _Handler(BaseHTTPRequestHandler):
                     comments[comment_id] = body["body"]
                     return 200, {**example_response(op, "200"), "id": comment_id, "body": body["body"]}
             return 404, {"message": "Not Found"}
+        if oid == "pulls/get":
+            pull = state.pull_details.get(int(params["pull_number"]))
+            if pull is None:
+                return 404, {"message": "Not Found"}
+            answer = example_response(op, "200")
+            answer.update(number=int(params["pull_number"]), state=pull["state"], mergeable=pull["mergeable"],
+                          merge_commit_sha=pull["merge_commit_sha"])
+            answer["head"]["sha"] = pull["head_sha"]
+            answer["base"]["ref"] = pull["base_ref"]
+            return 200, answer
+        if oid == "repos/get-commit":
+            parents = state.commit_parents.get(params["ref"])
+            if parents is None:
+                return 404, {"message": "Not Found"}
+            answer = example_response(op, "200")
+            template = answer["parents"][0]
+            answer.update(sha=params["ref"], parents=[{**template, "sha": sha} for sha in parents])
+            return 200, answer
+        if oid == "repos/download-tarball-archive":
+            if params["ref"] not in state.tarballs:
+                return 404, {"message": "Not Found"}
+            return 302, (f"{state.codeload_url}/{params['owner']}/{params['repo']}/legacy.tar.gz/{params['ref']}"
+                         f"?token={state.codeload_token}")
         if oid == "apps/get-repo-installation":
             return 200, {**example_response(op, "200"), "id": state.installation_id}
         if oid == "apps/create-installation-access-token":
@@ -386,6 +427,32 @@ class _Handler(BaseHTTPRequestHandler):
         return 501, {"message": f"the stand-in does not answer {oid}"}
 
 
+class _CodeloadHandler(BaseHTTPRequestHandler):
+    """GitHub's download host: a tarball for a URL that carries the download token."""
+
+    state: StandinState
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        with self.state.lock:
+            self.state.codeload_requests.append((url.path, self.headers.get("Authorization")))
+        sha = url.path.rsplit("/", 1)[-1]
+        data = self.state.tarballs.get(sha)
+        if dict(parse_qsl(url.query)).get("token") != self.state.codeload_token or data is None:
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-gzip")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
 class GitHubStandin:
     """Start with `with GitHubStandin(token=...) as github:`; `github.url` is the API base URL."""
 
@@ -396,14 +463,22 @@ class GitHubStandin:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        codeload = type("CodeloadHandler", (_CodeloadHandler,), {"state": self.state})
+        # Another origin than the API's (127.0.0.2: another host on the loopback network), as
+        # codeload.github.com is another host than api.github.com.
+        self.codeload = ThreadingHTTPServer(("127.0.0.2", 0), codeload)
+        self.state.codeload_url = f"http://127.0.0.2:{self.codeload.server_address[1]}"
+        self.codeload_thread = threading.Thread(target=self.codeload.serve_forever, daemon=True)
 
     def __enter__(self) -> "GitHubStandin":
         self.thread.start()
+        self.codeload_thread.start()
         return self
 
     def __exit__(self, *_exc: Any) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        for server in (self.server, self.codeload):
+            server.shutdown()
+            server.server_close()
 
     def fail_next(self, operation_id: str, status: int, headers: dict[str, str] | None = None,
                   message: str = "scripted failure") -> None:

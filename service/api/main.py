@@ -23,6 +23,7 @@ api_router = APIRouter(prefix="/api/v1")
 for module in (projects, commits, verify, runs, sources, speed, case_history, environments):
     api_router.include_router(module.router)
 api_router.include_router(notify_routes.router)  # issue 16: GitHub and webhook settings
+api_router.include_router(notify_routes.events_router)  # issue 44: GitHub's deliveries (forks' PRs)
 
 
 @asynccontextmanager

@@ -114,3 +114,31 @@ class WebhookDelivery(Base):
     duration_s: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class GitHubPullRequestRun(Base):
+    """A verify run the service started itself for a pull request from a fork (GitHub gives a
+    fork's workflow no secrets, so the Action cannot submit it): which pull request and head it
+    verifies, so the run's check run goes on that head and its comment on that pull request
+    (service/notify/pull_requests.py). One per head sha and environment: a delivery repeated, or
+    a second event for the same head, starts nothing new."""
+
+    __tablename__ = "github_pull_request_runs"
+    __table_args__ = (UniqueConstraint("project_id", "head_sha", "environment"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), unique=True)
+    environment: Mapped[str] = mapped_column(String(100))
+    # The base repository ("owner/name") and the pull request's number there.
+    repository: Mapped[str] = mapped_column(String(200))
+    pull_number: Mapped[int] = mapped_column(Integer)
+    # The fork's commit (the check run's head_sha) and the fork itself (the daily quota's key).
+    head_sha: Mapped[str] = mapped_column(String(64))
+    head_repository: Mapped[str] = mapped_column(String(200), index=True)
+    # The merge commit GitHub made whose tree was verified, and its first parent (the base tip).
+    merge_sha: Mapped[str] = mapped_column(String(64))
+    base_sha: Mapped[str] = mapped_column(String(64))
+    # X-GitHub-Delivery of the event that started it.
+    delivery_id: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

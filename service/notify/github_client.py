@@ -69,11 +69,14 @@ def _auth(integration: GitHubIntegration, api_url: str, retry: NotifyRetry, sett
 
 
 def make_client(integration: GitHubIntegration, *, retry: NotifyRetry | None = None,
-                timeout_s: float = 20.0, settings: Settings | None = None) -> GitHub:
+                timeout_s: float = 20.0, settings: Settings | None = None,
+                follow_redirects: bool = True) -> GitHub:
     """A client for the integration's repository (its credential decrypted with the settings'
     secrets key); use it as a context manager (one connection pool for the notification's few
-    requests)."""
+    requests). `follow_redirects=False` for a download whose 302 points at another host, which
+    must not get our credential (service/notify/pull_requests.py)."""
     retry = retry or NotifyRetry()
     api_url = (integration.api_url or DEFAULT_API_URL).rstrip("/") + "/"
     return GitHub(_auth(integration, api_url, retry, settings or get_settings()), base_url=api_url, auto_retry=retry,
-                  timeout=timeout_s, user_agent="optdrift-notifier", http_cache=False)
+                  timeout=timeout_s, user_agent="optdrift-notifier", http_cache=False,
+                  follow_redirects=follow_redirects)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from service.db.models import ACTIVE_STATUSES, Run, Verdict
-from service.db.notify_models import GitHubCheckRun, GitHubIntegration, Webhook
+from service.db.notify_models import GitHubCheckRun, GitHubIntegration, GitHubPullRequestRun, Webhook
 from service.domain.dashboard_queries import run_page
 from service.domain.redaction import clip, scrub
 from service.notify import github, report
@@ -96,16 +97,47 @@ def notify_run(*, session: Session, run_id: int, settings: Settings,
                retry: NotifyRetry | None = None, delivery: DeliveryPolicy | None = None) -> None:
     """Send the run's current state to its project's GitHub integration and webhooks."""
     run = session.get(Run, run_id)
-    # Verify runs (a contributor's tree, no commit in the lineage) have no check or PR to report to.
-    if run is None or run.kind != "commit" or run.commit is None:
+    if run is None:
+        return
+    target = github_target(session=session, run=run)
+    # A verify run has no check or PR to report to, unless the service started it for a pull
+    # request from a fork (service/notify/pull_requests.py); webhooks describe commit runs only.
+    if target is None:
         return
     integration = session.scalar(select(GitHubIntegration).where(GitHubIntegration.project_id == run.project_id))
     if integration is not None:
-        notify_github(session=session, run=run, integration=integration, settings=settings, retry=retry)
+        notify_github(session=session, run=run, integration=integration, settings=settings, retry=retry,
+                      target=target)
+    if run.kind != "commit":
+        return
     webhooks = list(session.scalars(select(Webhook).where(Webhook.project_id == run.project_id,
                                                           Webhook.active.is_(True))))
     if webhooks:
         notify_webhooks(session=session, run=run, webhooks=webhooks, settings=settings, policy=delivery)
+
+
+@dataclass(frozen=True)
+class GitHubTarget:
+    """Where a run's check run and PR comment go."""
+
+    head_sha: str
+    # The runs the one PR comment describes (the commit's runs, or the pull request head's).
+    sibling_run_ids: list[int]
+    # The pull requests to comment on; None: the open ones whose head is head_sha, asked of GitHub.
+    pull_numbers: list[int] | None = None
+
+
+def github_target(*, session: Session, run: Run) -> GitHubTarget | None:
+    if run.kind == "commit" and run.commit is not None:
+        return GitHubTarget(head_sha=run.commit.sha, sibling_run_ids=list(session.scalars(
+            select(Run.id).where(Run.commit_id == run.commit_id).order_by(Run.id))))
+    link = session.scalar(select(GitHubPullRequestRun).where(GitHubPullRequestRun.run_id == run.id))
+    if link is None:
+        return None
+    siblings = session.scalars(select(GitHubPullRequestRun.run_id).where(
+        GitHubPullRequestRun.project_id == link.project_id, GitHubPullRequestRun.head_sha == link.head_sha)
+        .order_by(GitHubPullRequestRun.run_id))
+    return GitHubTarget(head_sha=link.head_sha, sibling_run_ids=list(siblings), pull_numbers=[link.pull_number])
 
 
 def _state(run: Run) -> str | None:
@@ -159,7 +191,10 @@ def _record_errors(row: GitHubCheckRun, errors: list[Exception], integration: Gi
 
 
 def notify_github(*, session: Session, run: Run, integration: GitHubIntegration, settings: Settings,
-                  retry: NotifyRetry | None = None) -> None:
+                  retry: NotifyRetry | None = None, target: GitHubTarget | None = None) -> None:
+    target = target or github_target(session=session, run=run)
+    if target is None:
+        return
     row = session.scalar(select(GitHubCheckRun).where(GitHubCheckRun.run_id == run.id))
     if row is None:
         row = GitHubCheckRun(run_id=run.id, attempts=0, comment_ids=[])
@@ -174,7 +209,7 @@ def notify_github(*, session: Session, run: Run, integration: GitHubIntegration,
         from service.notify.github_client import make_client
 
         with make_client(integration, retry=retry, settings=settings) as gh:
-            _send_github(session=session, gh=gh, run=run, row=row, state=state,
+            _send_github(session=session, gh=gh, run=run, row=row, state=state, target=target,
                          integration=integration, settings=settings, errors=errors)
     except Exception as exc:  # noqa: BLE001  (recorded; never the run's or the verdict's concern)
         errors.append(exc)
@@ -186,7 +221,8 @@ def notify_github(*, session: Session, run: Run, integration: GitHubIntegration,
 
 
 def _send_github(*, session: Session, gh, run: Run, row: GitHubCheckRun, state: str | None,  # noqa: ANN001
-                 integration: GitHubIntegration, settings: Settings, errors: list[Exception]) -> None:
+                 target: GitHubTarget, integration: GitHubIntegration, settings: Settings,
+                 errors: list[Exception]) -> None:
     """The check run, then the PR comment: each attempted whatever became of the other (a plain
     token may comment but not create checks, which GitHub keeps to Apps); failures go to `errors`."""
     owner, repo = integration.repository.split("/", 1)
@@ -195,7 +231,7 @@ def _send_github(*, session: Session, gh, run: Run, row: GitHubCheckRun, state: 
     name = f"{integration.check_name} ({run.environment})"
     if state is None:
         row.check_run_id = github.create_check_run(
-            gh, owner=owner, repo=repo, name=name, head_sha=run.commit.sha, details_url=run_url,
+            gh, owner=owner, repo=repo, name=name, head_sha=target.head_sha, details_url=run_url,
             external_id=str(run.id),
             output=report.in_progress_output(environment=run.environment, battery=run.battery, run_url=run_url))
         row.status = "in_progress"
@@ -210,7 +246,7 @@ def _send_github(*, session: Session, gh, run: Run, row: GitHubCheckRun, state: 
     try:
         if row.check_run_id is None:
             row.check_run_id = github.create_check_run(
-                gh, owner=owner, repo=repo, name=name, head_sha=run.commit.sha, details_url=run_url,
+                gh, owner=owner, repo=repo, name=name, head_sha=target.head_sha, details_url=run_url,
                 external_id=str(run.id), output=output, conclusion=conclusion.conclusion)
         else:
             github.complete_check_run(gh, owner=owner, repo=repo, check_run_id=row.check_run_id,
@@ -220,30 +256,31 @@ def _send_github(*, session: Session, gh, run: Run, row: GitHubCheckRun, state: 
         errors.append(exc)
     if integration.pr_comments:
         try:
-            row.comment_ids = _update_pr_comments(session=session, gh=gh, run=run, owner=owner, repo=repo,
-                                                  base=base)
+            row.comment_ids = _update_pr_comments(session=session, gh=gh, run=run, target=target, owner=owner,
+                                                  repo=repo, base=base)
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
     row.sent_state = sent_state
 
 
-def _update_pr_comments(*, session: Session, gh, run: Run, owner: str, repo: str,  # noqa: ANN001
-                        base: str) -> list[int]:
-    numbers = github.pull_requests_at(gh, owner=owner, repo=repo, sha=run.commit.sha)
+def _update_pr_comments(*, session: Session, gh, run: Run, target: GitHubTarget, owner: str,  # noqa: ANN001
+                        repo: str, base: str) -> list[int]:
+    numbers = target.pull_numbers
+    if numbers is None:
+        numbers = github.pull_requests_at(gh, owner=owner, repo=repo, sha=target.head_sha)
     if not numbers:
         return []
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"),
                         {"key": _COMMENT_LOCK_BASE + run.project_id})
-    sibling_ids = session.scalars(select(Run.id).where(Run.commit_id == run.commit_id).order_by(Run.id))
     items = []
-    for sibling_id in sibling_ids:
+    for sibling_id in target.sibling_run_ids:
         page = run_page(session=session, run_id=sibling_id)
         state = _state(page.run)
         conclusion = conclusion_for(state, no_baseline_allowed=bool(page.run.allow_no_baseline)) if state else None
         items.append(report.CommentRun(page=page, conclusion=conclusion,
                                        run_url=_run_url(base, sibling_id)))
-    body = report.pr_comment(project=run.project.name, sha=run.commit.sha, runs=items)
+    body = report.pr_comment(project=run.project.name, sha=target.head_sha, runs=items)
     marker = report.comment_marker(run.project.name)
     return [github.upsert_comment(gh, owner=owner, repo=repo, number=number, marker=marker, body=body)
             for number in numbers]

@@ -24,6 +24,9 @@ from tests.service_fixtures import make_archive
 ANY_VALID = {"admin", "submit", "submit-other", "verify", "worker", "maintain", "maintain-other"}
 PUBLIC = "public"  # a read: anyone, or with protect_reads any valid token
 ALWAYS_PUBLIC = "always-public"  # probes: anyone, always
+# GitHub's webhook deliveries: no token opens them, only X-Hub-Signature-256 (none of the callers
+# here signs): 401 for every caller (tests/service/notify/test_fork_pull_requests.py signs).
+GITHUB_SIGNED = "github-signed"
 
 # (method, path template) -> the callers allowed (beyond admin, who may do everything).
 POLICY: dict[tuple[str, str], set[str] | str] = {
@@ -84,6 +87,8 @@ POLICY: dict[tuple[str, str], set[str] | str] = {
     ("GET", "/api/v1/projects/{project}/webhooks"): {"admin"},
     ("DELETE", "/api/v1/projects/{project}/webhooks/{webhook_id}"): {"admin"},
     ("GET", "/api/v1/projects/{project}/webhooks/{webhook_id}/deliveries"): {"admin"},
+    # issue 44: pull requests from forks, verified on GitHub's signed pull_request event
+    ("POST", "/api/v1/github/events"): GITHUB_SIGNED,
 }
 INVALID_CALLERS = ("none", "wrong", "expired", "revoked")
 
@@ -198,7 +203,9 @@ def test_every_route_times_every_caller(world, api_settings, protect_reads: bool
             response = _request(client, method, template, context, context["tokens"][caller],
                                 serial * 100 + checked)
             checked += 1
-            if policy == ALWAYS_PUBLIC or (policy == PUBLIC and not protect_reads):
+            if policy == GITHUB_SIGNED:  # even an admin token is no signature
+                allowed, expected_denial = False, 401
+            elif policy == ALWAYS_PUBLIC or (policy == PUBLIC and not protect_reads):
                 allowed, expected_denial = True, None
             elif policy == PUBLIC:
                 allowed = caller in ANY_VALID
@@ -211,7 +218,7 @@ def test_every_route_times_every_caller(world, api_settings, protect_reads: bool
                 ok = status not in (401, 403) and status < 500
             else:
                 ok = status == expected_denial and (
-                    status != 401 or response.headers.get("www-authenticate") == "Bearer")
+                    status != 401 or policy == GITHUB_SIGNED or response.headers.get("www-authenticate") == "Bearer")
             if not ok:
                 failures.append(f"{method} {template} as {caller}: {status} "
                                 f"(expected {'allowed' if allowed else expected_denial}) "

@@ -20,7 +20,7 @@ import pytest
 from service.core.project_config import parse_config
 from worker.build import cache as build_cache
 from worker.build.cache import LAST_USED, MANIFEST, VERIFY_FOLDER, folder_bytes, release_builds
-from worker.build.extension import build_extension
+from worker.build.extension import BOX_FOLDER, build_extension
 from worker.build.project import build_project
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -102,8 +102,10 @@ def test_a_verify_extension_build_is_never_served_to_a_trusted_one(tmp_path: Pat
     assert Path(untrusted.library_path).is_relative_to(cache / VERIFY_FOLDER)
     trusted = build_extension(source, cache_dir=cache, cuda_archs=[])
     assert trusted.ok and not trusted.cached and trusted.digest == untrusted.digest
-    assert Path(trusted.library_path).parent == cache / trusted.digest
-    assert release_builds() == [Path(untrusted.library_path).parent]
+    # The library lies in the entry's box folder (worker.build.extension BOX_FOLDER), beside which
+    # the worker keeps the log and manifest.
+    assert Path(trusted.library_path).parent == cache / trusted.digest / BOX_FOLDER
+    assert release_builds() == [Path(untrusted.library_path).parents[1]]
     assert not Path(untrusted.library_path).exists() and Path(trusted.library_path).exists()
 
 

@@ -43,7 +43,9 @@ pytestmark = pytest.mark.skipif(
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "action_events" / "pull_request_fork.json"
 SECRET = "whsec-github-app-webhook-secret-0123456789"
-APP_ID = "123456"
+# Another App than test_notify_github.py's: githubkit caches JWTs and installation tokens by app id
+# for the process, and that test counts its token requests.
+APP_ID = "987654"
 BASE, HEAD, HEAD_PARENT, MERGE = "b1" * 20, "d2" * 20, "d1" * 20, "e3" * 20
 FAST_RETRY = NotifyRetry(attempts=2, backoff_s=0.05, max_wait_s=1.0)
 MERGE_TREE = {"csrc/adam.cu": "adam v1\n", "csrc/lion.cu": "lion v2: clamp before the sign\n",

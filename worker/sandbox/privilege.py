@@ -161,14 +161,17 @@ def drop_for_worker() -> Identity:
         own_tmp.mkdir(mode=0o700, exist_ok=True)
         os.environ["TMPDIR"] = str(own_tmp)
         tempfile.tempdir = None  # tempfile caches the folder it found first
-    # The compiler cache is shared by every trusted build on the host, several at once: it stays the
-    # box's (never taken back after one build while another writes it); the worker never writes in it.
-    compiler_cache = Path(os.path.abspath(settings.resolved_build_cache_dir / "ccache"))
+    # The compiler caches are shared by every trusted build on the host, several at once: they stay
+    # the box's (never taken back after one build while another writes them); the worker never
+    # writes in them.
+    compiler_caches = _compiler_caches(settings.resolved_build_cache_dir)
     for folder in folders:
-        _give_tree_to(folder, user.pw_uid, user.pw_gid, keep=root_only, box_owned={compiler_cache})
-    compiler_cache.mkdir(exist_ok=True)
-    if compiler_cache.lstat().st_uid != SANDBOX_UID:
-        chown_trees([compiler_cache], SANDBOX_UID, SANDBOX_GID)
+        _give_tree_to(folder, user.pw_uid, user.pw_gid, keep=root_only, box_owned=set(compiler_caches))
+    for compiler_cache in compiler_caches:
+        compiler_cache.mkdir(parents=True, exist_ok=True)
+        os.chown(compiler_cache.parent, user.pw_uid, user.pw_gid)
+        if compiler_cache.lstat().st_uid != SANDBOX_UID:
+            chown_trees([compiler_cache], SANDBOX_UID, SANDBOX_GID)
     _root_groups = os.getgroups()
     os.setgroups(groups)
     os.setresgid(user.pw_gid, user.pw_gid, user.pw_gid)
@@ -183,6 +186,14 @@ def drop_for_worker() -> Identity:
                                         f"(uid {user.pw_uid}); root only to launch the box")
     log.info("worker: %s", _identity.detail)
     return _identity
+
+
+def _compiler_caches(build_cache: Path) -> list[Path]:
+    """The `ccache` folders of the extension builds and of the command builds (worker.build)."""
+    from worker.build.cache import COMMAND_FOLDER
+
+    root = Path(os.path.abspath(build_cache))
+    return [root / "ccache", root / COMMAND_FOLDER / "ccache"]
 
 
 def _check_programs_are_roots(user: pwd.struct_passwd) -> None:

@@ -68,16 +68,23 @@ def worker_user():  # noqa: ANN201
     name = f"optdrift-test-{uuid.uuid4().hex[:8]}"
     subprocess.run([useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
     user = pwd.getpwnam(name)
-    opened: list[tuple[Path, int]] = []
+    opened: list[tuple[Path, int, bytes | None]] = []
     try:
         for folder in _folders_closed_to_others([Path(os.path.realpath(sys.executable)), Path(sys.prefix), REPO_ROOT]):
             mode = stat.S_IMODE(os.stat(folder).st_mode)
+            try:
+                before = os.getxattr(folder, ACL_XATTR)
+            except OSError:
+                before = None
+            opened.append((folder, mode, before))
             os.setxattr(folder, ACL_XATTR, _acl_with_user(mode, user.pw_uid))
-            opened.append((folder, mode))
         yield user
     finally:
-        for folder, mode in opened:
-            os.removexattr(folder, ACL_XATTR)
+        for folder, mode, before in reversed(opened):  # exactly as found: its ACL, if any, and its mode
+            if before is None:
+                os.removexattr(folder, ACL_XATTR)
+            else:
+                os.setxattr(folder, ACL_XATTR, before)
             os.chmod(folder, mode)  # the ACL's mask had become the group bits
         subprocess.run([userdel, name], check=False)
 
@@ -162,7 +169,7 @@ def test_a_root_worker_drops_to_its_user_and_still_builds_in_the_box(worker_user
     subprocess.run(["chown", "-R", f"{worker_user.pw_uid}:{worker_user.pw_gid}", str(tree)], check=True)  # as the
     # worker unpacks a submitted tree itself
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OPTDRIFT_WORKER_USER": worker_user.pw_name,
-           "OPTDRIFT_HOME": str(home), "OPTDRIFT_CCACHE": "0"}
+           "OPTDRIFT_HOME": str(home)}
     env.pop("OPTDRIFT_SECRETS_KEY", None)
     done = subprocess.run([sys.executable, "-c", DROPPED_WORKER, str(canary), str(tree), str(home / "builds"),
                            str(home / "work"), str(home)], cwd=base, env=env, capture_output=True, text=True,
@@ -176,6 +183,9 @@ def test_a_root_worker_drops_to_its_user_and_still_builds_in_the_box(worker_user
     assert out["secrets_key_file"] == "refused" and out["secrets_key_preloaded"] == key
     assert out["build"]["ok"], out["build"]
     assert Path(out["build"]["library"]).stat().st_uid == worker_user.pw_uid, "the build is the worker's again"
+    # the compiler cache every trusted build shares stays the box's, and the box wrote it
+    compiler_cache = home / "builds" / "command" / "ccache"
+    assert compiler_cache.stat().st_uid == 65534 and any(compiler_cache.iterdir()), "no compiler cache the box wrote"
     assert out["box_uid"] == "65534", "the box no longer runs as the sandbox user"
     assert out["made_owner"] == worker_user.pw_uid and out["work_removed"], out
     assert out["box_left"] == [], "the box outlived the process the worker killed"

@@ -109,6 +109,11 @@ def test_a_pr_on_an_unsubmitted_base_is_compared_with_the_nearest_submitted_ance
     summary = check_output(page=run_page(session=db_session, run_id=merge), conclusion=conclusion_for("changed"),
                            run_url="u")["summary"]
     assert f"Compared with: `{'v' * 12}` (run {base}, cpu, battery quick, 3 commits back)." in summary
+    from service.notify.report import CommentRun, pr_comment
+
+    comment = pr_comment(project=PROJECT, sha="m" * 40, runs=[CommentRun(
+        page=run_page(session=db_session, run_id=merge), conclusion=conclusion_for("changed"), run_url="u")])
+    assert f"| `{'v' * 12}` (run {base}, cpu, battery quick, 3 commits back) |" in comment
     assert _exit_code(run) == 1
 
 
@@ -144,6 +149,9 @@ def test_no_submitted_ancestor_fails_with_the_message_and_passes_neutral_only_wh
     from service.cli.report import baseline_lines
 
     assert baseline_lines([run])[0].startswith(f"run {lonely}: no baseline, fails (exit 6): none of the 2")
+    from service.notify.action_outputs import outputs
+
+    assert outputs({"runs": [run]}, 6)["verdict"] == "no-baseline"  # the Action's `verdict` output
 
     first = _submit(api, "f" * 40, tree="first", allow=True)  # a project's first commit, allowed
     _finish(db_session, first, SAME)

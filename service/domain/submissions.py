@@ -20,6 +20,7 @@ from service.db.models import ERROR, Commit, Project, Run
 from service.core.archives import (
     ArchiveError, extract_archive, pack_directory, root_file_and_names, sha256_hex, summarize_archive,
 )
+from service.domain.ancestry import check_ancestry
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
 from service.domain.patch_layout import apply_patch_any_root
 from service.domain.patches import PatchLimits
@@ -179,10 +180,13 @@ def submit_commit(
     environments: list[str] | None = None,
     baseline: str | None = None,
     idempotency_key: str | None = None,
+    ancestry: list[str] | None = None,
+    allow_no_baseline: bool = False,
 ) -> Submission:
     sha = sha.strip()
     if not sha or len(sha) > 64:
         raise BadInputError(f"commit sha {sha!r} must be 1-64 characters")
+    ancestry = check_ancestry(sha=sha, ancestry=ancestry or [])
     # The source conflict comes before the idempotency key: a retried request carries the same
     # bytes, so a key that matches while the source differs is a different commit under a reused
     # sha, and answering "already submitted" would hide it.
@@ -191,6 +195,7 @@ def submit_commit(
     keyed = existing_run_for_key(session=session, project=project, key=idempotency_key)
     if keyed is not None:
         runs = runs_of_keyed_submission(session=session, keyed=keyed)
+        _apply_retry_options(commit=keyed.commit, runs=runs, ancestry=ancestry, allow_no_baseline=allow_no_baseline)
         return Submission(runs=runs, commit=keyed.commit, requeued_run_ids=_requeue_errored(session, runs))
     battery = check_battery(battery)
     environments = check_environments(
@@ -203,7 +208,7 @@ def submit_commit(
 
     commit = session.scalar(select(Commit).where(Commit.project_id == project.id, Commit.sha == sha))
     if commit is None:
-        commit = Commit(project_id=project.id, sha=sha, parents=parents, ref=ref,
+        commit = Commit(project_id=project.id, sha=sha, parents=parents, ref=ref, ancestry=ancestry or None,
                         release_tag=release_tag, message=message, source_digest=digest)
         try:
             with session.begin_nested():
@@ -215,6 +220,8 @@ def submit_commit(
     _check_source_unchanged(session=session, project=project, sha=sha, digest=digest)
     if release_tag and commit.release_tag != release_tag:
         commit.release_tag = release_tag
+    if ancestry and not commit.ancestry:  # a retry after fetching history: runs without a verdict use it
+        commit.ancestry = ancestry
 
     battery = battery or project.default_battery
     runs: list[Run] = []
@@ -226,6 +233,7 @@ def submit_commit(
             run = Run(project_id=project.id, kind="commit", commit_id=commit.id,
                       source_digest=digest, battery=battery, environment=environment,
                       base_commit_id=base_commit.id if base_commit else None,
+                      allow_no_baseline=allow_no_baseline,
                       idempotency_key=idempotency_key if not new_ids else None)
             try:
                 with session.begin_nested():
@@ -235,10 +243,24 @@ def submit_commit(
                 run = session.scalar(select(Run).where(
                     Run.commit_id == commit.id, Run.battery == battery,
                     Run.environment == environment))
+        if allow_no_baseline:  # asked again with it: the first adoption, on a commit already submitted
+            run.allow_no_baseline = True
         runs.append(run)
     return Submission(runs=runs, commit=commit, new_run_ids=new_ids,
                       requeued_run_ids=_requeue_errored(session, [r for r in runs if r.id not in new_ids]),
                       archive_note=source.note)
+
+
+def _apply_retry_options(*, commit: Commit | None, runs: list[Run], ancestry: list[str],
+                         allow_no_baseline: bool) -> None:
+    """A repeated submission (CI re-running the job) may bring what the first lacked: the history
+    fetched since (ancestry, for runs still without a verdict) or allow_no_baseline, added for a
+    project's first commit after its no-baseline failed (issue 44)."""
+    if commit is not None and ancestry and not commit.ancestry:
+        commit.ancestry = ancestry
+    if allow_no_baseline:
+        for run in runs:
+            run.allow_no_baseline = True
 
 
 def _requeue_errored(session: Session, existing: list[Run]) -> list[int]:

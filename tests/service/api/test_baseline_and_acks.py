@@ -239,3 +239,17 @@ def test_a_maintain_token_can_acknowledge_and_a_submit_token_cannot(api, db_sess
     assert as_maintainer.status_code == 200 and as_maintainer.json()["acknowledged"] is True
     # and nothing else of admin's: registering a project stays admin's
     assert api.post("/api/v1/projects", json={"name": "x"}, headers=_maintainer(db_session)).status_code == 403
+
+
+def test_re_running_the_first_commits_job_with_allow_no_baseline_turns_it_neutral(api, db_session, kern):  # noqa: ANN001
+    """The first adoption: the job fails with no-baseline (exit 6); the maintainer sets
+    allow-no-baseline and re-runs the job, which submits the same commit under the same
+    Idempotency-Key: the answer's run now passes."""
+    key = {"Idempotency-Key": f"{PROJECT}:{'f' * 40}:"}
+    first = _submit(api, "f" * 40, tree="first", headers=key)
+    _finish(db_session, first, SAME)
+    assert _exit_code(_run(api, first)) == 6
+    again = _submit(api, "f" * 40, tree="first", headers=key, allow=True)
+    assert again == first
+    run = _run(api, first)
+    assert run["verdict"]["no_baseline_allowed"] is True and _exit_code(run) == 0

@@ -136,13 +136,14 @@ def worker(
     # Root only to launch the box (worker/sandbox/privilege.py): as root, become OPTDRIFT_WORKER_USER
     # now, before Celery, its pool and any thread start. (`--gpus` above supervises and starts the
     # per-GPU workers, each of which drops here; it touches no file, database or network itself.)
+    from service.settings import get_settings
     from worker.sandbox.privilege import DropRefused, drop_for_worker
 
     try:
-        drop_for_worker()
+        drop_for_worker(get_settings())
     except DropRefused as exc:
         raise _fail(f"the worker cannot drop root: {exc}", EXIT_USAGE) from None
-    from service.settings import get_settings
+    get_settings.cache_clear()  # read again as the worker user: HOME and the preloaded secrets changed
     from worker.celery_app import app as celery_app, worker_argv
 
     settings = get_settings()

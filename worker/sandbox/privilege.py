@@ -12,9 +12,13 @@ So a worker started as root (`optdrift worker`, and the worker `optdrift serve` 
 - the user named by OPTDRIFT_WORKER_USER (default `optdrift`) must exist; when it does not, the
   worker stays root and says so at start and in /healthz (`identity()`);
 - as root, the worker's folders (OPTDRIFT_HOME, the build cache) are made its user's, except the
-  secret files only root should read (the admin token, the secrets key, the token file): the worker
-  token and the Fernet key the worker needs (source downloads, notifications) are read into its
-  environment first, so a link planted to those files is as useless as one to root's;
+  secret files only root should read (the admin token, the secrets key, the token file) and the
+  compiler caches (the box's for good): the worker token and the Fernet key the worker needs (source
+  downloads, notifications) are read into its environment first, so a link planted to those files
+  is as useless as one to root's; the embedded broker's folders let the user write what the root
+  API makes there later, and the worker gets a temporary folder of its own;
+- it refuses (DropRefused) where its user could not reach its Python, code or folders, or could
+  replace a program it runs as root;
 - then real and effective uid/gid become the user's and the saved uid stays 0 (setresuid(u, u, 0)):
   the process can regain root, but only does so in a child it forks to launch the box
   (`tether_command`, `regain_root_in_child`). Python's os.setresuid goes through glibc, which applies
@@ -22,9 +26,10 @@ So a worker started as root (`optdrift worker`, and the worker `optdrift serve` 
 
 Why a tether. A process that runs as root (bwrap) cannot be signalled by the worker's user, and the
 worker kills boxes (timeouts, cancels, the watchdog: os.killpg on the Popen's pid). So the worker's
-child is a small Python process, real uid the worker's (signals reach it), that forks bwrap as root
-and then drops everything; bwrap's --die-with-parent takes the box down when the tether dies,
-whoever kills it. When the box ends, the folders handed to 65534 are taken back (`take_back`), so
+child is a small Python process, real uid the worker's (signals reach it) and effective uid 0, that
+forks bwrap as root and waits for it; bwrap's --die-with-parent takes the box down when the tether
+dies, whoever kills it (the kernel sends that signal with the dying tether's rights, which is why
+the tether keeps its effective uid 0). It dies with the worker in turn (PR_SET_PDEATHSIG). When the box ends, the folders handed to 65534 are taken back (`take_back`), so
 the worker reads, trims and deletes what the build wrote as their owner.
 
 A dropped worker cannot be ptraced by its own user's processes: the kernel makes a process whose
@@ -98,7 +103,7 @@ def identity() -> Identity:
     if _identity is not None:
         return _identity
     if dropped():
-        return Identity(DROPPED, pwd.getpwuid(os.getuid()).pw_name, "root only to launch the box")
+        return Identity(DROPPED, _name_of(os.getuid()), "root only to launch the box")
     if os.geteuid() == 0:
         return Identity(ROOT, "root", _no_user_message(worker_user_name()))
     return Identity(UNPRIVILEGED, _name_of(os.geteuid()), "never root; the box is made in a user namespace")
@@ -118,10 +123,12 @@ def _no_user_message(name: str) -> str:
 
 
 # ----------------------------------------------------------------------------- the drop at start
-def drop_for_worker() -> Identity:
+def drop_for_worker(settings) -> Identity:  # noqa: ANN001  (service.settings.Settings: not imported here)
     """At worker start, before threads: as root with a worker user, make the worker's folders its
     user's and become that user (saved uid 0 kept for launching boxes). Returns how the worker runs;
-    raises DropRefused when the user exists but cannot do the worker's work."""
+    raises DropRefused when the user exists but cannot do the worker's work. `settings`: the
+    worker's; the caller reads them again afterwards (HOME and the preloaded secrets changed).
+    (This module imports nothing of service: the box's code reaches it through worker.sandbox.)"""
     global _identity, _root_groups
     if os.geteuid() != 0:
         _identity = identity()
@@ -136,10 +143,8 @@ def drop_for_worker() -> Identity:
     if user.pw_uid == 0 or user.pw_gid == 0:
         raise DropRefused(f"{WORKER_USER_VARIABLE}={name!r} is root (uid {user.pw_uid}, gid {user.pw_gid}): "
                           f"name an unprivileged user")
-    from service.settings import get_settings
     from worker.sandbox.mounts import SANDBOX_GID, SANDBOX_UID
 
-    settings = get_settings()
     groups = [g for g in os.getgrouplist(name, user.pw_gid) if g != 0]
     _check_programs_are_roots(user)
     # Pin where the worker's folders are before HOME changes (their defaults follow HOME).
@@ -181,7 +186,6 @@ def drop_for_worker() -> Identity:
 
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0)
     os.environ.update({"HOME": user.pw_dir, "USER": name, "LOGNAME": name})
-    get_settings.cache_clear()
     _identity = Identity(DROPPED, name, f"file handling, database and network work run as {name!r} "
                                         f"(uid {user.pw_uid}); root only to launch the box")
     log.info("worker: %s", _identity.detail)
@@ -351,13 +355,12 @@ os._exit(os.waitstatus_to_exitcode(status))
 
 def tether_command(command: list[str]) -> list[str]:
     """`command` (bwrap ...) run by the tether; start it with preexec `raise_effective_in_child`."""
-    return [os.path.realpath(sys.executable), "-I", "-S", "-c", TETHER, str(os.getpid()), ",".join(map(str, _root_groups)),
-            *command]
+    return [os.path.realpath(sys.executable), "-I", "-S", "-c", TETHER, str(os.getpid()),
+            ",".join(map(str, _root_groups)), *command]
 
 
 def _chown() -> str | None:
-    found = launcher._system_program("chown")  # noqa: SLF001  (the launcher's lookup: system folders only)
-    return found
+    return launcher._system_program("chown")  # noqa: SLF001  (the launcher's lookup: system folders only)
 
 
 def chown_trees(paths: list[Path], uid: int, gid: int) -> None:

@@ -112,7 +112,9 @@ DROPPED_WORKER = textwrap.dedent("""
     from worker.sandbox import privilege
 
     canary, tree, cache, work, home = map(Path, sys.argv[1:6])
-    out = {"identity": privilege.drop_for_worker().as_dict()}
+    from service.settings import get_settings
+    out = {"identity": privilege.drop_for_worker(get_settings()).as_dict()}
+    get_settings.cache_clear()
     out["uids"] = [line.split()[1:4] for line in open("/proc/self/status") if line.startswith("Uid:")][0]
     (tree / "planted").symlink_to(canary)
     for name, path in (("canary", tree / "planted"), ("secrets_key_file", home / "secrets-key")):
@@ -198,7 +200,8 @@ DROPPED_WORKER_THAT_DIES = textwrap.dedent("""
     from worker import sandbox
     from worker.sandbox import privilege
 
-    privilege.drop_for_worker()
+    from service.settings import get_settings
+    privilege.drop_for_worker(get_settings())
     sandbox.popen([sys.executable, "-c", "import time; time.sleep(120)", sys.argv[1]], limits=sandbox.BUILD_LIMITS,
                   env=sandbox.sandbox_env(scratch=Path("/tmp")))
     print("started", flush=True)

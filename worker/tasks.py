@@ -113,8 +113,25 @@ def _pool_processes() -> list[int]:
         except OSError:
             return None
 
-    own, group = executable("self"), os.getpgrp()
-    return [pid for pid, pgid in watchdog.children() if pgid == group and executable(pid) == own]
+    def command_line(pid: int | str) -> bytes:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                return handle.read(4096)
+        except OSError:
+            return b""
+
+    def same_program(pid: int) -> bool:
+        # A worker that dropped root keeps saved uid 0, and the kernel then refuses it its own
+        # children's /proc/<pid>/exe (the ptrace access check); their command line stays readable:
+        # a pool process forked without exec shows the parent's, or Celery's title for it.
+        found = executable(pid)
+        if found is not None:
+            return found == own
+        line = command_line(pid)
+        return bool(line) and (line == own_line or b"PoolWorker" in line or line.startswith(b"[celeryd"))
+
+    own, own_line, group = executable("self"), command_line("self"), os.getpgrp()
+    return [pid for pid, pgid in watchdog.children() if pgid == group and same_program(pid)]
 
 
 @worker_shutting_down.connect

@@ -9,6 +9,7 @@ recorded call in place of os._exit). With real worker processes: tests/scenarios
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -131,3 +132,34 @@ def test_a_job_that_ends_before_its_deadline_is_left_alone(tmp_path: Path) -> No
     finally:
         box.kill()
         box.wait()
+
+
+def test_pool_processes_are_found_when_the_kernel_refuses_their_executable(monkeypatch) -> None:
+    """A worker that dropped root (saved uid 0) may not read its children's /proc/<pid>/exe: the
+    SIGTERM relay must still find its forked pool processes, and still leave other children alone."""
+    import subprocess
+    import time
+
+    from worker import tasks
+
+    pid = os.fork()
+    if pid == 0:  # a pool process: forked without exec, this Python's command line
+        time.sleep(30)
+        os._exit(0)
+    other = subprocess.Popen(["sleep", "30"])
+    real_readlink = os.readlink
+
+    def refused(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if str(path).endswith("/exe") and not str(path).startswith("/proc/self"):
+            raise PermissionError(13, "Permission denied", path)
+        return real_readlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(tasks.os, "readlink", refused)
+    try:
+        found = tasks._pool_processes()
+        assert pid in found and other.pid not in found
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        other.kill()
+        other.wait()

@@ -54,7 +54,7 @@ from pydantic import BaseModel
 
 from worker.build.ccache import CompilerCacheStats
 from worker.build.toolchain import Toolchain
-from worker.sandbox import log_tail
+from worker.sandbox import log_tail, privilege
 
 MANIFEST = "manifest.json"
 # What is kept of a build log: its last MiB (submitted code decides how much a build prints).
@@ -186,6 +186,15 @@ def folder_bytes(folder: Path) -> int:
     return total
 
 
+def measured_bytes(folders: list[Path]) -> int:
+    """`folder_bytes` over `folders` as the worker may measure them: a worker that dropped root
+    (worker.sandbox.privilege) cannot list a folder the box made mode 0700, so it measures in a
+    child that regains root; otherwise here."""
+    if privilege.dropped():
+        return privilege.measure_as_root(list(folders), ENTRY_BYTES)
+    return sum(folder_bytes(folder) for folder in folders)
+
+
 def remove_tree(path: Path) -> None:
     """`path` and everything under it, folders a build left unreadable or unwritable included."""
     def writable_and_again(function, failed: str, _error) -> None:  # noqa: ANN001
@@ -231,7 +240,7 @@ def wait_bounded(child: subprocess.Popen, timeout_s: float, *, output: Path | li
         except subprocess.TimeoutExpired:
             if left <= OUTPUT_POLL_S:
                 raise
-        written = sum(folder_bytes(folder) for folder in folders)
+        written = measured_bytes(folders)
         if written > max_bytes:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()

@@ -379,6 +379,31 @@ def chown_trees(paths: list[Path], uid: int, gid: int) -> None:
                       f"{done.stderr.strip()[-2000:] or done.returncode}")
 
 
+def measure_as_root(paths: list[Path], entry_bytes: int) -> int:
+    """Bytes under `paths` as worker.build.cache.folder_bytes counts them (every file's apparent size,
+    a hard-linked file once, plus `entry_bytes` for each file, folder and link), measured by `du` in a
+    child that regains root: the box may leave folders mode 0700 that the worker's own user cannot
+    list, and a measure that skipped them would let a build write past its cap unseen. Raises OSError."""
+    du = launcher._system_program("du")  # noqa: SLF001  (system folders only)
+    if du is None:
+        raise OSError("du (coreutils) was not found in the system folders; the box's folders cannot be measured")
+    existing = [str(p) for p in paths if os.path.lexists(p)]
+    if not existing:
+        return 0
+    totals = []
+    for unit in (["-B1", "--apparent-size"], ["--inodes"]):
+        done = subprocess.run([du, "-s", "-c", "-P", "-x", *unit, "--", *existing], env=dict(launcher.LAUNCHER_ENV),
+                              preexec_fn=regain_root_in_child, stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=120)
+        last = done.stdout.strip().splitlines()[-1:] or [""]
+        try:
+            totals.append(int(last[0].split()[0]))
+        except (ValueError, IndexError):
+            raise OSError(f"du could not measure {', '.join(existing)}: {done.stderr.strip()[-500:]}") from None
+    size, entries = totals
+    return size + entries * entry_bytes
+
+
 def take_back(paths: list[Path]) -> None:
     """The box is gone: what it wrote becomes the worker's again (its user, not root). Logged, never
     raised: a folder left to 65534 is one the worker cannot trim or delete, not a broken run."""

@@ -142,6 +142,22 @@ DROPPED_WORKER = textwrap.dedent("""
     scratch.remove()
     out["work_removed"] = not work.exists() and not scratch.path.exists()
 
+    # A box that hides what it writes in a folder mode 0700 (its own, uid 65534): the worker's user
+    # cannot list it, and a verify build's cap must count it anyway (worker.build.cache.measured_bytes).
+    from worker.build.cache import folder_bytes, measured_bytes
+    hidden_work = home / "hidden-work"
+    hidden_work.mkdir()
+    hider = sandbox.popen([sys.executable, "-c", "import os, time; os.mkdir('hidden', 0o700); "
+                           "open('hidden/fill', 'wb').write(bytes(3000000)); open('done', 'w').close(); time.sleep(60)"],
+                          limits=sandbox.BUILD_LIMITS, env=sandbox.sandbox_env(scratch=Path("/tmp")),
+                          writable=[hidden_work])
+    deadline = time.monotonic() + 60
+    while not (hidden_work / "done").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    out["hidden_listed"], out["hidden_measured"] = folder_bytes(hidden_work), measured_bytes([hidden_work])
+    os.killpg(hider.pid, signal.SIGKILL)
+    hider.wait(timeout=30)
+
     marker = "box-to-kill-%d" % os.getpid()
     sleeper = sandbox.popen([sys.executable, "-c", "import time; time.sleep(120)", marker],
                             limits=sandbox.BUILD_LIMITS, env=sandbox.sandbox_env(scratch=Path("/tmp")),
@@ -191,6 +207,8 @@ def test_a_root_worker_drops_to_its_user_and_still_builds_in_the_box(worker_user
     assert out["box_uid"] == "65534", "the box no longer runs as the sandbox user"
     assert out["made_owner"] == worker_user.pw_uid and out["work_removed"], out
     assert out["box_left"] == [], "the box outlived the process the worker killed"
+    assert out["hidden_listed"] < 1_000_000, "the test's box did not hide its bytes from the worker's user"
+    assert out["hidden_measured"] >= 3_000_000, "a verify build's cap missed what the box hid in a 0700 folder"
     assert stat.S_IMODE(os.stat(canary).st_mode) == 0o600 and os.stat(canary).st_uid == 0
 
 

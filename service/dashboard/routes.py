@@ -11,9 +11,9 @@ from __future__ import annotations
 import importlib.util
 import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -52,7 +52,8 @@ def projects_page(request: Request, session: SessionDep) -> HTMLResponse:
 
 @router.get("/projects/{project}", response_class=HTMLResponse)
 def overview_page(request: Request, project: str, session: SessionDep, settings: SettingsDep,
-                  ref: str | None = None, verdict: str | None = None, page: Page = 1) -> HTMLResponse:
+                  ref: Annotated[str | None, Query(max_length=255)] = None, verdict: str | None = None,
+                  page: Page = 1) -> HTMLResponse:
     data = queries.overview(session=session, project_name=project, ref=ref or None,
                             verdict=verdict or None, page=page)
     configuration = project_configuration.effective(session=session, settings=settings, project=data.project)
@@ -155,13 +156,14 @@ def environments_page(request: Request, project: str, session: SessionDep, refer
 
 @router.get("/projects/{project}/case-history", response_class=HTMLResponse)
 def case_history_page(request: Request, project: str, case: str, session: SessionDep,
-                      environment: str | None = None) -> HTMLResponse:
-    """One case across the commits (service/domain/case_history.py); the chart reads the same JSON
-    as /api/v1/projects/{project}/case-history."""
+                      environment: str | None = None,
+                      ref: Annotated[str | None, Query(max_length=255)] = None) -> HTMLResponse:
+    """One case along a line of commits (service/domain/case_history.py); the chart reads the same
+    JSON as /api/v1/projects/{project}/case-history."""
     from service.domain import case_history
 
     history = case_history.case_history(session=session, project_name=project, case_id=case,
-                                        environment=environment or None)
+                                        environment=environment or None, ref=ref or None)
     return _page(request, "case_history.html", history=history, chart=case_history.as_json(history),
                  project=queries.get_project(session=session, name=project))
 

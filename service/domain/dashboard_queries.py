@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from service.core import attribution_view
 from service.core.results import ComparisonFigures
 from service.core.verdicts import figures, figures_of
 from service.db.models import ERROR, FINAL_STATUSES, Commit, Project, Run, Trajectory, Verdict
+from service.domain import commit_lines
 from service.domain.errors import BadInputError, NotFoundError
 from service.domain.trajectories import unpack_series
 
@@ -119,15 +120,37 @@ def side_notes(*, outcome: str | None, not_applicable: int | None, nondeterminis
 
 
 @dataclass
+class PullRequestGroup:
+    """A pull request's submitted merge commits (refs/pull/N/merge), newest first: never a step of
+    the default branch's line, so listed under their pull request."""
+
+    number: int
+    rows: list[OverviewRow]
+
+
+@dataclass
 class Overview:
     project: Project
-    rows: list[OverviewRow]
+    rows: list[OverviewRow]         # the line's commits (service/domain/commit_lines.py), newest first
     total: int
     page: int
     pages: int
-    refs: list[str]
+    refs: list[str]                 # branch names commits were submitted under (pull requests' aside)
     ref: str | None
     verdict: str | None
+    line: str = ""                  # which line `rows` follows, and why
+    line_truncated: bool = False
+    # Commits neither on the line nor a pull request's (another branch, a line whose parent was
+    # never submitted), newest first, at most OFF_LINE_ROWS; off_line_total counts them all.
+    off_line: list[OverviewRow] = field(default_factory=list)
+    off_line_total: int = 0
+    pull_requests: list[PullRequestGroup] = field(default_factory=list)
+    pull_request_total: int = 0
+
+
+# Rows of the overview's sections below the line (first page only): the newest, the rest counted.
+OFF_LINE_ROWS = 50
+PULL_REQUEST_ROWS = 50
 
 
 def get_project(*, session: Session, name: str) -> Project:
@@ -148,40 +171,76 @@ def list_projects(*, session: Session) -> list[tuple[Project, int]]:
 
 def overview(*, session: Session, project_name: str, ref: str | None = None, verdict: str | None = None,
              page: int = 1, page_size: int = PAGE_SIZE) -> Overview:
-    """A project's commits newest first with the verdict of their first run (one row per commit
-    and environment run)."""
+    """A project's commits with the verdict of their runs (one row per commit and environment run):
+    the default branch's first-parent line (or `ref`'s: a sha or a branch name) newest first, then
+    (first page) the commits off it and the pull requests' merge commits, grouped by pull request."""
     if verdict and verdict not in VERDICT_FILTERS:
         raise BadInputError(f"unknown verdict filter {verdict!r}; use one of {', '.join(VERDICT_FILTERS)}")
     if page < 1:
         raise BadInputError(f"page {page} does not exist; pages start at 1")
     project = get_project(session=session, name=project_name)
+    line = commit_lines.line_of(session=session, project=project, ref=ref)
+    position = {commit.id: index for index, commit in enumerate(line.commits)}
+    query = _filtered(_overview_query(project), verdict)
+    on_line = session.execute(query.where(Commit.id.in_(list(position)))).all() if position else []
+    # The line's order, not submission order: a side branch submitted between two of its commits
+    # is not between them here.
+    on_line.sort(key=lambda row: (position[row.commit_id], row.run_id or 0))
+    total = len(on_line)
+    shown = on_line[(page - 1) * page_size:page * page_size]
+    off_line, off_line_total, groups, pull_total = [], 0, [], 0
+    if page == 1:
+        newest_first = (Commit.created_at.desc(), Commit.id.desc(), Run.id)
+        off = query.where(Commit.id.not_in(list(position)), or_(Commit.ref.is_(None), ~commit_lines.pull_request_filter()))
+        off_line_total = session.scalar(select(func.count()).select_from(off.subquery())) or 0
+        off_line = _overview_rows(session, session.execute(off.order_by(*newest_first).limit(OFF_LINE_ROWS)).all())
+        pulls = query.where(commit_lines.pull_request_filter())
+        pull_total = session.scalar(select(func.count()).select_from(pulls.subquery())) or 0
+        by_number: dict[int, PullRequestGroup] = {}
+        for row in _overview_rows(session, session.execute(
+                pulls.order_by(*newest_first).limit(PULL_REQUEST_ROWS)).all()):
+            number = commit_lines.pull_request_number(row.ref)
+            by_number.setdefault(number, PullRequestGroup(number=number, rows=[])).rows.append(row)
+        groups = list(by_number.values())  # the pull request with the newest commit first
+    refs = [r for r in session.scalars(
+        select(Commit.ref).where(Commit.project_id == project.id, Commit.ref.is_not(None), Commit.ref != "",
+                                 ~commit_lines.pull_request_filter())
+        .distinct().order_by(Commit.ref)).all()]
+    pages = max(1, -(-total // page_size))
+    return Overview(project=project, rows=_overview_rows(session, shown), total=total, page=page, pages=pages,
+                    refs=refs, ref=ref, verdict=verdict, line=line.chosen_by, line_truncated=line.truncated,
+                    off_line=off_line, off_line_total=off_line_total, pull_requests=groups,
+                    pull_request_total=pull_total)
+
+
+def _overview_query(project: Project):  # noqa: ANN202
     # Two numbers from the verdict's counts, not its case list (hundreds of cases).
     not_applicable = Verdict.detail["counts"]["not_applicable"].as_integer()
     nondeterministic = Verdict.detail["counts"]["nondeterministic"].as_integer()
-    query = (
-        select(Commit.sha, Commit.message, Commit.ref, Commit.release_tag, Commit.created_at, Commit.id,
-               Run.id, Run.environment, Run.status, Run.cases_done, Run.cases_total,
-               Verdict.outcome, Verdict.acknowledged, Verdict.changed_cases, Verdict.first_divergent_step,
-               Verdict.flagged, not_applicable, nondeterministic)
+    return (
+        select(Commit.sha, Commit.message, Commit.ref, Commit.release_tag, Commit.created_at,
+               Commit.id.label("commit_id"), Run.id.label("run_id"), Run.environment, Run.status, Run.cases_done,
+               Run.cases_total, Verdict.outcome, Verdict.acknowledged, Verdict.changed_cases,
+               Verdict.first_divergent_step, Verdict.flagged, not_applicable, nondeterministic)
         .outerjoin(Run, Run.commit_id == Commit.id)
         .outerjoin(Verdict, Verdict.run_id == Run.id)
         .where(Commit.project_id == project.id)
     )
-    if ref:
-        query = query.where(Commit.ref == ref)
+
+
+def _filtered(query, verdict: str | None):  # noqa: ANN001, ANN202
     if verdict == "running":
-        query = query.where(Run.status.not_in(FINAL_STATUSES))
-    elif verdict == "error":
-        query = query.where(Run.status == ERROR)
-    elif verdict == "flagged":
-        query = query.where(Verdict.flagged.is_(True))
-    elif verdict:
-        query = query.where(Verdict.outcome == verdict)
-    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.execute(
-        query.order_by(Commit.created_at.desc(), Commit.id.desc(), Run.id)
-        .limit(page_size).offset((page - 1) * page_size)
-    ).all()
+        return query.where(Run.status.not_in(FINAL_STATUSES))
+    if verdict == "error":
+        return query.where(Run.status == ERROR)
+    if verdict == "flagged":
+        return query.where(Verdict.flagged.is_(True))
+    if verdict:
+        return query.where(Verdict.outcome == verdict)
+    return query
+
+
+def _overview_rows(session: Session, rows: list) -> list[OverviewRow]:
     directions = _direction_counts(session, [row[6] for row in rows if row[11] == "changed"])
     out = []
     for (sha, message, commit_ref, release_tag, created_at, _cid, run_id, environment, status, done, total_cases,
@@ -196,12 +255,7 @@ def overview(*, session: Session, project_name: str, ref: str | None = None, ver
             side_notes=side_notes(outcome=outcome, not_applicable=n_not_applicable,
                                   nondeterministic=n_nondeterministic),
         ))
-    refs = [r for r in session.scalars(
-        select(Commit.ref).where(Commit.project_id == project.id, Commit.ref.is_not(None))
-        .distinct().order_by(Commit.ref)).all()]
-    pages = max(1, -(-total // page_size))
-    return Overview(project=project, rows=out, total=total, page=page, pages=pages, refs=refs,
-                    ref=ref, verdict=verdict)
+    return out
 
 
 def _direction_counts(session: Session, run_ids: list[int]) -> dict[int, dict[str, int]]:

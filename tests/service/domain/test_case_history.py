@@ -9,6 +9,8 @@ Lineage (first parents), one tracked case and one bystander that never changes:
   c4  release v2   the same as c3                                 unchanged
   c5               back to c1's bits  1e-6 2e-6 3e-6              changed from step 2, closer
   c6  parent never submitted, submitted with baseline=c1: compared with c1 (its verdict's baseline)
+c1-c5 were submitted on branch main, c6 on hotfix: the history follows main's first-parent line
+(service/domain/commit_lines.py), c6's own line is `ref=c6`.
 And c1 again in a second environment, so the page offers both.
 """
 
@@ -50,7 +52,8 @@ def seed_history(session) -> dict[str, int]:  # noqa: ANN001
                ("c4", "c3", "v2", MOVED), ("c5", "c4", None, SAME), ("c6", "missing-parent", None, SAME)]
     for label, parent, tag, bits in lineage:
         commit = Commit(project_id=project.id, sha=label, parents=[parent] if parent else [],
-                        release_tag=tag, message=f"commit {label}", source_digest="0" * 64)
+                        ref="hotfix" if label == "c6" else "main", release_tag=tag, message=f"commit {label}",
+                        source_digest="0" * 64)
         session.add(commit)
         session.flush()
         commits[label] = commit
@@ -81,7 +84,8 @@ def test_history_marks_change_points_acknowledgements_and_releases(api, db_sessi
 
     body = _history(api)
     points = {p["sha"]: p for p in body["points"]}
-    assert [p["sha"] for p in body["points"]] == ["c1", "c2", "c3", "c4", "c5", "c6"]  # oldest first
+    assert [p["sha"] for p in body["points"]] == ["c1", "c2", "c3", "c4", "c5"]  # main's line, oldest first
+    assert body["off_line"] == 1  # c6, on another line
     assert body["change_points"] == ["c3", "c5"]
     assert body["releases"] == [{"tag": "v1", "sha": "c1"}, {"tag": "v2", "sha": "c4"}]
     assert body["environment"] == "cpu" and body["environments"] == ["cpu", "gpu.sm90"]
@@ -94,8 +98,10 @@ def test_history_marks_change_points_acknowledgements_and_releases(api, db_sessi
     assert (points["c5"]["change"], points["c5"]["direction"]) == ("changed", "closer")
     assert points["c2"]["change"] == "unchanged" and points["c4"]["change"] == "unchanged"
     assert points["c1"]["change"] is None and points["c1"]["compared_with"] is None
-    # Its parent was never submitted: compared with its verdict's baseline (c1, the explicit base).
-    assert (points["c6"]["compared_with"], points["c6"]["change"]) == ("c1", "unchanged")
+    # Its parent was never submitted: its line is itself, compared with its verdict's baseline (c1,
+    # the explicit base).
+    alone = _history(api, ref="c6")["points"]
+    assert [(p["sha"], p["compared_with"], p["change"]) for p in alone] == [("c6", "c1", "unchanged")]
     assert points["c3"]["acknowledged"] and points["c3"]["acknowledgement_note"] == "the new ordering is intended"
     assert not points["c5"]["acknowledged"]
     # What the verdict recorded for the case at a change point rides along (here its distances).
@@ -122,7 +128,7 @@ def test_a_change_point_shows_its_attribution_on_the_case_scale(api, db_session)
     assert [p["sha"] for p in _history(api, environment="gpu.sm90")["points"]] == ["c1"]
     # limit keeps the newest commits.
     limited = _history(api, limit=2)
-    assert [p["sha"] for p in limited["points"]] == ["c5", "c6"] and limited["truncated"] is True
+    assert [p["sha"] for p in limited["points"]] == ["c4", "c5"] and limited["truncated"] is True
 
 
 def test_history_page_and_links_from_the_commit_page(api, db_session) -> None:

@@ -1,6 +1,6 @@
 """A project's line of history: the first-parent chain of submitted commits from a tip, which the
-overview and the case history follow (issue 44: a side branch drawn into main's line in submission
-order looked like a drop, and pull requests' merge commits, which never land, filled both).
+overview and the case history follow. Issue 44: a side branch drawn into main's line in submission
+order looked like a drop, and pull requests' merge commits, which never land, filled both.
 
 The tip:
 

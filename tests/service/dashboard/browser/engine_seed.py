@@ -11,7 +11,7 @@ Lineage (oldest first; parents are first parents):
   b2-decay-after     release v0.2.0  decay after update (bug)   -> changed, farther from float64
   c3-fix-decay       release v0.3.0  the bundled kernels again  -> changed, closer
   d4-docs                            the bundled kernels again  -> unchanged
-  e5-broken          (ref feature/broken) a tree that does not compile -> broken (run failed)
+  e5-broken          (ref feature/broken, off main's line) a tree that does not compile -> broken (run failed)
   g7-flaky                           the bundled kernels; one case not applicable (an adapter's
                                       reason), one case whose repeats differ -> nondeterministic
   h8-error                           optdrift could not fetch the source -> run status error
@@ -193,14 +193,14 @@ def seed(session, engine: EngineRun) -> Seeded:  # noqa: ANN001
     verdict_store.evaluate(session=session, run=run)
 
     at = start + timedelta(hours=len(lineage), minutes=40)
-    errored = Commit(project_id=project.id, sha="h8-error", parents=["d4-docs"], ref="main",
+    errored = Commit(project_id=project.id, sha="h8-error", parents=["g7-flaky"], ref="main",
                      message="a commit optdrift could not fetch", source_digest=archive("h8-error"), created_at=at)
     session.add(errored)
     session.flush()
     add_run("h8-error", at=at, result=engine.base, status=ERROR, commit=errored, log="", cases=0, error=FETCH_ERROR)
 
     at = start + timedelta(hours=len(lineage) + 1)
-    running = Commit(project_id=project.id, sha="f6-running", parents=["d4-docs"], ref="main",
+    running = Commit(project_id=project.id, sha="f6-running", parents=["h8-error"], ref="main",
                      message="a run in progress", source_digest=archive("f6-running"), created_at=at)
     session.add(running)
     session.flush()

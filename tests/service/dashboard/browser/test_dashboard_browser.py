@@ -85,8 +85,9 @@ def test_every_page_loads_without_console_errors_and_screenshots(dashboard, page
 def test_overview_badges_releases_and_filters(dashboard, page) -> None:
     engine = dashboard.engine
     _open(page, f"{dashboard.url}/projects/{PROJECT}")
+    # main's line, and below it e5-broken, a commit of another branch (service/domain/commit_lines.py).
     badges = {row.get_attribute("data-sha"): row.locator(".verdict-cell > .badge").inner_text()
-              for row in page.locator("#commits tbody tr").all()}
+              for row in page.locator("#commits tbody tr, #off-line tbody tr").all()}
     assert badges["a1-base"] == "no baseline"
     assert badges["b2-decay-after"] == _changed_badge(engine.buggy, engine.base)
     assert badges["c3-fix-decay"] == _changed_badge(engine.base, engine.buggy)
@@ -107,8 +108,10 @@ def test_overview_badges_releases_and_filters(dashboard, page) -> None:
     page.wait_for_load_state("networkidle")
     shas = {row.get_attribute("data-sha") for row in page.locator("#commits tbody tr").all()}
     assert shas == {"b2-decay-after", "c3-fix-decay"}
+    # A branch's own first-parent line: its commit, then the history it shares with main.
     _open(page, f"{dashboard.url}/projects/{PROJECT}?ref=feature/broken")
-    assert [r.get_attribute("data-sha") for r in page.locator("#commits tbody tr").all()] == ["e5-broken"]
+    assert [r.get_attribute("data-sha") for r in page.locator("#commits tbody tr").all()] == \
+        ["e5-broken", "d4-docs", "c3-fix-decay", "b2-decay-after", "a1-base"]
     _no_console_errors(page)
 
 

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from service.broker.queueing import send_run
 from service.core.archives import ArchiveLimits
-from service.core.results import CaseResult, RunComparison, RunResult
+from service.core.results import CaseResult, RepeatCheck, RunComparison, RunResult
 from service.core.verdicts import compare_runs
 from service.db.environment_models import EnvironmentAttribution
 from service.db.models import CANCELLED, DONE, ERROR, FAILED, RUNNING, Project, Run, UnsteadyCase, Verdict
@@ -382,6 +382,8 @@ def corun_inputs(run_id: int, *, session: Session | None = None) -> CorunInputs 
         verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
         if run is None or verdict is None or verdict.baseline_run_id is None or run.status != DONE:
             return None
+        if corun_is_final(verdict.detail):
+            return None  # the co-run found a case that does not reproduce, or gave up: nothing more comes
         changed_ids = {case["case_id"] for case in (verdict.detail or {}).get("cases", [])
                        if case.get("verdict") == "changed" and not case.get("max_abs_diff_per_step")}
         if not changed_ids:
@@ -407,6 +409,62 @@ def store_corun_diffs(run_id: int, *, comparison: RunComparison, extra: dict[str
         verdict.detail = {**comparison.model_dump(mode="json"), **extra}
         session.commit()
         return True
+
+
+# The verdict detail's key for how the co-run ended when it stores no per-step diffs: its state
+# "not_reproducible" (a re-run's digests differ from the stored run's, per case and side) or
+# "given_up" (a side no longer builds, the co-run failed). Either way its detail is final: the
+# CLI's --wait (service/cli/client.py corun_detail) stops waiting for it.
+CORUN_FINDING = "corun"
+CORUN_FINAL_STATES = ("not_reproducible", "given_up")
+
+
+def corun_is_final(detail: dict | None) -> bool:
+    return ((detail or {}).get(CORUN_FINDING) or {}).get("state") in CORUN_FINAL_STATES
+
+
+def store_corun_nondeterminism(run_id: int, *, commit_checks: dict[str, RepeatCheck], finding: dict[str, Any],
+                               extra: dict[str, Any], session: Session | None = None) -> RunComparison | None:
+    """The co-run re-ran a case and did not reproduce its stored trajectory: that is the run's
+    nondeterminism finding. Each such case of the commit gets the re-run as one more repeat on its
+    stored trajectory (`commit_checks`: the RepeatCheck it now has, with the baseline's re-run as
+    its blame), the verdict is judged again from the stored trajectories by the same rule as when the
+    run ended (service.core.verdicts.compare_runs, service.domain.verdict_store.rejudge), and
+    `finding` (state not_reproducible, both digests and the first differing step per case and side)
+    is stored under CORUN_FINDING with `extra`. Returns the new comparison (None: no verdict)."""
+    with _session(session) as session:
+        run = _run(session, run_id)
+        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
+        if run is None or verdict is None or verdict.baseline_run_id is None:
+            return None
+        for row in trajectories.list_rows(session=session, run_id=run_id):
+            if row.case_id in commit_checks:
+                row.extra = {**(row.extra or {}), "repeat_check": commit_checks[row.case_id].model_dump(mode="json")}
+        session.flush()
+        baseline = _run(session, verdict.baseline_run_id)
+        comparison = compare_runs(trajectories.run_result(session=session, run=run),
+                                  trajectories.run_result(session=session, run=baseline))
+        verdict_store.rejudge(verdict=verdict, comparison=comparison, extra={**extra, CORUN_FINDING: finding})
+        session.commit()
+        return comparison
+
+
+def verdict_detail(run_id: int, *, session: Session | None = None) -> dict[str, Any] | None:
+    """The run's stored verdict detail as it is now (None: no verdict)."""
+    with _session(session) as session:
+        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
+        return None if verdict is None else dict(verdict.detail or {})
+
+
+def corun_given_up(run_id: int, reason: str, *, session: Session | None = None) -> None:
+    """The co-run stores no detail and will not try again (`reason`: a side no longer builds, it
+    failed): said on the verdict so that nobody waits for its detail."""
+    with _session(session) as session:
+        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
+        if verdict is None or corun_is_final(verdict.detail):
+            return
+        verdict.detail = {**(verdict.detail or {}), CORUN_FINDING: {"state": "given_up", "reason": reason}}
+        session.commit()
 
 
 def add_attribution(run_id: int, attribution: dict, *, session: Session | None = None) -> None:

@@ -31,10 +31,14 @@ class CorunDetail:
     changed: int          # the run's changed cases
     with_diffs: int       # of them, those whose per-step |commit − baseline| is stored
     attributed: bool      # the attribution is stored (or its failure, recorded as an error)
+    # How the co-run ended when it stores no diffs (service.run_store.CORUN_FINAL_STATES):
+    # "not_reproducible" (a re-run differs from the stored run: the run's nondeterminism finding)
+    # or "given_up"; nothing more comes then.
+    final_state: str | None = None
 
     @property
     def complete(self) -> bool:
-        return self.with_diffs >= self.changed and self.attributed
+        return self.final_state is not None or (self.with_diffs >= self.changed and self.attributed)
 
 
 def corun_detail(run: dict) -> CorunDetail | None:
@@ -46,11 +50,13 @@ def corun_detail(run: dict) -> CorunDetail | None:
         return None
     detail = verdict.get("detail") or {}
     changed = [case for case in detail.get("cases", []) if case.get("verdict") == "changed"]
-    if not changed:
+    final_state = (detail.get("corun") or {}).get("state")
+    if not changed and final_state != "not_reproducible":
         return None
     return CorunDetail(changed=len(changed),
                        with_diffs=sum(1 for case in changed if case.get("max_abs_diff_per_step")),
-                       attributed="attribution" in detail)
+                       attributed="attribution" in detail,
+                       final_state=final_state if final_state in ("not_reproducible", "given_up") else None)
 
 
 def _complete_verdict(verdict: dict, cases: list[dict], stored_attribution: dict) -> None:

@@ -227,6 +227,25 @@ def full_messages(runs: list[dict]) -> list[str]:
     return lines
 
 
+def corun_finding_lines(run: dict) -> list[str]:
+    """How the run's co-run ended when it stored no per-step diffs (worker/jobs/corun.py): each case
+    whose re-run did not reproduce its stored trajectory, with the side, the first differing step
+    and both digests there (the run's nondeterminism finding); or why it gave up."""
+    finding = _detail(run).get("corun") or {}
+    if finding.get("state") == "given_up":
+        return [f"run {run['id']}: no co-run detail will come: {finding.get('reason') or 'the co-run gave up'}"]
+    if finding.get("state") != "not_reproducible":
+        return []
+    lines = [f"run {run['id']}: nondeterministic: the co-run re-ran {finding.get('not_reproduced', 0)} case(s) "
+             "and did not reproduce their stored trajectories (no per-step |commit − baseline| comes for them)"]
+    for case_id, sides in (finding.get("cases") or {}).items():
+        for side, item in sides.items():
+            lines.append(f"  {case_id} ({side}): from step {item.get('first_differing_step')}, stored "
+                         f"{str(item.get('stored_digest'))[:16]} vs re-run {str(item.get('rerun_digest'))[:16]}"
+                         + (f" (re-run {item['rerun_status']})" if item.get("rerun_status") not in (None, "ok") else ""))
+    return lines
+
+
 def print_report(console: Console, runs: list[dict]) -> None:
     console.print(verdict_table(runs))
     for line in baseline_lines(runs):  # issue 44: what each verdict compared with, or why nothing
@@ -240,6 +259,9 @@ def print_report(console: Console, runs: list[dict]) -> None:
             console.print(f"run {run['id']}: {line}", markup=False, highlight=False, soft_wrap=True)
     for run in runs:  # issue 34: how large, in each family and dtype's own scale
         for line in size_lines(run):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+    for run in runs:  # issue 44: the co-run's re-run did not reproduce a stored trajectory
+        for line in corun_finding_lines(run):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
     for run in runs:  # issue 36: cases whose references moved under them (torch, torch.optim)
         if _figures(run).reference_changed:

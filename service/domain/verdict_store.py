@@ -47,13 +47,8 @@ def evaluate(*, session: Session, run: Run) -> Verdict | None:
         # Not finished, cancelled, or error: an error is optdrift's failure (retried, then shown as
         # such), never a verdict on the commit, so it gets none.
         return None
-    changed = [case for case in comparison.cases if case.verdict in ("changed", "broken")]
-    first_steps = [case.first_divergent_step for case in changed if case.first_divergent_step]
     verdict = Verdict(
-        run_id=run.id, baseline_run_id=baseline_run.id if baseline_run else None,
-        outcome=comparison.verdict, flagged=comparison.verdict in FLAGGING_OUTCOMES,
-        changed_cases=len(changed), first_divergent_step=min(first_steps) if first_steps else None,
-        detail=comparison.model_dump(mode="json"),
+        run_id=run.id, baseline_run_id=baseline_run.id if baseline_run else None, **_judged(comparison),
         # Which commit the run was compared with, how far back, and why (or why none).
         baseline_commits_back=choice.commits_back if choice is not None and baseline_run is not None else None,
         baseline_note=choice.reason if choice is not None else None,
@@ -63,6 +58,26 @@ def evaluate(*, session: Session, run: Run) -> Verdict | None:
     # The same change a person acknowledged on another sha (a PR's merge sha) is acknowledged here too.
     acknowledgements.carry_over(session=session, verdict=verdict)
     return verdict
+
+
+def _judged(comparison: RunComparison) -> dict:
+    """A verdict's columns read from its comparison: the one rule for a run judged when it ends
+    and judged again when its co-run finds a case that does not reproduce itself (`rejudge`)."""
+    changed = [case for case in comparison.cases if case.verdict in ("changed", "broken")]
+    first_steps = [case.first_divergent_step for case in changed if case.first_divergent_step]
+    return {"outcome": comparison.verdict, "flagged": comparison.verdict in FLAGGING_OUTCOMES,
+            "changed_cases": len(changed), "first_divergent_step": min(first_steps) if first_steps else None,
+            "detail": comparison.model_dump(mode="json")}
+
+
+def rejudge(*, verdict: Verdict, comparison: RunComparison, extra: dict) -> None:
+    """The stored verdict replaced by `comparison` of the same run and baseline, now that a case's
+    stored trajectory carries more evidence (the co-run found it does not reproduce itself:
+    worker/jobs/corun.py), with `extra` beside it in the detail. Its outcome may change (changed ->
+    nondeterministic); the baseline and the acknowledgement stay."""
+    for column, value in _judged(comparison).items():
+        setattr(verdict, column, value)
+    verdict.detail = {**verdict.detail, **extra}
 
 
 def evaluate_with_dependants(*, session: Session, run: Run) -> Verdict | None:

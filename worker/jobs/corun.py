@@ -10,8 +10,15 @@ engine's waves, kernels only, when the worker runs the fast engine). The verdict
 then recomputed with those diffs and stored; its outcome cannot change (the same stored
 trajectories are compared), only the per-step magnitudes and the summary line are added.
 
-Kernels are deterministic in one environment, so the co-run reproduces both stored trajectories;
-if a re-run's digests disagree with the stored ones, the diffs are not trusted and not stored.
+Kernels are deterministic in one environment, so the co-run reproduces both stored trajectories.
+When a re-run's digests disagree with the stored ones, the diffs are not trusted and not stored, and
+that disagreement is the run's nondeterminism finding (issue 44): the commit's case gets the re-run
+as one more repeat on its stored trajectory and the verdict is judged again by the rule every run
+goes through (a case that does not reproduce itself reads nondeterministic, blamed on the commit
+when the baseline's re-run reproduced), the case is remembered for the project (every later run,
+commit or verify, repeats it), and the finding (both digests, the first differing step) marks the
+co-run's detail final so that `submit --wait` stops waiting for it. A co-run that gives up (a side
+no longer builds, it fails) marks it final too.
 """
 
 from __future__ import annotations
@@ -23,16 +30,17 @@ from datetime import datetime, timezone
 from service import run_store
 from service.broker.queueing import CORUN_TASK_NAME
 from service.core.project_config import load_project_config
-from service.core.results import RunComparison, RunResult
+from service.core.results import RepeatCheck, RunComparison, RunResult
 from service.core.verdicts import compare_runs
 from service.settings import Settings
 from worker import pipeline
 from worker.identity import worker_name
 from worker.jobs import follow_ups
-from worker.jobs.pair import BuildPair, Phases
+from worker.jobs.pair import BuildPair, NotReproduced, Phases
 from worker.jobs.workspace import Workspace
 
 log = logging.getLogger(__name__)
+FINDING_CASES_SHOWN = 20
 
 
 class CorunYielded(RuntimeError):
@@ -76,6 +84,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
             error = pair.build(workspace, jobs, policies)
         if error:
             log.warning("run %s: %s; no per-step diffs", run_id, error)
+            run_store.corun_given_up(run_id, f"no per-step diffs: {error}")
             return 0
         adapter = job.config.adapter
         stored_diffs: dict[str, list[float]] = {}
@@ -86,9 +95,19 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
                           diffs=diffs, started=started, started_at=started_at, phases=phases,
                           kernels_split=pair.kernels_split, worker=worker_name())
 
+        def not_reproducible(found: dict[str, dict[str, NotReproduced]]) -> None:
+            _store_not_reproducible(run_id=run_id, project_id=run.project_id, baseline_id=baseline.id,
+                                    commit_result=commit_result, found=found, started=started,
+                                    started_at=started_at, phases=phases, worker=worker_name())
+
+        # Both sides are checked against their stored runs: a baseline that does not reproduce
+        # itself makes the change it was compared with a draw, not a finding.
         comparison = pair.corun(battery=job.battery, cases=cases, adapter=adapter,
-                                stored={"commit": commit_result}, then=store, between_cases=between_cases)
+                                stored={"commit": commit_result, "baseline": baseline_result}, then=store,
+                                between_cases=between_cases, not_reproduced=not_reproducible)
         if comparison is None:
+            if not run_store.corun_is_final(run_store.verdict_detail(run_id)):
+                run_store.corun_given_up(run_id, "the recomputed verdict disagreed with the stored one")
             return 0
         # Issue 17: rounding-level or semantic, and which variant (worker/attribution), added beside
         # the stored diffs afterwards, so they are served without waiting for it.
@@ -115,6 +134,46 @@ def _store(*, run_id: int, commit_result: RunResult, baseline_result: RunResult,
     return comparison
 
 
+def co_run_repeat(stored: RepeatCheck | None, found: NotReproduced, *, baseline_reproduced: bool) -> RepeatCheck:
+    """The case's repeat check with the co-run's re-run added: one more run on the same build,
+    differing from the first from `found`'s step; the baseline's re-run (one more run of the
+    baseline build) is its blame, as the run's own blame repeats the baseline build."""
+    runs, differing = (stored.runs, stored.differing) if stored else (1, 0)
+    steps = [step for step in ((stored.first_divergent_step if stored else None), found.first_differing_step) if step]
+    baseline_runs = (stored.baseline_runs if stored and stored.baseline_runs else 1) + 1
+    baseline_differing = (stored.baseline_differing or 0 if stored else 0) + (0 if baseline_reproduced else 1)
+    return RepeatCheck(runs=runs + 1, differing=differing + 1, first_divergent_step=min(steps),
+                       baseline_runs=baseline_runs, baseline_differing=baseline_differing)
+
+
+def _store_not_reproducible(*, run_id: int, project_id: int, baseline_id: int, commit_result: RunResult,
+                            found: dict[str, dict[str, NotReproduced]], started: float, started_at: datetime,
+                            phases: Phases, worker: str) -> None:
+    """The co-run's re-runs that did not reproduce the stored trajectories, made the run's finding:
+    the commit's cases judged nondeterministic (run_store.store_corun_nondeterminism), each side's
+    cases remembered for the project (run_store.remember_unsteady: the flaky-case memory), the
+    finding stored so nothing waits for the co-run's detail."""
+    commit_found, baseline_found = found.get("commit", {}), found.get("baseline", {})
+    stored_checks = {c.case.case_id: c.repeat_check for c in commit_result.cases}
+    checks = {case_id: co_run_repeat(stored_checks.get(case_id), item, baseline_reproduced=case_id not in baseline_found)
+              for case_id, item in commit_found.items()}
+    # The first FINDING_CASES_SHOWN cases' digests (the verdict's detail is served whole; every
+    # case's repeat check is on its own case row), and how many in all.
+    case_ids = sorted(set(commit_found) | set(baseline_found))
+    finding = {"state": "not_reproducible", "not_reproduced": len(case_ids),
+               "cases": {case_id: {side: found[side][case_id].as_json() for side in found if case_id in found[side]}
+                         for case_id in case_ids[:FINDING_CASES_SHOWN]}}
+    window = {"worker": worker, "started_at": started_at.isoformat(),
+              "finished_at": datetime.now(timezone.utc).isoformat()}
+    extra = {"corun_seconds": time.monotonic() - started, "corun_window": window, "corun_phases": dict(phases.seconds)}
+    with phases("compare"):
+        run_store.store_corun_nondeterminism(run_id, commit_checks=checks, finding=finding, extra=extra)
+    run_store.remember_unsteady(project_id, run_id, commit_found)
+    run_store.remember_unsteady(project_id, baseline_id, baseline_found)
+    log.warning("run %s: the co-run did not reproduce %s: a nondeterminism finding of the run", run_id,
+                ", ".join(f"{case_id} ({', '.join(sides)})" for case_id, sides in finding["cases"].items()))
+
+
 def yield_to_runs(settings: Settings) -> None:
     """Raise CorunYielded while runs wait for this worker's environment: a job beside the runs
     (a co-run, an environment attribution) stops between cases and is queued again."""
@@ -133,13 +192,19 @@ def record_and_tell(run_id: int, settings: Settings) -> str:
                                       between_cases=lambda: yield_to_runs(settings))
         if count:
             log.info("run %s: per-step |commit - baseline| stored for %d changed cases", run_id, count)
-            run_store.run_changed(run_id, settings=settings)  # the check and PR comment gain max |Δ|
+        if count or run_store.corun_is_final(run_store.verdict_detail(run_id)):
+            # The check and PR comment gain max |Δ|, or the nondeterminism finding.
+            run_store.run_changed(run_id, settings=settings)
         return "stored"
     except CorunYielded as waiting:
         log.info("run %s: baseline co-run yields (%s); queued again", run_id, waiting)
         follow_ups.send_later(CORUN_TASK_NAME, run_id, environment=run_store.run_facts(run_id).environment,
                               countdown=settings.corun_retry_s)
         return "yielded"
-    except Exception:  # noqa: BLE001
+    except Exception as error:  # noqa: BLE001
         log.exception("run %s: co-running the baseline for per-step diffs failed", run_id)
+        try:
+            run_store.corun_given_up(run_id, f"the co-run failed: {' '.join(str(error).split())[:300]}")
+        except Exception:  # noqa: BLE001  (the verdict stands without it)
+            log.exception("run %s: could not say that its co-run gave up", run_id)
         return "failed"

@@ -19,10 +19,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 from service.core.results import CaseSpec, RunComparison, RunResult
+from service.core.verdicts import first_divergent_step
 from service.settings import Settings
 from worker import pipeline
 from worker.attribution.record import attribute_or_note
@@ -96,11 +98,14 @@ class BuildPair:
 
     def corun(self, *, battery, cases: list[CaseSpec], adapter: str,  # noqa: ANN001
               stored: dict[str, RunResult], then: Callable[[dict[str, list[float]]], T],
-              between_cases: Callable[[], None] | None = None) -> T | None:
+              between_cases: Callable[[], None] | None = None,
+              not_reproduced: Callable[[dict[str, dict[str, "NotReproduced"]]], T] | None = None) -> T | None:
         """The cases co-run in the two builds' hosts; `then(diffs)` (the job stores them) while the
-        hosts are still open, its answer returned. None, and nothing stored, when a side's re-run
-        does not reproduce its `stored` trajectories (kernels are deterministic in one environment:
-        diffs of other trajectories explain nothing)."""
+        hosts are still open, its answer returned. When a side's re-run does not reproduce its
+        `stored` trajectories (kernels are deterministic in one environment: diffs of other
+        trajectories explain nothing), no diffs: `not_reproduced({side: {case id: NotReproduced}})`
+        is called instead and its answer returned (the co-run job makes it a finding of the run),
+        or without it, None."""
         from worker.engine import host_reserve
         from worker.engine.corun import corun_battery
         from worker.engine.host import KernelHost
@@ -124,11 +129,13 @@ class BuildPair:
                                    adapter_paths=self.adapter_paths, close_hosts=False)
             self.phases.seconds.update(hosts=timings.pop("hosts_s", 0.0), kernels=timings.pop("kernels_s", 0.0))
             self.kernels_split = timings
-            for side, rerun in zip(SIDES, reruns[:2]):
-                if side in stored and not _reproduces(rerun, stored[side]):
-                    log.warning("%s: the co-run did not reproduce the %s's stored trajectories; diffs not stored",
-                                self.label, side)
-                    return None
+            unreproduced = {side: found for side, rerun in zip(SIDES, reruns[:2])
+                            if side in stored and (found := not_reproduced_cases(rerun, stored[side]))}
+            if unreproduced:
+                log.warning("%s: the co-run did not reproduce stored trajectories (%s); diffs not stored",
+                            self.label, "; ".join(f"{side}: {', '.join(sorted(found))}"
+                                                  for side, found in unreproduced.items()))
+                return not_reproduced(unreproduced) if not_reproduced else None
             return then(reruns[2])
         finally:
             # After the store, not before: two CUDA hosts' exits (tearing down a device context
@@ -147,13 +154,41 @@ class BuildPair:
                                  compile_caches=(self.caches.get("commit"), self.caches.get("baseline")))
 
 
-def _reproduces(rerun: RunResult, stored: RunResult) -> bool:
-    """Every re-run case has a trajectory with the stored digests."""
+@dataclass(frozen=True)
+class NotReproduced:
+    """A case whose re-run's per-step digests differ from its stored run's, on the same build: the
+    kernel does not reproduce itself (a race, an uninitialised read). `first_differing_step` is
+    1-based; the two digests are those of that step (None past the end of a shorter trajectory, or
+    where the re-run produced no trajectory at all: `rerun_status` says how it ended)."""
+
+    first_differing_step: int
+    stored_digest: str | None
+    rerun_digest: str | None
+    rerun_status: str
+
+    def as_json(self) -> dict:
+        return {"first_differing_step": self.first_differing_step, "stored_digest": self.stored_digest,
+                "rerun_digest": self.rerun_digest, "rerun_status": self.rerun_status}
+
+
+def not_reproduced_cases(rerun: RunResult, stored: RunResult) -> dict[str, NotReproduced]:
+    """case id -> NotReproduced, for each re-run case whose stored run had a trajectory and whose
+    re-run does not have the same digests. A case stored without a trajectory (broken there) was
+    never a trajectory to reproduce and is left out."""
     originals = {c.case.case_id: c for c in stored.cases}
+    found = {}
     for result in rerun.cases:
         original = originals.get(result.case.case_id)
-        if result.trajectory is None or original is None or original.trajectory is None \
-                or result.trajectory.digests != original.trajectory.digests:
-            log.warning("the co-run of %s did not reproduce its stored trajectory", result.case.case_id)
-            return False
-    return True
+        if original is None or original.trajectory is None:
+            continue
+        stored_digests = original.trajectory.digests
+        rerun_digests = result.trajectory.digests if result.trajectory is not None else []
+        if rerun_digests == stored_digests:
+            continue
+        step = first_divergent_step(rerun_digests, stored_digests) or 1
+        found[result.case.case_id] = NotReproduced(
+            first_differing_step=step,
+            stored_digest=stored_digests[step - 1] if step <= len(stored_digests) else None,
+            rerun_digest=rerun_digests[step - 1] if step <= len(rerun_digests) else None,
+            rerun_status=result.status)
+    return found

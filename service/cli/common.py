@@ -26,14 +26,14 @@ EXIT_OPTDRIFT_ERROR = 4   # optdrift's fault: service unreachable, 5xx, a run in
 EXIT_NONDETERMINISTIC = 5  # a kernel does not reproduce itself on the same build
 # Nothing to compare with: no commit on the first-parent line has a finished run in the environment
 # (issue 44: never a silent pass). `submit --allow-no-baseline` (a project's first commit) makes it 0.
-EXIT_NO_BASELINE = 6
+EXIT_NO_BASELINE = 7  # not 6: `optdrift speed --fail-on-slowdown` says "slower" with 6
 # Where several runs end differently, the exit code is the first of these that any run has: an
 # incomplete answer first, then the commit's own failure, then the findings.
 _EXIT_PRECEDENCE = (EXIT_OPTDRIFT_ERROR, EXIT_BROKEN, EXIT_NONDETERMINISTIC, EXIT_CHANGED, EXIT_NO_BASELINE,
                     EXIT_OK)
 VERDICT_EXIT_CODES = ("Exit codes: 0 unchanged / acknowledged / no baseline allowed by --allow-no-baseline; "
                       "1 changed; 2 bad input or usage; 3 broken commit; 4 optdrift or service error; "
-                      "5 nondeterministic; 6 no baseline (no ancestor has a finished run).")
+                      "5 nondeterministic; 7 no baseline (no ancestor has a finished run).")
 SERVER_EXIT_CODES = "Exit codes: 0 done; 2 bad input or usage; 4 optdrift error."
 
 

@@ -119,8 +119,10 @@ def baseline_lines(runs: list[dict]) -> list[str]:
         if verdict.get("baseline"):
             lines.append(f"run {run['id']}: compared with {compared_with(run)}")
         elif verdict.get("outcome") == "no-baseline":
+            from service.cli.common import EXIT_NO_BASELINE  # here: common imports this module
+
             allowed = "allowed by --allow-no-baseline: passes" if verdict.get("no_baseline_allowed") else \
-                "fails (exit 6)"
+                f"fails (exit {EXIT_NO_BASELINE})"
             lines.append(f"run {run['id']}: no baseline, {allowed}: {verdict.get('baseline_note') or 'nothing to compare with'}")
         via = verdict.get("acknowledged_via")
         if via:

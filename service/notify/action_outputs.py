@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 # The CLI's exit codes (README "Exit codes") and the word each one means.
-_BY_EXIT_CODE = {1: "changed", 2: "bad-input", 3: "broken", 4: "error", 5: "nondeterministic", 6: "no-baseline"}
+_BY_EXIT_CODE = {1: "changed", 2: "bad-input", 3: "broken", 4: "error", 5: "nondeterministic", 7: "no-baseline"}
 
 
 def _run_word(run: dict) -> str:

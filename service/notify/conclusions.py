@@ -8,7 +8,7 @@ GitHub's conclusions: success, neutral, failure, action_required, cancelled, ski
   and children compare with this run.
 - no-baseline → failure: no commit on this one's first-parent line (the ancestry the client sent)
   has a finished run in the environment, so nothing was checked; a gate that passed here would
-  pass a PR whose base was never submitted, bug and all (issue 44). The CLI exits 6. A submission
+  pass a PR whose base was never submitted, bug and all (issue 44). The CLI exits 7. A submission
   that allows it (`--allow-no-baseline`, Action input `allow-no-baseline: true`: a project's first
   commit) gets neutral instead, and the CLI exits 0.
 - changed → failure: a trajectory moved; CI fails until someone acknowledges it (CLI exit 1).

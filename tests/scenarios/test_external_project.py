@@ -319,7 +319,7 @@ def submit(service: Service, history: History, name: str, *, wait: bool = True) 
             "--message", name, "--url", service.url]
     if commit.parent:
         args += ["--parent", commit.parent]
-    else:  # the project's first commit: nothing to compare with, accepted (issue 44: else exit 6)
+    else:  # the project's first commit: nothing to compare with, accepted (issue 44: else exit 7)
         args += ["--allow-no-baseline"]
     # A run of this battery takes seconds; minutes mean a lost task, not a slow one.
     answer = optdrift(*args, "--wait" if wait else "--no-wait", env={"OPTDRIFT_TOKEN": service.token},

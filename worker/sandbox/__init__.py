@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from worker.sandbox import launcher, mounts
+from worker.sandbox import boxfiles, launcher, mounts
 from worker.sandbox import privilege
 
 log = logging.getLogger(__name__)
@@ -324,6 +324,10 @@ def popen(args: list[str], *, limits: SandboxLimits, env: dict[str, str], readab
     `guard_group` runs `args` under worker.sandbox.group_guard, so that when this process dies the whole
     group goes (PR_SET_PDEATHSIG alone reaches only the direct child). `-P`: the guard module comes
     from the worker's own path, never from a submitted tree in the child's working directory."""
+    # Whatever the child may write is the box's from now on: the worker takes files from there only
+    # through worker.sandbox.boxfiles (its audit test checks every other open against this list).
+    for folder in [*writable, *([scratch] if scratch is not None else [])]:
+        boxfiles.register_box_folder(Path(folder))
     if available():
         env = dict(env)
         env.update({"USER": mounts.SANDBOX_USER, "LOGNAME": mounts.SANDBOX_USER})

@@ -137,18 +137,18 @@ def test_no_submitted_ancestor_fails_with_the_message_and_passes_neutral_only_wh
     run = _run(api, lonely)
     verdict = run["verdict"]
     assert verdict["outcome"] == "no-baseline"
-    assert _exit_code(run) == 6  # never a silent pass
+    assert _exit_code(run) == 7  # never a silent pass
     assert verdict["no_baseline_allowed"] is False
     assert verdict["baseline"] is None
     assert verdict["baseline_note"].startswith(f"none of the 2 first-parent ancestor(s) sent with commit {'m' * 40} "
                                                "has a finished run in cpu with battery quick")
     assert "--allow-no-baseline" in verdict["baseline_note"]
-    assert _exit_code(run) == 6
+    assert _exit_code(run) == 7
     assert conclusion_for("no-baseline", **({"no_baseline_allowed": False} if "no_baseline_allowed" in verdict
                                             else {})).conclusion == "failure"
     from service.cli.report import baseline_lines
 
-    assert baseline_lines([run])[0].startswith(f"run {lonely}: no baseline, fails (exit 6): none of the 2")
+    assert baseline_lines([run])[0].startswith(f"run {lonely}: no baseline, fails (exit 7): none of the 2")
     from service.notify.action_outputs import outputs
 
     assert outputs({"runs": [run]}, 6)["verdict"] == "no-baseline"  # the Action's `verdict` output
@@ -242,13 +242,13 @@ def test_a_maintain_token_can_acknowledge_and_a_submit_token_cannot(api, db_sess
 
 
 def test_re_running_the_first_commits_job_with_allow_no_baseline_turns_it_neutral(api, db_session, kern):  # noqa: ANN001
-    """The first adoption: the job fails with no-baseline (exit 6); the maintainer sets
+    """The first adoption: the job fails with no-baseline (exit 7); the maintainer sets
     allow-no-baseline and re-runs the job, which submits the same commit under the same
     Idempotency-Key: the answer's run now passes."""
     key = {"Idempotency-Key": f"{PROJECT}:{'f' * 40}:"}
     first = _submit(api, "f" * 40, tree="first", headers=key)
     _finish(db_session, first, SAME)
-    assert _exit_code(_run(api, first)) == 6
+    assert _exit_code(_run(api, first)) == 7
     again = _submit(api, "f" * 40, tree="first", headers=key, allow=True)
     assert again == first
     run = _run(api, first)

@@ -26,7 +26,8 @@ import pytest
 from tests.service_fixtures import REPO_ROOT, free_port, wait_http
 
 OPTDRIFT = Path(sys.executable).with_name("optdrift")
-VERDICT_CODES_LINE = "Exit codes: 0 unchanged / no baseline / acknowledged; 1 changed; 2 bad input"
+VERDICT_CODES_LINE = ("Exit codes: 0 unchanged / acknowledged / no baseline allowed by --allow-no-baseline; 1 changed; "
+                      "2 bad input")
 SOURCE = {"ops.cpp": "// adam\nint step() { return 1; }\n", "cpu/adam.cpp": "int adam = 1;\n"}
 
 
@@ -60,7 +61,7 @@ def test_help_of_each_verdict_command_lists_every_exit_code(tmp_path: Path, comm
     assert result.returncode == 0
     text = " ".join(result.stdout.split())
     assert VERDICT_CODES_LINE in text
-    for code in ("3 broken commit", "4 optdrift or service error", "5 nondeterministic"):
+    for code in ("3 broken commit", "4 optdrift or service error", "5 nondeterministic", "7 no baseline"):
         assert code in text, (command, code)
 
 
@@ -216,7 +217,7 @@ def _finish_run(server: dict, run_id: int, *, status: str, outcome: str | None =
 @pytest.mark.parametrize(("status", "outcome", "error", "acknowledged", "code", "options"), [
     ("done", "unchanged", None, False, 0, []),
     # Nothing to compare with fails (issue 44), unless the submission allowed it (a first commit).
-    ("done", "no-baseline", None, False, 6, []),
+    ("done", "no-baseline", None, False, 7, []),
     ("done", "no-baseline", None, False, 0, ["--allow-no-baseline"]),
     ("done", "changed", None, True, 0, []),
     ("done", "changed", None, False, 1, []),

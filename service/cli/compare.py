@@ -44,6 +44,10 @@ def compare(
     detail_timeout: Annotated[float, typer.Option(
         "--detail-timeout", min=0, help="seconds to wait for that attribution; past it the comparison is "
                                         "printed and the attribution follows")] = 600.0,
+    skip_unknown_commit: Annotated[bool, typer.Option(
+        "--skip-unknown-commit", help="a commit the service was never sent is not an error: say so and exit 0 "
+                                      "(the Action's pull_request flow: github.sha is the merge commit GitHub "
+                                      "made, which nothing submits)")] = False,
     url: Annotated[str, typer.Option("--url", help="the optdrift API (env OPTDRIFT_URL)")] = DEFAULT_URL,
 ) -> None:
     """Did environment B (another toolchain, torch, driver or device) move the commit's trajectories
@@ -58,6 +62,17 @@ def compare(
     client = OptdriftClient(url)
     params = {"commit": commit, "a": env[0], "b": env[1], **({"battery": battery} if battery else {})}
     with cli.expected_failures(url):
+        unknown = _unknown_commit(client, project=project, commit=commit)
+        if unknown and skip_unknown_commit:
+            import sys
+
+            print(f"notice: {unknown}; nothing compared (--skip-unknown-commit)", file=sys.stderr)
+            if output == "json":
+                print(json.dumps({"skipped": unknown, "comparison": {"verdict": "skipped"}, "run_url": None}))
+            raise typer.Exit(cli.EXIT_OK)
+        if unknown:
+            raise cli.fail(f"{unknown}: submit it first (optdrift submit), or name a commit or release tag the "
+                           "service has (--commit; the Action's `release` input)", cli.EXIT_USAGE)
         if run:
             _run_where_missing(client, project=project, commit=commit, environments=env, battery=battery,
                                timeout_s=timeout)
@@ -71,6 +86,22 @@ def compare(
     else:
         _print(answer)
     raise typer.Exit(EXIT_BY_VERDICT.get(verdict, cli.EXIT_OPTDRIFT_ERROR))
+
+
+def _unknown_commit(client, *, project: str, commit: str) -> str | None:  # noqa: ANN001
+    """Why `commit` cannot be compared because the service has never been sent it (on a pull
+    request, github.sha is the merge commit GitHub made, which nothing submits), or None when the
+    project has it. An unknown project stays the error it is (ApiError: exit 2)."""
+    from service.cli.client import ApiError
+
+    client.request("GET", f"/api/v1/projects/{project}")
+    try:
+        client.request("GET", f"/api/v1/projects/{project}/commits/{commit}")
+    except ApiError as error:
+        if error.status_code != 404:
+            raise
+        return f"commit {commit} is not known to project {project}: it was never submitted"
+    return None
 
 
 def _run_where_missing(client, *, project: str, commit: str, environments: list[str], battery: str | None,  # noqa: ANN001

@@ -7,10 +7,13 @@ The tip:
 * `ref` given: the commit with that sha, else the newest commit submitted under that branch name
   (the Action sends GITHUB_REF_NAME on a push), else a release tag or a unique sha prefix;
 * otherwise the default branch's newest commit. No submission names the default branch, so it is
-  read from what was submitted: the branch name most commits were submitted under (CI submits every
-  push to the default branch; other branches, if at all, fewer), the newest on a tie. Pull-request
-  refs never count. With no branch names at all (the CLI without --ref), the newest commit that is
-  not a pull request's.
+  read from what was submitted: the branch name most commits were submitted under (CI submits
+  every push to the default branch; other branches, if at all, fewer), the newest on a tie.
+  Pull-request refs never count. With no branch names at all (the CLI without --ref), the newest
+  commit that is not a pull request's.
+
+"Newest" is the newest submitted commit that no other of the branch's newest ones descends from:
+older commits submitted after the tip (a backfill) do not become the tip.
 
 The line: from the tip, the ancestry each commit was sent with (`git rev-list --first-parent`,
 service/domain/ancestry.py; git's word, so a force-pushed-away tip is not on it), else its first
@@ -40,6 +43,9 @@ from service.domain.errors import NotFoundError
 MAX_LINE = 1000
 PULL_REQUEST_REF = re.compile(r"(?:refs/)?pull/(?P<number>\d{1,10})/(?:merge|head)|(?P<short>\d{1,10})/merge")
 BRANCH_PREFIX = "refs/heads/"
+# A branch's newest submitted commits among which its tip is looked for (a backfill of older commits
+# after the tip submitted more than this many hides it: ask for the tip by sha).
+TIP_CANDIDATES = 100
 
 
 def pull_request_number(ref: str | None) -> int | None:
@@ -80,8 +86,12 @@ def default_branch(*, session: Session, project: Project) -> str | None:
 
 
 def _newest(session: Session, *conditions) -> Commit | None:  # noqa: ANN002
-    return session.scalar(select(Commit).where(*conditions)
-                          .order_by(Commit.created_at.desc(), Commit.id.desc()).limit(1))
+    """The newest of the matching commits that none of the newest TIP_CANDIDATES others descends
+    from: the branch's tip even when older commits were submitted after it (a backfill)."""
+    candidates = list(session.scalars(select(Commit).where(*conditions)
+                                      .order_by(Commit.created_at.desc(), Commit.id.desc()).limit(TIP_CANDIDATES)))
+    behind = {sha for commit in candidates for sha in [*_next_shas(commit), *commit.parents[:1]]}
+    return next((commit for commit in candidates if commit.sha not in behind), candidates[0] if candidates else None)
 
 
 def choose_tip(*, session: Session, project: Project, ref: str | None) -> tuple[Commit | None, str | None, str]:

@@ -191,7 +191,8 @@ def overview(*, session: Session, project_name: str, ref: str | None = None, ver
     off_line, off_line_total, groups, pull_total = [], 0, [], 0
     if page == 1:
         newest_first = (Commit.created_at.desc(), Commit.id.desc(), Run.id)
-        off = query.where(Commit.id.not_in(list(position)), or_(Commit.ref.is_(None), ~commit_lines.pull_request_filter()))
+        off = query.where(Commit.id.not_in(list(position)),
+                          or_(Commit.ref.is_(None), ~commit_lines.pull_request_filter()))
         off_line_total = session.scalar(select(func.count()).select_from(off.subquery())) or 0
         off_line = _overview_rows(session, session.execute(off.order_by(*newest_first).limit(OFF_LINE_ROWS)).all())
         pulls = query.where(commit_lines.pull_request_filter())

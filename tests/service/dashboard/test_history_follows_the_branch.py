@@ -46,13 +46,27 @@ def _finish(session, run_id: int, bits: tuple[list[str], list[float]]) -> None: 
     verdict_store.evaluate_with_dependants(session=session, run=run)
 
 
+def _submit(api, session, project: str, sha: str, ref: str, parents: list[str], ancestry: list[str],  # noqa: ANN001
+            bits: tuple[list[str], list[float]]) -> None:
+    """As the Action submits a commit (the same tree under every sha), then finished by a worker."""
+    data = {"sha": sha, "ref": ref, "parents": " ".join(parents), "message": f"commit {sha}",
+            "allow_no_baseline": "true"}
+    if ancestry:
+        data["ancestry"] = " ".join(ancestry)
+    archive = make_archive({"ops.cpp": "// the same tree under every sha\n"})
+    response = api.post(f"/api/v1/projects/{project}/commits", data=data,
+                        files={"archive": ("s.tar.gz", archive, "application/gzip")})
+    assert response.status_code in (200, 201), response.text
+    _finish(session, response.json()["runs"][0]["id"], bits)
+
+
 @pytest.fixture
 def branchy(api, db_session):  # noqa: ANN001, ANN201
     """The lineage of the module docstring, submitted and finished in that order."""
     projects.create(session=db_session, name=PROJECT)
     db_session.flush()
-    archive = make_archive({"ops.cpp": "// the same tree under every sha\n"})
-    # (sha, ref, parents, ancestry, bits). Y comes without ancestry: its line is read from its parent.
+    # (sha, ref, parents, ancestry, bits). Y and Z come without ancestry: their line is read through
+    # their first parents (as from a client that sent none), up to X, which sent its own.
     lineage = [
         ("A", "main", [], [], MAIN_BITS),
         ("B", "main", ["A"], ["A"], MAIN_BITS),
@@ -61,17 +75,10 @@ def branchy(api, db_session):  # noqa: ANN001, ANN201
         ("Y", "topic", ["X"], [], SIDE_BITS),
         ("D", "main", ["C"], ["C", "B", "A"], MOVED_BITS),
         ("M", "pull/7/merge", ["D", "Y"], ["D", "C", "B", "A"], SIDE_BITS),
-        ("Z", "topic", ["Y"], ["Y", "X", "B", "A"], SIDE_BITS),
+        ("Z", "topic", ["Y"], [], SIDE_BITS),
     ]
     for sha, ref, parents, ancestry, bits in lineage:
-        data = {"sha": sha, "ref": ref, "parents": " ".join(parents), "message": f"commit {sha}",
-                "allow_no_baseline": "true"}
-        if ancestry:
-            data["ancestry"] = " ".join(ancestry)
-        response = api.post(f"/api/v1/projects/{PROJECT}/commits", data=data,
-                            files={"archive": ("s.tar.gz", archive, "application/gzip")})
-        assert response.status_code in (200, 201), response.text
-        _finish(db_session, response.json()["runs"][0]["id"], bits)
+        _submit(api, db_session, PROJECT, sha, ref, parents, ancestry, bits)
     return PROJECT
 
 
@@ -112,7 +119,7 @@ def test_the_case_history_follows_main_in_first_parent_order(api, branchy) -> No
 
 
 def test_a_ref_selects_another_line(api, branchy) -> None:  # noqa: ANN001
-    # A branch name: its newest commit's line (Y was sent without ancestry: read through its parent).
+    # A branch name: its newest commit's line (Z and Y sent no ancestry: read through their parents).
     topic = _history(api, ref="topic")
     assert [p["sha"] for p in topic["points"]] == ["A", "B", "X", "Y", "Z"]
     assert topic["change_points"] == ["X"] and topic["branch"] == "topic" and topic["off_line"] == 3
@@ -145,3 +152,16 @@ def test_the_overview_lists_main_then_other_branches_and_pull_requests_apart(api
     topic = api.get(f"/projects/{PROJECT}", params={"ref": "topic"}).text
     assert _table_shas(topic, 'id="commits"') == ["Z", "Y", "X", "B", "A"]
     assert _table_shas(topic, 'id="off-line"') == ["D", "C"]
+
+
+def test_commits_submitted_out_of_order_are_shown_in_line_order(api, db_session) -> None:  # noqa: ANN001
+    """A backfill (`optdrift submit` of older commits after the tip): P ── Q ── R on main,
+    submitted R, P, Q. The line's order is git's, whatever the submission order."""
+    projects.create(session=db_session, name="backfill")
+    db_session.flush()
+    for sha, parents, ancestry, bits in [("R", ["Q"], ["Q", "P"], MOVED_BITS), ("P", [], [], MAIN_BITS),
+                                         ("Q", ["P"], ["P"], MAIN_BITS)]:
+        _submit(api, db_session, "backfill", sha, "main", parents, ancestry, bits)
+    history = api.get("/api/v1/projects/backfill/case-history", params={"case": TRACKED}).json()
+    assert [p["sha"] for p in history["points"]] == ["P", "Q", "R"] and history["change_points"] == ["R"]
+    assert _table_shas(api.get("/projects/backfill").text, 'id="commits"') == ["R", "Q", "P"]

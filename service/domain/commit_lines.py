@@ -58,7 +58,7 @@ def pull_request_number(ref: str | None) -> int | None:
 
 def pull_request_filter():  # noqa: ANN201
     """SQL: the commit was submitted under a pull request's ref (as pull_request_number reads it)."""
-    return Commit.ref.regexp_match(r"^((refs/)?pull/[0-9]+/(merge|head)|[0-9]+/merge)$")
+    return Commit.ref.regexp_match(r"^((refs/)?pull/[0-9]{1,10}/(merge|head)|[0-9]{1,10}/merge)$")
 
 
 @dataclass

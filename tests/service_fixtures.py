@@ -24,6 +24,14 @@ import psycopg
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def code_path() -> str:
+    """This checkout first, then whatever the test's own PYTHONPATH holds (the GPU machine installs
+    the service's packages into a folder named there, not into the interpreter)."""
+    return os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+
+
 PG_ADMIN_URL = os.environ.get("OPTDRIFT_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/test")
 PG_HOST_URL = PG_ADMIN_URL.rsplit("/", 1)[0]
 # Redis databases of the tests that share one: per pytest-xdist worker (.ci/run runs the suite on
@@ -193,7 +201,7 @@ def wait_http(url: str, timeout_s: float = 60.0) -> None:
 def start_process(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
     log = open(log_path, "wb")  # noqa: SIM115  (closed with the process)
     return subprocess.Popen([sys.executable, "-m", "service.cli", *args], cwd=REPO_ROOT,
-                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **env},
+                            env={**os.environ, "PYTHONPATH": code_path(), **env},
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -43,7 +43,7 @@ import psycopg
 import pytest
 import redis
 
-from tests.fixtures.hostile.corpus import ATTACKS, Attack, Target
+from tests.fixtures.hostile.corpus import ATTACKS, COMMAND_TOML, Attack, Target
 from tests.processes import matching, wait_gone
 from tests.service_fixtures import (
     PG_HOST_URL, REPO_ROOT, create_database, drop_database, free_port, make_archive, start_process,
@@ -536,7 +536,10 @@ def test_a_verify_build_is_never_served_to_a_commit_run_and_leaves_nothing_behin
 def test_after_the_corpus_the_worker_answers_a_commit_run_in_time_and_no_canary_moved(world: World) -> None:
     """Issue 43: whatever the attacks planted (FIFOs, links, a full scratch), the same worker takes
     the next commit run and ends it within its budget; and no canary file was written through."""
-    files = {"optdrift.toml": COMMAND_TOML_AFTER, "build.sh": "exit 0\n", "nonce.txt": secrets.token_hex(8)}
+    # A build that succeeds and names a library its commands did not make: the run ends at once with
+    # a reason, after a whole build and its bookkeeping (the worker is alive and answering).
+    files = {"optdrift.toml": COMMAND_TOML.format(timeout_s=20), "hostile.sh": "exit 0\n",
+             "nonce.txt": secrets.token_hex(8)}
     commit = world.http.post(f"/api/v1/projects/{PROJECT}/commits", headers={"Authorization": f"Bearer {world.submit_token}"},
                              data={"sha": f"after-{secrets.token_hex(4)}", "parents": world.base_sha},
                              files={"archive": ("t.tar.gz", make_archive(files))})
@@ -544,16 +547,3 @@ def test_after_the_corpus_the_worker_answers_a_commit_run_in_time_and_no_canary_
     run = _wait_final(world.http, commit.json()["runs"][0]["id"], 90)
     assert run is not None, f"the worker did not end a plain commit run within 90 s:\n{world.log_tail()}"
     assert world.changed_canaries() == []
-
-
-# A build that succeeds and names a library its commands did not make: the run ends at once with a
-# reason, after a whole build and its bookkeeping (the worker is alive and answering).
-COMMAND_TOML_AFTER = """[project]
-adapter = "bundled"
-
-[build]
-kind = "command"
-commands = ["sh build.sh"]
-timeout_s = 20
-library = "lib"
-"""

@@ -34,6 +34,7 @@ from service.core.project_config import parse_config
 from worker.build import build_extension
 from worker.build.cache import release_builds
 from worker.build.project import build_project
+from tests.fixtures.hostile.corpus import COMMAND_TOML, HOST_TOML
 from worker.sandbox import boxfiles
 
 REPO = Path(__file__).resolve().parents[3]
@@ -207,15 +208,6 @@ exit $status
     assert audited == [], f"opened beneath a box's folder outside worker.sandbox.boxfiles: {audited[:5]}"
 
 
-COMMAND_TOML = """[project]
-adapter = "bundled"
-
-[build]
-kind = "command"
-commands = ["sh nasty.sh"]
-timeout_s = 60
-library = "lib"
-"""
 
 
 @pytest.mark.parametrize("trusted", [True, False], ids=["trusted", "untrusted"])
@@ -224,14 +216,15 @@ def test_command_build_that_plants_in_its_tree_and_scratch(canaries: Canaries, a
     tree = tmp_path / "tree"
     tree.mkdir()
     stats = '"${CCACHE_STATSLOG:-$HOME/ccache-stats.log}"'
-    (tree / "nasty.sh").write_text(
+    (tree / "hostile.sh").write_text(
         "cd \"$HOME\"\n" + _plant_script(canaries, ["ccache-stats.log", "build.log", "x1", "x2", "x3", "x4",
                                                    "x5", "x6", "x7"])
         + f"rm -f {stats}; mkfifo {stats}\n"
-        + "cd \"$OPTDRIFT_SOURCE_DIR\"\n" + _plant_script(canaries, ["lib", "../build.log", "../manifest.json"])
+        + "cd \"$OPTDRIFT_SOURCE_DIR\"\n" + _plant_script(canaries, ["out.so", "../build.log", "../manifest.json"])
         + "exit 0\n")
-    (tree / "optdrift.toml").write_text(COMMAND_TOML)
-    config = parse_config(COMMAND_TOML)
+    toml = COMMAND_TOML.format(timeout_s=60)
+    (tree / "optdrift.toml").write_text(toml)
+    config = parse_config(toml)
     try:
         result = _bounded(lambda: build_project(tree, config, cache_dir=tmp_path / "cache", cuda_archs=[],
                                                 trusted=trusted, variant=BuildVariant()))
@@ -247,15 +240,6 @@ def test_command_build_that_plants_in_its_tree_and_scratch(canaries: Canaries, a
 
 
 # ------------------------------------------------------------------------------------ the kernel host
-HOST_TOML = """[project]
-adapter = "tinyopt"
-
-[build]
-kind = "command"
-commands = ["gcc -shared -fPIC -o evil.so evil.c -ldl"]
-timeout_s = 120
-library = "evil.so"
-"""
 
 
 def test_kernel_host_that_swaps_its_output_files_while_the_worker_collects(canaries: Canaries,
@@ -285,7 +269,7 @@ def test_kernel_host_that_swaps_its_output_files_while_the_worker_collects(canar
     (tree / "evil.c").write_text(EVIL_C.read_text())
     (tree / "load.sh").write_text(loop)
     (tree / "case.sh").write_text("exit 0\n")
-    config = parse_config(HOST_TOML)
+    config = parse_config(HOST_TOML.format(adapter="tinyopt"))
     build = build_project(tree, config, cache_dir=tmp_path / "cache", cuda_archs=[], trusted=False)
     assert build.ok, build.error
     case = next(c for c in BUILTIN_BATTERIES["quick"]().expand() if c.optimizer == "adam" and c.param_dtype == "float32")

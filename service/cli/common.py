@@ -12,21 +12,16 @@ from contextlib import contextmanager
 
 import typer
 
+# Exit codes: CI branches on them, so each means one thing (README "Exit codes"); defined in
+# service.cli.exit_codes, named here too for the commands that import them from this module.
+from service.cli.exit_codes import (  # noqa: F401
+    EXIT_BROKEN, EXIT_CHANGED, EXIT_NO_BASELINE, EXIT_NONDETERMINISTIC, EXIT_OK, EXIT_OPTDRIFT_ERROR, EXIT_USAGE,
+)
 from service.cli.report import make_console
 
 # At a terminal its width; in a CI log full-width lines (rich would cut tables at 80 columns).
 console = make_console()
 DEFAULT_URL = os.environ.get("OPTDRIFT_URL", "http://127.0.0.1:8000")
-# Exit codes: CI branches on them, so each means one thing (README "Exit codes").
-EXIT_OK = 0               # unchanged, a change a maintainer acknowledged, or an allowed no-baseline
-EXIT_CHANGED = 1          # a trajectory changed
-EXIT_USAGE = 2            # bad input or usage: an option, a file, a folder, a 4xx from the service
-EXIT_BROKEN = 3           # the commit's fault: it does not build, its kernels crash, hang or go NaN
-EXIT_OPTDRIFT_ERROR = 4   # optdrift's fault: service unreachable, 5xx, a run in status `error`
-EXIT_NONDETERMINISTIC = 5  # a kernel does not reproduce itself on the same build
-# Nothing to compare with: no commit on the first-parent line has a finished run in the environment
-# (issue 44: never a silent pass). `submit --allow-no-baseline` (a project's first commit) makes it 0.
-EXIT_NO_BASELINE = 7  # not 6: `optdrift speed --fail-on-slowdown` says "slower" with 6
 # Where several runs end differently, the exit code is the first of these that any run has: an
 # incomplete answer first, then the commit's own failure, then the findings.
 _EXIT_PRECEDENCE = (EXIT_OPTDRIFT_ERROR, EXIT_BROKEN, EXIT_NONDETERMINISTIC, EXIT_CHANGED, EXIT_NO_BASELINE,

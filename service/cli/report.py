@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from service.cli.exit_codes import EXIT_NO_BASELINE
 from service.core.results import ComparisonFigures, ScaleGroup
 from service.core.verdicts import figures_of
 from service.core.wording import (
@@ -119,8 +120,6 @@ def baseline_lines(runs: list[dict]) -> list[str]:
         if verdict.get("baseline"):
             lines.append(f"run {run['id']}: compared with {compared_with(run)}")
         elif verdict.get("outcome") == "no-baseline":
-            from service.cli.common import EXIT_NO_BASELINE  # here: common imports this module
-
             allowed = "allowed by --allow-no-baseline: passes" if verdict.get("no_baseline_allowed") else \
                 f"fails (exit {EXIT_NO_BASELINE})"
             lines.append(f"run {run['id']}: no baseline, {allowed}: {verdict.get('baseline_note') or 'nothing to compare with'}")

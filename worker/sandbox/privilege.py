@@ -192,12 +192,15 @@ def drop_for_worker(settings) -> Identity:  # noqa: ANN001  (service.settings.Se
     return _identity
 
 
+# worker.build.cache.COMMAND_FOLDER, named here rather than imported: worker.build sits above
+# worker.sandbox (tests/worker/sandbox/test_privilege.py checks the two agree).
+COMMAND_BUILDS_FOLDER = "command"
+
+
 def _compiler_caches(build_cache: Path) -> list[Path]:
     """The `ccache` folders of the extension builds and of the command builds (worker.build)."""
-    from worker.build.cache import COMMAND_FOLDER
-
     root = Path(os.path.abspath(build_cache))
-    return [root / "ccache", root / COMMAND_FOLDER / "ccache"]
+    return [root / "ccache", root / COMMAND_BUILDS_FOLDER / "ccache"]
 
 
 def _check_programs_are_roots(user: pwd.struct_passwd) -> None:

@@ -12,6 +12,7 @@ the worker's result path calls.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import hmac
 import io
@@ -88,7 +89,13 @@ def signed(body: bytes, *, delivery: str | None = None, event_name: str = "pull_
 
 @pytest.fixture(scope="module")
 def app_key() -> tuple[str, str]:
-    """One App key for the module: githubkit caches the App's JWT and installation token by app id."""
+    """One App key for the process (this module and tests/service/notify/test_github_loop.py, which
+    takes these fixtures): githubkit caches the App's JWT and installation token by app id."""
+    return _app_keypair()
+
+
+@functools.lru_cache(maxsize=1)
+def _app_keypair() -> tuple[str, str]:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
 

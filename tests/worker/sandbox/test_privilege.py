@@ -406,3 +406,11 @@ def test_the_systemd_example_starts_a_root_worker_that_drops_to_its_user() -> No
     assert Path(program).name == "optdrift" and words[0] == "worker", start
     group = typer.main.get_command(app)
     group.get_command(click.Context(group), "worker").make_context("worker", words[1:], resilient_parsing=False)
+
+
+def test_the_compiler_caches_handed_to_the_box_are_where_the_builds_keep_them() -> None:
+    """privilege names the command builds' folder itself (worker.build sits above worker.sandbox)."""
+    from worker.build.cache import COMMAND_FOLDER
+    from worker.sandbox import privilege
+
+    assert privilege.COMMAND_BUILDS_FOLDER == COMMAND_FOLDER

@@ -22,12 +22,14 @@ from typing import Any
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_serializer,
+                      model_validator)
 
 from service.core.battery_limits import (
     BatteryLimitError, BatteryLimits, BatteryLoad, check_battery_bytes, measure_battery,
 )
-from service.core.results import CaseSpec, GradientStreamSpec, KernelFamily, OptimizerName, ParamDtype
+from service.core.results import (MAX_LAYOUT_GROUPS, MAX_LAYOUT_TENSORS, CaseSpec, GradientStreamSpec, KernelFamily,
+                                  OptimizerName, ParamDtype, ParamLayout, TensorGroupSpec)
 
 # The kernel schema's float/bool arguments per optimizer (csrc/ops.cpp), with the defaults a case
 # gets when its point does not set them. Defaults follow torch.optim / the papers.
@@ -73,6 +75,31 @@ class HyperPoint(BaseModel):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
+class LayoutGroup(BaseModel):
+    """One param group of a battery layout: its tensors' sizes and what its hyperparameters change
+    from the case's point (a group without weight decay for biases and norms, a larger lr...)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sizes: list[int] = Field(min_length=1, max_length=MAX_LAYOUT_TENSORS)
+    point: HyperPoint = HyperPoint()
+
+
+class LayoutSpec(BaseModel):
+    """A parameter layout: several tensors in param groups, all under one optimizer instance of
+    the library, stepped through its own step() once per step (docs/ENGINE.md "Layout cases")."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    groups: list[LayoutGroup] = Field(min_length=1, max_length=MAX_LAYOUT_GROUPS)
+
+    def to_layout(self, hyper: dict[str, float | bool], defaults: dict[str, float | bool]) -> ParamLayout:
+        return ParamLayout(groups=[
+            TensorGroupSpec(sizes=list(group.sizes),
+                            hyper={**hyper, **{k: v for k, v in group.point.set_fields().items() if k in defaults}})
+            for group in self.groups])
+
+
 class CaseGroup(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -82,8 +109,36 @@ class CaseGroup(BaseModel):
     points: list[HyperPoint] = Field(default=[HyperPoint()], min_length=1)
     gradients: list[GradientStreamSpec] = Field(default=[GradientStreamSpec()], min_length=1)
     seeds: list[int] = Field(default=[0], min_length=1)
-    sizes: list[int] = Field(min_length=1)
+    # One tensor per case of each size, or (`layouts`) one optimizer over several tensors per case.
+    sizes: list[int] = Field(default=[])
     steps: int = Field(gt=0)
+    layouts: list[LayoutSpec] | None = Field(None, min_length=1)
+
+    @model_serializer(mode="wrap")
+    def _without_absent_layouts(self, handler):  # noqa: ANN001, ANN202
+        # A group without layouts serialises as it did before they existed: battery digests stay.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("layouts") is None:
+            data.pop("layouts", None)
+        return data
+
+    @model_validator(mode="after")
+    def _sizes_or_layouts(self, info: ValidationInfo) -> "CaseGroup":
+        if bool(self.sizes) == bool(self.layouts):
+            raise ValueError("a group has either `sizes` (one tensor per case) or `layouts` (several tensors "
+                             "under one optimizer per case), not both and not neither")
+        limit = max_case_size(info)
+        for index, layout in enumerate(self.layouts or ()):
+            tensors = sum(len(group.sizes) for group in layout.groups)
+            bad = [size for group in layout.groups for size in group.sizes if size <= 0 or size > limit]
+            if tensors > MAX_LAYOUT_TENSORS or bad:
+                raise ValueError(f"layout {index}: at most {MAX_LAYOUT_TENSORS} tensors, each of 1..{limit} elements "
+                                 f"(got {tensors} tensors, bad sizes {bad[:5]})")
+            flat = ParamLayout(groups=[TensorGroupSpec(sizes=g.sizes, hyper={}) for g in layout.groups]).flat_size
+            if flat > limit:
+                raise ValueError(f"layout {index}: its flat vector of {flat} elements passes the size limit {limit} "
+                                 "(OPTDRIFT_MAX_CASE_SIZE)")
+        return self
 
     @field_validator("seeds")
     @classmethod
@@ -120,6 +175,22 @@ class CaseGroup(BaseModel):
             raise ValueError("; ".join(problems))
         return points
 
+    @field_validator("layouts")
+    @classmethod
+    def _layout_points_apply_to_group(cls, layouts: list[LayoutSpec] | None,
+                                      info: ValidationInfo) -> list[LayoutSpec] | None:
+        optimizers = info.data.get("optimizers")
+        if not optimizers or not layouts:
+            return layouts
+        taken = set().union(*(OPTIMIZER_HYPER_DEFAULTS[o] for o in optimizers))
+        problems = [f"layout {i} group {g} sets {sorted(set(group.point.set_fields()) - taken)}, which none of "
+                    f"{optimizers} takes"
+                    for i, layout in enumerate(layouts) for g, group in enumerate(layout.groups)
+                    if set(group.point.set_fields()) - taken]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return layouts
+
 
 class BatterySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -138,15 +209,18 @@ class BatterySpec(BaseModel):
         """Every case of the battery, in a stable order, without duplicates."""
         cases: dict[str, CaseSpec] = {}
         for group in self.groups:
-            for optimizer, family, dtype, point, gradient, seed, size in itertools.product(
+            shapes: list[int | LayoutSpec] = list(group.sizes) or list(group.layouts or ())
+            for optimizer, family, dtype, point, gradient, seed, shape in itertools.product(
                 group.optimizers, group.families, group.param_dtypes, group.points,
-                group.gradients, group.seeds, group.sizes,
+                group.gradients, group.seeds, shapes,
             ):
                 defaults = OPTIMIZER_HYPER_DEFAULTS[optimizer]
                 hyper = dict(defaults)
                 hyper.update({k: v for k, v in point.set_fields().items() if k in defaults})
-                case = make_case(optimizer=optimizer, family=family, param_dtype=dtype, hyper=hyper,
-                                 gradient=gradient, seed=seed, size=size, steps=group.steps)
+                layout = shape.to_layout(hyper, defaults) if isinstance(shape, LayoutSpec) else None
+                case = make_case(optimizer=optimizer, family=family, param_dtype=dtype,
+                                 hyper=layout.groups[0].hyper if layout else hyper, gradient=gradient, seed=seed,
+                                 size=layout.flat_size if layout else shape, steps=group.steps, layout=layout)
                 cases.setdefault(case.case_id, case)
         return list(cases.values())
 
@@ -156,12 +230,34 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
+def _canonical_hyper(hyper: dict[str, float | bool]) -> dict[str, float | bool]:
+    return {k: (bool(v) if isinstance(v, bool) else float(v)) for k, v in sorted(hyper.items())}
+
+
+def layout_label(layout: ParamLayout, hyper: dict[str, float | bool]) -> str:
+    """'L[1+257+4096|1031:wd=0.0]': each group's tensor sizes, and what its hyperparameters change
+    from the case's (its first group's)."""
+    groups = []
+    for group in layout.groups:
+        text = "+".join(str(size) for size in group.sizes)
+        changed = [f"{'wd' if k == 'weight_decay' else k}={v!r}" for k, v in sorted(group.hyper.items())
+                   if hyper.get(k) != v]
+        groups.append(text + (":" + ",".join(changed) if changed else ""))
+    return "L[" + "|".join(groups) + "]"
+
+
 def make_case(*, optimizer: str, family: str, param_dtype: str, hyper: dict[str, float | bool],
-              gradient: GradientStreamSpec, seed: int, size: int, steps: int) -> CaseSpec:
-    """A CaseSpec whose id is a readable label plus a hash of the whole description."""
-    hyper = {k: (bool(v) if isinstance(v, bool) else float(v)) for k, v in sorted(hyper.items())}
+              gradient: GradientStreamSpec, seed: int, size: int, steps: int,
+              layout: ParamLayout | None = None) -> CaseSpec:
+    """A CaseSpec whose id is a readable label plus a hash of the whole description. A layout case's
+    body carries the layout (a one-tensor case's body is what it always was: its hash unchanged)."""
+    hyper = _canonical_hyper(hyper)
     body = {"optimizer": optimizer, "family": family, "param_dtype": param_dtype, "hyper": hyper,
             "gradient": gradient.model_dump(mode="json"), "seed": seed, "size": size, "steps": steps}
+    if layout is not None:
+        layout = ParamLayout(groups=[TensorGroupSpec(sizes=g.sizes, hyper=_canonical_hyper(g.hyper))
+                                     for g in layout.groups])
+        body["layout"] = layout.model_dump(mode="json")
     content_hash = hashlib.sha256(canonical_json(body).encode()).hexdigest()[:8]
     defaults = OPTIMIZER_HYPER_DEFAULTS[optimizer]
     parts = [optimizer, family, _DTYPE_SHORT[param_dtype], f"lr={hyper['lr']!r}", f"wd={hyper['weight_decay']!r}"]
@@ -169,7 +265,7 @@ def make_case(*, optimizer: str, family: str, param_dtype: str, hyper: dict[str,
               if k not in ("lr", "weight_decay") and v != defaults[k]]
     stream = gradient.kind + (f"+z{gradient.zero_fraction!r}" if gradient.zero_fraction else "")
     stream += f"*{gradient.scale!r}" if gradient.scale != 1.0 else ""
-    parts += [stream, f"n{size}", f"s{seed}", f"t{steps}"]
+    parts += [stream, layout_label(layout, hyper) if layout is not None else f"n{size}", f"s{seed}", f"t{steps}"]
     return CaseSpec(case_id=".".join(parts) + "#" + content_hash, **body)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 OptimizerName = Literal["adam", "ademamix", "lion", "momentum", "rmsprop", "adagrad"]
 # The state families of service.core.families.FAMILIES (its table says what each is; equal to its
@@ -40,8 +40,96 @@ class GradientStreamSpec(_Model):
     scale: float = Field(1.0, gt=0.0, description="open loop: gradient std; closed loop: curvature scale")
 
 
+# A layout case's tensors live in one flat buffer (the engines' parameter vector), each starting
+# at a multiple of LAYOUT_ALIGN elements (256 bytes of float32: what a caching allocator gives a
+# separate tensor, so vectorised kernels see the alignment they would in a model) with at least
+# one guard element after it. The guards are never handed to the library: they keep their initial
+# values, are digested with the rest, and so a kernel that writes past a tensor's end (a chunk
+# boundary off by one) changes the digest even where no neighbouring tensor is hit.
+LAYOUT_ALIGN = 64
+MAX_LAYOUT_TENSORS = 64
+MAX_LAYOUT_GROUPS = 16
+
+
+class TensorGroupSpec(_Model):
+    """One param group of a layout case: its tensors' element counts, in order, and its
+    hyperparameters (the kernel schema's float/bool arguments, every one filled in)."""
+
+    sizes: list[int] = Field(min_length=1, max_length=MAX_LAYOUT_TENSORS)
+    hyper: dict[str, float | bool]
+
+
+class TensorSlot(BaseModel):
+    """Where one tensor of a layout case lives in the flat parameter vector."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int = Field(description="0-based, over the whole case, groups in order")
+    group: int
+    offset: int = Field(description="first element in the flat vector")
+    size: int
+
+    @property
+    def stop(self) -> int:
+        return self.offset + self.size
+
+
+class ParamLayout(_Model):
+    """Several tensors in param groups, all under ONE optimizer instance of the library, stepped
+    through its own step() once per step (docs/ENGINE.md "Layout cases")."""
+
+    groups: list[TensorGroupSpec] = Field(min_length=1, max_length=MAX_LAYOUT_GROUPS)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> "ParamLayout":
+        count = sum(len(group.sizes) for group in self.groups)
+        if count > MAX_LAYOUT_TENSORS:
+            raise ValueError(f"a layout has at most {MAX_LAYOUT_TENSORS} tensors, this one {count}")
+        bad = [size for group in self.groups for size in group.sizes if size <= 0]
+        if bad:
+            raise ValueError(f"layout tensor sizes must be > 0, got {bad}")
+        return self
+
+    def slots(self) -> list[TensorSlot]:
+        slots, offset = [], 0
+        for group_index, group in enumerate(self.groups):
+            for size in group.sizes:
+                slots.append(TensorSlot(index=len(slots), group=group_index, offset=offset, size=size))
+                offset = layout_next_offset(offset, size)
+        return slots
+
+    @property
+    def flat_size(self) -> int:
+        offset = 0
+        for group in self.groups:
+            for size in group.sizes:
+                offset = layout_next_offset(offset, size)
+        return offset
+
+    @property
+    def tensor_count(self) -> int:
+        return sum(len(group.sizes) for group in self.groups)
+
+    @property
+    def elements(self) -> int:
+        """Parameter elements the library steps (the guards not counted)."""
+        return sum(sum(group.sizes) for group in self.groups)
+
+
+def layout_next_offset(offset: int, size: int) -> int:
+    """The next tensor's offset after one of `size` elements at `offset`: past at least one guard
+    element, rounded up to LAYOUT_ALIGN."""
+    end = offset + size + 1
+    return -(-end // LAYOUT_ALIGN) * LAYOUT_ALIGN
+
+
 class CaseSpec(_Model):
-    """One case: everything needed to reproduce a trajectory bit for bit on one environment."""
+    """One case: everything needed to reproduce a trajectory bit for bit on one environment.
+
+    A layout case (`layout` set) is an optimizer over several tensors in param groups; `size` is
+    then its flat vector's length (layout.flat_size: the tensors, aligned, with guard elements) and
+    `hyper` its first group's. A case without a layout serialises without the key, so every stored
+    case, case hash and battery digest from before layouts existed is unchanged."""
 
     case_id: str = Field(description="stable, unique within a battery; readable label + short hash")
     optimizer: OptimizerName
@@ -54,6 +142,36 @@ class CaseSpec(_Model):
     seed: int = Field(ge=0)
     size: int = Field(gt=0)
     steps: int = Field(gt=0)
+    layout: ParamLayout | None = None
+
+    @model_validator(mode="after")
+    def _layout_size(self) -> "CaseSpec":
+        if self.layout is not None and self.size != self.layout.flat_size:
+            raise ValueError(f"a layout case's size is its flat vector's length, {self.layout.flat_size}; "
+                             f"got {self.size}")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_absent_layout(self, handler):  # noqa: ANN001, ANN202
+        data = handler(self)
+        if isinstance(data, dict) and data.get("layout") is None:
+            data.pop("layout", None)
+        return data
+
+    def tensor_slots(self) -> list[TensorSlot]:
+        """The case's tensors: one slot covering the whole parameter for a one-tensor case."""
+        if self.layout is None:
+            return [TensorSlot(index=0, group=0, offset=0, size=self.size)]
+        return self.layout.slots()
+
+    def group_hyper(self, group: int) -> dict[str, float | bool]:
+        return dict(self.hyper) if self.layout is None else dict(self.layout.groups[group].hyper)
+
+    def tensor_case(self, slot: TensorSlot) -> "CaseSpec":
+        """One tensor of a layout case as a one-tensor case (its size, its group's hyperparameters):
+        what a per-tensor step of a library's functional API, and the per-tensor references, take."""
+        return self.model_copy(update={"case_id": f"{self.case_id}[t{slot.index}]", "size": slot.size,
+                                       "hyper": self.group_hyper(slot.group), "layout": None})
 
 
 class Trajectory(_Model):

@@ -84,6 +84,27 @@ class AdapterContractError(RuntimeError):
     cases share, state whose layout changed): the run cannot trust its trajectories."""
 
 
+class GroupLifecycleMissing(RuntimeError):
+    """A layout case (several tensors under one optimizer) whose family adapter has no group
+    lifecycle (`open_group` / `step_group`): the engines report the case `not_applicable` with this
+    message; it is never run as separate optimizers, which would not exercise the shared state the
+    case is there for."""
+
+
+@dataclass(frozen=True)
+class UnreadableState:
+    """State a library updates between steps but gives no way to read (DeepSpeed's CPU Adam keeps
+    its step and bias-correction powers in C++ with no getter), declared by the adapter so
+    `adapter-check` can say what the digests cannot see and what still catches a change in it:
+    `seen_through` names the readable figures a change of it moves (the parameters, a state), and
+    `from_step` the first step at which it can (1: every update uses it)."""
+
+    name: str
+    why: str
+    seen_through: tuple[str, ...]
+    from_step: int = 1
+
+
 class StateNotAsDeclared(RuntimeError):
     """A case's state is not what its adapter declared (`FamilyAdapter.declared_state`): a library
     that silently fell back (fp32 states where 8-bit was claimed, another block size). The engines
@@ -166,6 +187,31 @@ class FamilyAdapter(ABC):
         arguments once instead of on every call (the fast engine's kernel loop)."""
         return lambda step: self.step(handle, param, grad, step)
 
+    # ---- the group lifecycle: a layout case, one optimizer over several tensors in param groups
+    def open_group(self, case: "CaseSpec", params: "Sequence[torch.Tensor]", device: "torch.device") -> Any:
+        """Set up a layout case (`case.layout`): ONE library optimizer over every tensor, as its
+        users build it. `params[i]` is the tensor of `case.tensor_slots()[i]`; param group g holds
+        the slots whose `.group` is g, in order, with hyperparameters `case.group_hyper(g)`. The
+        handle follows open()'s rules (its own, never reused); state_for_digest(handle) returns
+        every tensor's state (names unique over the case, e.g. "t0.exp_avg") and the library's
+        shared scalars (step counters, bias-correction powers) as 0-d tensors; close(handle) ends it.
+        The default says the adapter has none (the case reads not_applicable with this reason)."""
+        raise GroupLifecycleMissing(
+            f"the {type(self).__qualname__} adapter has no group lifecycle (open_group/step_group), so it cannot "
+            f"run a case of {len(params)} tensors under one optimizer; implement them (docs/PROJECTS.md, "
+            "\"The group lifecycle\") or leave layout cases out of the battery")
+
+    def step_group(self, handle: Any, params: "Sequence[torch.Tensor]", grads: "Sequence[torch.Tensor]",
+                   step: int) -> None:
+        """One step of the library's optimizer over all its tensors (its own step(), once), in place;
+        `grads[i]` is this step's gradient of `params[i]`; `step` is 1-based."""
+        raise GroupLifecycleMissing(f"the {type(self).__qualname__} adapter has no step_group")
+
+    def unreadable_state(self, case: "CaseSpec") -> "Sequence[UnreadableState]":
+        """State the library updates but does not let anyone read (no getter): declared so
+        `adapter-check` reports it and what still sees a change in it. Default: none."""
+        return ()
+
 
 @dataclass(eq=False)
 class CaseStates:
@@ -214,6 +260,35 @@ class HandedOverStates(FamilyAdapter):
     def bind(self, handle: CaseStates, param: "torch.Tensor", grad: "torch.Tensor") -> Callable[[int], None]:
         bound = self.bind_states(handle.case, param, grad, handle.states)
         return bound if bound is not None else super().bind(handle, param, grad)
+
+    # The group lifecycle of a functional API: the user's loop over the tensors, one step_states
+    # call per tensor with its group's hyperparameters (a library with real shared state across
+    # tensors, such as a multi-tensor kernel, overrides open_group / step_group).
+    def open_group(self, case: "CaseSpec", params: "Sequence[torch.Tensor]", device: "torch.device") -> "GroupStates":
+        slots = case.tensor_slots()
+        tensor_cases = [case.tensor_case(slot) for slot in slots]
+        states: dict[str, "torch.Tensor"] = {}
+        names: list[list[str]] = []
+        for slot, tensor_case, param in zip(slots, tensor_cases, params):
+            made = self.init_states(tensor_case, param)
+            names.append(list(made))
+            states.update({f"t{slot.index}.{name}": tensor for name, tensor in made.items()})
+        return GroupStates(case, states, tensor_cases=tensor_cases, names=names)
+
+    def step_group(self, handle: "GroupStates", params: "Sequence[torch.Tensor]",
+                   grads: "Sequence[torch.Tensor]", step: int) -> None:
+        for index, (tensor_case, param, grad) in enumerate(zip(handle.tensor_cases, params, grads)):
+            own = {name: handle.states[f"t{index}.{name}"] for name in handle.names[index]}
+            self.step_states(tensor_case, param, grad, own, step)
+
+
+@dataclass(eq=False)
+class GroupStates(CaseStates):
+    """The handle of a handed-over family's layout case: every tensor's states by "t<i>.<name>",
+    the per-tensor cases (size, group hyperparameters) and each tensor's state names."""
+
+    tensor_cases: list = field(default_factory=list)
+    names: list = field(default_factory=list)
 
 
 class ProjectAdapter(ABC):

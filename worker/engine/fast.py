@@ -68,7 +68,7 @@ from worker.engine.cuda_errors import context_lost
 from worker.engine import call_loop, lifecycle, od2_op
 from worker.engine import step_inputs
 from worker.engine.wave_plan import (  # noqa: F401  (the plan's names are the fast engine's too)
-    ALIGN, MERGE_PADDING_FRACTION, plan_waves, reference_key, round_up as _round_up, width_classes,
+    ALIGN, MERGE_PADDING_FRACTION, plan_wave_indices, plan_waves, reference_key, round_up as _round_up, width_classes,
 )
 from worker.engine.quant_series import QuantRefSeries
 from worker.engine.step_inputs import StepInputs, mask_key, stream_key
@@ -826,7 +826,9 @@ def run_waves(cases: list[CaseSpec], max_wave_elements: int, use_graphs: bool, o
     results: list[CaseResult | None] = [None] * len(cases)
     initial: dict = {}
     closed_cache: dict = {}
-    for indices in plan_waves(cases, max_wave_elements):
+    # Layout cases (one optimizer over several tensors) run alone, through the group lifecycle of
+    # run_case / run_params, after the waves: a wave's arenas hold one tensor per case.
+    for indices in plan_wave_indices(cases, max_wave_elements):
         wave_cases = [cases[i] for i in indices]
         setup_started = time.perf_counter()
         _setup_profile[0] = profile  # the wave adds its setup's parts (_Wave._timed)
@@ -851,6 +853,11 @@ def run_waves(cases: list[CaseSpec], max_wave_elements: int, use_graphs: bool, o
             if on_result and result is not None:
                 on_result(index, result)
         del wave
+    for index, case in enumerate(cases):
+        if case.layout is not None:
+            results[index] = result = run_alone(index, case)
+            if on_result and result is not None:
+                on_result(index, result)
     return results
 
 

@@ -158,7 +158,7 @@ class ReadyWaves:
         closed_cache: dict = {}
         limit = fast.DEFAULT_MAX_WAVE_ELEMENTS.get(self.device.type, fast.DEFAULT_MAX_WAVE_ELEMENTS["cpu"])
         try:
-            for indices in fast.plan_waves(cases, limit):
+            for indices in fast.plan_wave_indices(cases, limit):
                 wave = self.waves[tuple(indices)] = _KernelsOnlyWave(
                     [cases[i] for i in indices], self.device, families, initial, closed_cache, None, bind=False)
                 wave.capture_gradients_ahead()

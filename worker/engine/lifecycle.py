@@ -127,7 +127,21 @@ def _registry(family: FamilyAdapter) -> _Handles:
 
 def open_case(family: FamilyAdapter, case: CaseSpec, param: torch.Tensor, device: torch.device) -> Any:
     """`family.open(...)`, refused when the handle belongs (or belonged) to another case."""
-    handle = family.open(case, param, device)
+    return _register(family, case, family.open(case, param, device))
+
+
+def tensor_views(case: CaseSpec, flat: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors of a layout case: views of the flat parameter (or gradient) vector, one per
+    slot (worker.engine.trajectory keeps the flat vector; the guards between stay untouched)."""
+    return [flat[slot.offset:slot.stop] for slot in case.tensor_slots()]
+
+
+def open_group_case(family: FamilyAdapter, case: CaseSpec, params: list[torch.Tensor], device: torch.device) -> Any:
+    """`family.open_group(...)` for a layout case, with open_case's handle rules."""
+    return _register(family, case, family.open_group(case, params, device))
+
+
+def _register(family: FamilyAdapter, case: CaseSpec, handle: Any) -> Any:
     registry = _registry(family)
     holder = registry.holder(handle)
     if holder is not None:

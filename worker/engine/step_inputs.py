@@ -202,7 +202,7 @@ def prepare(cases: list[CaseSpec], device: torch.device, max_wave_elements: int,
     The (seed, size) initial parameters and each closed-loop stream's constants come first (kept
     until `discard_prepared`: each serves every dtype and wave). Returns (the tensors queued, a future done when they all are made; None when
     none were)."""
-    from worker.engine.wave_plan import plan_waves
+    from worker.engine.wave_plan import plan_wave_indices
 
     queued: list[Future] = []
     spent = 0
@@ -219,7 +219,7 @@ def prepare(cases: list[CaseSpec], device: torch.device, max_wave_elements: int,
             if spent <= max_bytes and key not in _closed:
                 _closed[key] = _threads("idle").submit(_make_closed, case)
                 queued.append(_closed[key])
-    waves = [StepInputs([cases[i] for i in indices], device) for indices in plan_waves(cases, max_wave_elements)]
+    waves = [StepInputs([cases[i] for i in indices], device) for indices in plan_wave_indices(cases, max_wave_elements)]
     for inputs, step in ((inputs, step) for inputs in waves for step in range(1, inputs.steps + 1)):
         spent += inputs.step_bytes(step)
         if spent > max_bytes:

@@ -28,7 +28,7 @@ import torch
 
 from service.core.results import CaseResult, CaseSpec, Trajectory
 from worker.adapters.base import FamilyAdapter  # noqa: F401 - re-exported: the engines' family type
-from worker.adapters.base import StateNotAsDeclared
+from worker.adapters.base import GroupLifecycleMissing, StateNotAsDeclared
 from worker.engine import lifecycle, states_file
 from worker.engine.digest import digest_tensors
 from worker.engine.gradients import GradientStream, initial_parameters
@@ -68,6 +68,30 @@ def _start(case: CaseSpec, device: torch.device, families: Mapping[str, FamilyAd
     return family, param, stream
 
 
+class _CaseDriver:
+    """Opens, steps and closes one case through its family adapter: the per-case lifecycle, or for
+    a layout case the group lifecycle over views of the flat parameter vector (one optimizer over
+    every tensor; its gradients are the same views of the flat gradient)."""
+
+    def __init__(self, family: FamilyAdapter, case: CaseSpec, param: torch.Tensor, device: torch.device) -> None:
+        self.family, self.case, self.param = family, case, param
+        if case.layout is None:
+            self.views = None
+            self.handle = lifecycle.open_case(family, case, param, device)
+        else:
+            self.views = lifecycle.tensor_views(case, param)
+            self.handle = lifecycle.open_group_case(family, case, self.views, device)
+
+    def step(self, grad: torch.Tensor, step: int) -> None:
+        if self.views is None:
+            self.family.step(self.handle, self.param, grad, step)
+        else:
+            self.family.step_group(self.handle, self.views, lifecycle.tensor_views(self.case, grad), step)
+
+    def close(self) -> None:
+        lifecycle.close_all([(self.family, self.handle)])
+
+
 def _digested(family: FamilyAdapter, handle, param: torch.Tensor) -> list[torch.Tensor]:  # noqa: ANN001
     """What the digest covers: the parameter, then what the library updates (state_for_digest,
     read as it is: tensor subclasses and containers as their plain inner tensors), checked
@@ -75,7 +99,7 @@ def _digested(family: FamilyAdapter, handle, param: torch.Tensor) -> list[torch.
     return [param, *(tensor for _, tensor in lifecycle.digest_states(family, handle))]
 
 
-def _not_as_declared(case: CaseSpec, error: StateNotAsDeclared, started: float) -> CaseResult:
+def _not_as_declared(case: CaseSpec, error: StateNotAsDeclared | GroupLifecycleMissing, started: float) -> CaseResult:
     """A state that is not the declared one (a silent fallback): set aside, never judged as the
     family it claims. Both engines end here (the fast engine hands a case that raised to run_case)."""
     return CaseResult(case=case, status="not_applicable", message=str(error),
@@ -91,21 +115,25 @@ def run_params(case: CaseSpec, device: torch.device, params_out: BinaryIO, *,
     leaves as well, for attribution (worker.engine.states_file)."""
     started = time.perf_counter()
     family, param, stream = _start(case, device, families)
-    handle = lifecycle.open_case(family, case, param, device)
+    try:
+        driver = _CaseDriver(family, case, param, device)
+    except GroupLifecycleMissing as error:
+        return _not_as_declared(case, error, started)
+    handle = driver.handle
     try:
         digests = []
         lifecycle.check_declared_state_now(family, handle)  # a state made at open is checked before step 1
         for step in range(1, case.steps + 1):
-            family.step(handle, param, stream.kernel_gradient(step, param), step)
+            driver.step(stream.kernel_gradient(step, param), step)
             named = lifecycle.digest_states(family, handle)
             digests.append(digest_tensors([param, *(tensor for _, tensor in named)]))
             params_out.write(param.detach().to(torch.float32).cpu().numpy().tobytes())
             if states_out is not None:
                 states_file.write_step(states_out, named)
-    except StateNotAsDeclared as error:
+    except (StateNotAsDeclared, GroupLifecycleMissing) as error:
         return _not_as_declared(case, error, started)
     finally:
-        lifecycle.close_all([(family, handle)])
+        driver.close()
     trajectory = Trajectory(ref64_max_abs=[], ref64_max_rel=[], nonfinite_count=[], digests=digests)
     return CaseResult(case=case, status="ok", trajectory=trajectory, duration_s=time.perf_counter() - started)
 
@@ -124,15 +152,20 @@ def run_case(case: CaseSpec, device: torch.device, params_out: BinaryIO | None =
 
     # A quantized family whose adapter names its codec: the quantization-aware float64 reference,
     # for the direction in quantization steps (worker.engine.quant_series).
-    quant = QuantRefSeries.for_case(case, family, param)
+    # (Not for a layout case: its codec is per tensor; its direction is judged on float64.)
+    quant = QuantRefSeries.for_case(case, family, param) if case.layout is None else None
 
     abs64, rel64, abs_same, nonfinite, digests = [], [], [], [], []
-    handle = lifecycle.open_case(family, case, param, device)
+    try:
+        driver = _CaseDriver(family, case, param, device)
+    except GroupLifecycleMissing as error:
+        return _not_as_declared(case, error, started)
+    handle = driver.handle
     try:
         lifecycle.check_declared_state_now(family, handle)  # a state made at open is checked before step 1
         for step in range(1, case.steps + 1):
             grad = stream.kernel_gradient(step, param)
-            family.step(handle, param, grad, step)
+            driver.step(grad, step)
             digested = _digested(family, handle, param)
             digests.append(digest_tensors(digested))
             ref64.step(step, stream.reference_gradient(step, ref64.param))
@@ -149,10 +182,10 @@ def run_case(case: CaseSpec, device: torch.device, params_out: BinaryIO | None =
                 quant.observe(step, handle, param)
             if params_out is not None:
                 params_out.write(param.detach().to(torch.float32).cpu().numpy().tobytes())
-    except StateNotAsDeclared as error:
+    except (StateNotAsDeclared, GroupLifecycleMissing) as error:
         return _not_as_declared(case, error, started)
     finally:
-        lifecycle.close_all([(family, handle)])
+        driver.close()
 
     quant_steps, quant_abs = quant.series() if quant is not None else (None, None)
     trajectory = Trajectory(

@@ -72,3 +72,10 @@ def plan_waves(cases: list[CaseSpec], max_wave_elements: int) -> list[list[int]]
     if current:
         waves.append(current)
     return waves
+
+
+def plan_wave_indices(cases: list, max_wave_elements: int) -> list[list[int]]:
+    """plan_waves over the cases a wave can hold: a layout case (several tensors under one
+    optimizer, CaseSpec.layout) is left out; the engines run it alone through the group lifecycle."""
+    members = [index for index, case in enumerate(cases) if getattr(case, "layout", None) is None]
+    return [[members[j] for j in planned] for planned in plan_waves([cases[i] for i in members], max_wave_elements)]

@@ -26,25 +26,31 @@ import torch
 from service.core.results import CaseSpec
 
 
+def torch_optim_class(optimizer: str, hyper: dict, *, foreach: bool = False) -> tuple[type, dict]:
+    """The torch.optim class and keyword arguments of one param group that follow the kernels'
+    conventions for `optimizer` at `hyper` (module docstring)."""
+    h = hyper
+    common = {"foreach": foreach, "lr": h["lr"], "weight_decay": h["weight_decay"]}
+    if optimizer == "adam":
+        return torch.optim.AdamW, {"betas": (h["beta1"], h["beta2"]), "eps": h["eps"], **common}
+    if optimizer == "momentum":
+        return torch.optim.SGD, {"momentum": h["momentum"], "dampening": 0.0, **common}
+    if optimizer == "rmsprop":
+        return torch.optim.RMSprop, {"alpha": h["alpha"], "eps": h["eps"], "momentum": 0.0, "centered": False,
+                                     **common}
+    if optimizer == "adagrad":
+        return torch.optim.Adagrad, {"eps": h["eps"], "lr_decay": 0.0, "initial_accumulator_value": 0.0, **common}
+    raise ValueError(f"torch.optim has no {optimizer!r}")
+
+
 class TorchOptimReference:
     def __init__(self, case: CaseSpec, init: torch.Tensor):
         h = case.hyper
         self.param = torch.nn.Parameter(init.clone(), requires_grad=False)
         self.gnorm_scale = float(h["gnorm_scale"])
         self.skip_zeros = bool(h.get("skip_zeros", False))
-        common = {"foreach": False, "lr": h["lr"], "weight_decay": h["weight_decay"]}
-        if case.optimizer == "adam":
-            self.optim = torch.optim.AdamW([self.param], betas=(h["beta1"], h["beta2"]), eps=h["eps"], **common)
-        elif case.optimizer == "momentum":
-            self.optim = torch.optim.SGD([self.param], momentum=h["momentum"], dampening=0.0, **common)
-        elif case.optimizer == "rmsprop":
-            self.optim = torch.optim.RMSprop([self.param], alpha=h["alpha"], eps=h["eps"], momentum=0.0,
-                                             centered=False, **common)
-        elif case.optimizer == "adagrad":
-            self.optim = torch.optim.Adagrad([self.param], eps=h["eps"], lr_decay=0.0,
-                                             initial_accumulator_value=0.0, **common)
-        else:
-            raise ValueError(f"torch.optim has no {case.optimizer!r}")
+        optim_class, kwargs = torch_optim_class(case.optimizer, h)
+        self.optim = optim_class([self.param], **kwargs)
         # torch.optim's own step body without the wrappers around it (profiler record_function,
         # step hooks, grad-mode switching): the same computation, ~half the host time per call
         # (worker.engine.fast makes ~10^4 of them a battery). `step` below runs under no_grad,
@@ -127,8 +133,70 @@ class AdEMAMixReference:
 _PAPER_REFERENCES = {"lion": LionReference, "ademamix": AdEMAMixReference}
 
 
+class LayoutReference:
+    """The reference of a layout case (several tensors in param groups under one optimizer).
+
+    `.param` is the flat vector (the engines' layout, worker.engine.lifecycle.tensor_views); its
+    guard elements are never stepped. Where torch.optim has the algorithm it is ONE torch.optim
+    optimizer with the case's param groups over one parameter per tensor, each a view of the flat
+    vector (torch.optim updates in place), so the reference is torch.optim as a model's training
+    loop runs it. Lion and AdEMAMix are the papers' updates per tensor with their group's
+    hyperparameters (elementwise, with no state shared between tensors: one object per tensor is
+    the same algorithm). gnorm_scale and skip_zeros are applied per group, as the kernels do."""
+
+    def __init__(self, case: CaseSpec, init: torch.Tensor, *, foreach: bool = False):
+        self.slots = case.tensor_slots()
+        self.param = init.clone()
+        self.hyper = [case.group_hyper(slot.group) for slot in self.slots]
+        self.paper = case.optimizer in _PAPER_REFERENCES
+        if self.paper:
+            self.parts = [_PAPER_REFERENCES[case.optimizer](case.tensor_case(slot), self.param[slot.offset:slot.stop])
+                          for slot in self.slots]
+            return
+        self.params = [torch.nn.Parameter(self.param[slot.offset:slot.stop], requires_grad=False)
+                       for slot in self.slots]
+        groups = []
+        for index in range(len(case.layout.groups) if case.layout is not None else 1):
+            _, kwargs = torch_optim_class(case.optimizer, case.group_hyper(index), foreach=foreach)
+            members = [p for slot, p in zip(self.slots, self.params) if slot.group == index]
+            groups.append({"params": members, **kwargs})
+        optim_class, defaults = torch_optim_class(case.optimizer, case.group_hyper(0), foreach=foreach)
+        self.optim = optim_class(groups, **defaults)
+        self._step_body = inspect.unwrap(type(self.optim).step)
+
+    @torch.no_grad()
+    def step(self, step: int, grad: torch.Tensor) -> None:
+        grads = []
+        for slot, hyper in zip(self.slots, self.hyper):
+            g = grad[slot.offset:slot.stop]
+            scale = float(hyper["gnorm_scale"])
+            grads.append(g * scale if scale != 1.0 else g)
+        if self.paper:
+            for slot, part, g in zip(self.slots, self.parts, grads):
+                part.step(step, g)
+                self.param[slot.offset:slot.stop] = part.param
+            return
+        saved = []
+        for index, (p, g, hyper) in enumerate(zip(self.params, grads, self.hyper)):
+            if hyper.get("skip_zeros", False):
+                skipped = g == 0
+                state = self._state_tensors(p)
+                saved.append((skipped, [p.detach().clone(), *(t.clone() for t in state)], [p.data, *state]))
+            p.grad = g
+        self._step_body(self.optim)
+        for skipped, before, live in saved:
+            for old, now in zip(before, live):
+                now[skipped] = old[skipped]
+
+    def _state_tensors(self, p: torch.Tensor) -> list[torch.Tensor]:
+        state = self.optim.state.get(p, {})
+        return [v for k, v in sorted(state.items()) if k != "step" and torch.is_tensor(v) and v.shape == p.shape]
+
+
 def make_reference(case: CaseSpec, init: torch.Tensor):
     """A reference started from `init` (its dtype and device are the reference's)."""
+    if case.layout is not None:
+        return LayoutReference(case, init)
     if case.optimizer in _PAPER_REFERENCES:
         return _PAPER_REFERENCES[case.optimizer](case, init)
     return TorchOptimReference(case, init)

@@ -195,6 +195,21 @@ class Trajectory(_Model):
     # per-step digest of parameter then state bits (schema order) after the step, prefixed by its
     # scheme ("od2:...", worker/digest.py); unprefixed ones are the older blake2b-128.
     digests: list[str]
+    # Layout cases only (None otherwise, and then absent from the JSON): per step, one digest per
+    # tensor (its slice of the parameters and its own "t<i>." states), then one of the guard
+    # elements between the tensors; and per step, per tensor, max |p - r64| over its elements. What
+    # the verdict's per-tensor rows (CaseComparison.tensors) are made of.
+    tensor_digests: list[list[str]] | None = None
+    tensor_ref64_max_abs: list[list[float]] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_tensor_series(self, handler):  # noqa: ANN001, ANN202
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in ("tensor_digests", "tensor_ref64_max_abs"):
+                if data.get(key) is None:
+                    data.pop(key, None)
+        return data
 
 
 # not_applicable: the adapter declares it cannot run the case on this device (a kernel the library
@@ -277,6 +292,20 @@ Direction = Literal["closer", "farther", "same"]
 RunVerdictName = Literal["unchanged", "changed", "broken", "no-baseline", "nondeterministic"]
 
 
+class TensorComparison(_Model):
+    """One tensor of a changed layout case (or its guard elements: index None), compared."""
+
+    index: int | None = Field(description="the tensor's index in the case (CaseSpec.tensor_slots); None: the guard "
+                                          "elements between tensors, which no correct kernel writes")
+    group: int | None = None
+    size: int = Field(description="elements")
+    first_divergent_step: int | None = Field(None, description="1-based; None: bit-identical at every step")
+    commit_peak_ref64_distance: float | None = None
+    baseline_peak_ref64_distance: float | None = None
+    direction: Direction | None = Field(None, description="this tensor's distance to float64, peak and mean over "
+                                                          "the steps from its first divergent one")
+
+
 class CaseComparison(_Model):
     case_id: str
     optimizer: OptimizerName
@@ -311,6 +340,9 @@ class CaseComparison(_Model):
                           "itself: a change of this commit) or pre-existing (the baseline does not either)")
     reference_changed: bool = Field(False, description="the case's references (torch, torch.optim) differ from "
                                                        "the baseline's: its verdict stands, its direction is not judged")
+    tensors: list[TensorComparison] | None = Field(
+        None, description="a changed layout case: each tensor (and the guard elements) compared, so a change "
+                          "confined to some tensors (a second param group, the tensors after the first) says so")
 
 
 # Families whose states are quantized: their distance to float64 is the quantization error, by design.

@@ -43,7 +43,7 @@ from typing import Any
 from service.core import wording
 from service.core.families import FAMILIES, QUANTIZED
 from service.core.results import (
-    CaseComparison, CaseResult, ComparisonFigures, RunComparison, RunResult, ScaleGroup,
+    CaseComparison, CaseResult, ComparisonFigures, RunComparison, RunResult, ScaleGroup, TensorComparison,
 )
 
 # Reference distances (final, peak or mean) within this relative margin of each other are "same": a one-ulp
@@ -178,8 +178,46 @@ def compare_case(commit: CaseResult, baseline: CaseResult | None,
     step = first_divergent_step(commit.trajectory.digests, baseline.trajectory.digests)
     if step is None:
         return CaseComparison(**base, verdict="unchanged")
+    figures = _directions(commit, baseline, step)
+    tensors = tensor_comparisons(commit, baseline)
+    if tensors and not figures.get("message"):
+        figures["message"] = wording.tensor_summary(tensors)
     return CaseComparison(**base, verdict="changed", first_divergent_step=step,
-                          max_abs_diff_per_step=max_abs_diff_per_step, **_directions(commit, baseline, step))
+                          max_abs_diff_per_step=max_abs_diff_per_step, **figures, tensors=tensors)
+
+
+def tensor_comparisons(commit: CaseResult, baseline: CaseResult) -> list[TensorComparison] | None:
+    """A changed layout case's tensors compared one by one (and its guard elements last): each
+    one's first divergent step from its own digests, and where both runs measured them, its peak
+    distance to float64 and direction over its differing steps (the case's margins and rounding
+    floor). None where either run has no per-tensor digests (not a layout case, or stored before)."""
+    ours, theirs = commit.trajectory.tensor_digests, baseline.trajectory.tensor_digests
+    if not ours or not theirs or len(ours[0]) != len(theirs[0]):
+        return None
+    slots = commit.case.tensor_slots()
+    distances = (commit.trajectory.tensor_ref64_max_abs, baseline.trajectory.tensor_ref64_max_abs)
+    margin = _MARGIN_BY_DTYPE.get(commit.case.param_dtype, DIRECTION_RELATIVE_MARGIN)
+    rows = []
+    for column in range(len(ours[0])):
+        slot = slots[column] if column < len(slots) else None
+        step = first_divergent_step([row[column] for row in ours], [row[column] for row in theirs])
+        row = {"index": slot.index if slot else None, "group": slot.group if slot else None,
+               "size": slot.size if slot else commit.case.size - sum(s.size for s in slots),
+               "first_divergent_step": step}
+        if step is not None and slot is not None and all(distances):
+            mine = [values[column] for values in distances[0]]
+            base = [values[column] for values in distances[1]]
+            shared = min(len(mine), len(base))
+            start = step - 1 if step <= shared else 0
+            floor_peak = rounding_floor(commit, baseline, _peak, start)
+            floor_mean = rounding_floor(commit, baseline, _mean, start)
+            peak = direction(_peak(mine[start:shared]), _peak(base[start:shared]), floor_peak, margin)
+            mean = direction(_mean(mine[start:shared]), _mean(base[start:shared]), floor_mean, margin)
+            row.update(commit_peak_ref64_distance=_peak(mine[start:shared]),
+                       baseline_peak_ref64_distance=_peak(base[start:shared]),
+                       direction=trajectory_direction(peak, mean))
+        rows.append(TensorComparison(**row))
+    return rows
 
 
 def _directions(commit: CaseResult, baseline: CaseResult, step: int) -> dict:

@@ -362,3 +362,20 @@ def looks_like_headline(calls: list[tuple[str, tuple[str, ...]]]) -> str | None:
     counted = Counter(calls)
     return "; ".join(f"{_heading(kind)}{', ' + ' '.join(flags) if flags else ''} ({n})"
                      for (kind, flags), n in counted.most_common())
+
+
+def tensor_summary(tensors: list) -> str:
+    """A changed layout case's per-tensor rows (service.core.results.TensorComparison) in one line:
+    which tensors changed, from which step, which way, and whether the guard elements between the
+    tensors were written (a kernel writing past a tensor's end)."""
+    changed = [t for t in tensors if t.index is not None and t.first_divergent_step is not None]
+    same = [t for t in tensors if t.index is not None and t.first_divergent_step is None]
+    guards = next((t for t in tensors if t.index is None), None)
+    parts = [f"t{t.index} (group {t.group}, n={t.size}) from step {t.first_divergent_step}"
+             + (f", {t.direction}" if t.direction else "") for t in changed]
+    text = f"{len(changed)} of {len(changed) + len(same)} tensors changed: " + "; ".join(parts)
+    if same:
+        text += "; bit-identical: " + " ".join(f"t{t.index}" for t in same)
+    if guards is not None and guards.first_divergent_step is not None:
+        text += f"; guard elements between tensors WRITTEN from step {guards.first_divergent_step} (out of bounds)"
+    return text

@@ -92,11 +92,35 @@ class _CaseDriver:
         lifecycle.close_all([(self.family, self.handle)])
 
 
-def _digested(family: FamilyAdapter, handle, param: torch.Tensor) -> list[torch.Tensor]:  # noqa: ANN001
-    """What the digest covers: the parameter, then what the library updates (state_for_digest,
-    read as it is: tensor subclasses and containers as their plain inner tensors), checked
-    against the case's declared state (lifecycle.digest_states)."""
-    return [param, *(tensor for _, tensor in lifecycle.digest_states(family, handle))]
+class _TensorSeries:
+    """A layout case's per-tensor series (Trajectory.tensor_digests / tensor_ref64_max_abs): after
+    each step, a digest per tensor of its parameter slice and its own "t<i>." states, then one of
+    the guard elements; and each tensor's max |p - r64|."""
+
+    def __init__(self, case: CaseSpec, param: torch.Tensor) -> None:
+        self.slots = case.tensor_slots()
+        covered = torch.zeros(case.size, dtype=torch.bool)
+        for slot in self.slots:
+            covered[slot.offset:slot.stop] = True
+        self.guards = (~covered).nonzero().flatten().to(param.device)
+        self.digests: list[list[str]] = []
+        self.distances: list[torch.Tensor] = []
+
+    def observe(self, param: torch.Tensor, named: list[tuple[str, torch.Tensor]]) -> None:
+        row = []
+        for slot in self.slots:
+            prefix = f"t{slot.index}."
+            own = [tensor for name, tensor in named if name.startswith(prefix)]
+            row.append(digest_tensors([param[slot.offset:slot.stop], *own]))
+        row.append(digest_tensors([param.index_select(0, self.guards)]))
+        self.digests.append(row)
+
+    def observe_distance(self, delta: torch.Tensor) -> None:
+        self.distances.append(torch.stack([delta[slot.offset:slot.stop].max() for slot in self.slots]))
+
+    def series(self) -> dict:
+        distances = torch.stack(self.distances).cpu().tolist() if self.distances else None
+        return {"tensor_digests": self.digests, "tensor_ref64_max_abs": distances}
 
 
 def _not_as_declared(case: CaseSpec, error: StateNotAsDeclared | GroupLifecycleMissing, started: float) -> CaseResult:
@@ -120,6 +144,7 @@ def run_params(case: CaseSpec, device: torch.device, params_out: BinaryIO, *,
     except GroupLifecycleMissing as error:
         return _not_as_declared(case, error, started)
     handle = driver.handle
+    tensors = _TensorSeries(case, param) if case.layout is not None else None
     try:
         digests = []
         lifecycle.check_declared_state_now(family, handle)  # a state made at open is checked before step 1
@@ -127,6 +152,8 @@ def run_params(case: CaseSpec, device: torch.device, params_out: BinaryIO, *,
             driver.step(stream.kernel_gradient(step, param), step)
             named = lifecycle.digest_states(family, handle)
             digests.append(digest_tensors([param, *(tensor for _, tensor in named)]))
+            if tensors is not None:
+                tensors.observe(param, named)
             params_out.write(param.detach().to(torch.float32).cpu().numpy().tobytes())
             if states_out is not None:
                 states_file.write_step(states_out, named)
@@ -134,7 +161,8 @@ def run_params(case: CaseSpec, device: torch.device, params_out: BinaryIO, *,
         return _not_as_declared(case, error, started)
     finally:
         driver.close()
-    trajectory = Trajectory(ref64_max_abs=[], ref64_max_rel=[], nonfinite_count=[], digests=digests)
+    trajectory = Trajectory(ref64_max_abs=[], ref64_max_rel=[], nonfinite_count=[], digests=digests,
+                            tensor_digests=tensors.digests if tensors is not None else None)
     return CaseResult(case=case, status="ok", trajectory=trajectory, duration_s=time.perf_counter() - started)
 
 
@@ -161,13 +189,17 @@ def run_case(case: CaseSpec, device: torch.device, params_out: BinaryIO | None =
     except GroupLifecycleMissing as error:
         return _not_as_declared(case, error, started)
     handle = driver.handle
+    tensors = _TensorSeries(case, param) if case.layout is not None else None
     try:
         lifecycle.check_declared_state_now(family, handle)  # a state made at open is checked before step 1
         for step in range(1, case.steps + 1):
             grad = stream.kernel_gradient(step, param)
             driver.step(grad, step)
-            digested = _digested(family, handle, param)
+            named = lifecycle.digest_states(family, handle)
+            digested = [param, *(tensor for _, tensor in named)]
             digests.append(digest_tensors(digested))
+            if tensors is not None:
+                tensors.observe(param, named)
             ref64.step(step, stream.reference_gradient(step, ref64.param))
             ref_same.step(step, stream.reference_gradient(step, ref_same.param))
 
@@ -175,6 +207,8 @@ def run_case(case: CaseSpec, device: torch.device, params_out: BinaryIO | None =
             r64 = ref64.param.detach()
             delta = (p64 - r64).abs()
             abs64.append(delta.max())
+            if tensors is not None:
+                tensors.observe_distance(delta)
             rel64.append((delta / r64.abs().clamp_min(RELATIVE_ERROR_FLOOR)).max())
             abs_same.append((p64 - ref_same.param.detach().to(torch.float64)).abs().max())
             nonfinite.append(_nonfinite(digested))
@@ -196,5 +230,6 @@ def run_case(case: CaseSpec, device: torch.device, params_out: BinaryIO | None =
         digests=digests,
         quant_ref_steps=quant_steps,
         quant_ref_max_abs=quant_abs,
+        **(tensors.series() if tensors is not None else {}),
     )
     return CaseResult(case=case, status="ok", trajectory=trajectory, duration_s=time.perf_counter() - started)

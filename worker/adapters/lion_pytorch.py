@@ -17,6 +17,13 @@ passes) is our Lion reference's (worker/references/optimizers.py): p <- p (1 - l
 decay from the old parameter. `decoupled_weight_decay=True` would divide wd by the initial lr
 (p <- p (1 - wd) ...), which no battery case means. It takes no gradient scale and keeps no 8-bit
 states: such cases are unsupported (not applicable). Any device and parameter dtype torch has.
+
+The group lifecycle (a layout case, docs/PROJECTS.md "The group lifecycle"): ONE `Lion` over every
+tensor with param groups {"params", "lr", "betas", "weight_decay"} as `case.layout.groups` says,
+stepped by its own `step()`; digested: each tensor's `exp_avg` and the groups' numbers
+(worker/adapters/param_groups.py). lion-pytorch keeps `_init_lr` (the constructor's lr, which its
+decoupled decay divides by) outside the groups: with decoupled_weight_decay=False, as passed here,
+no update reads it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from types import ModuleType
 import torch
 
 from service.core.results import CaseSpec
+from worker.adapters import param_groups
 from worker.adapters.base import AdapterContractError, AdapterError, FamilyAdapter, ProjectAdapter
 from worker.build.cache import INSTALLED
 
@@ -83,16 +91,35 @@ class LionFamily(FamilyAdapter):
         handle.optimizer.step()
         handle.param.grad = None
 
-    def state_for_digest(self, handle: LionCase) -> dict[str, torch.Tensor]:
+    def open_group(self, case: CaseSpec, params, device: torch.device) -> param_groups.OptimizerGroupCase:  # noqa: ANN001
+        first = _group_options(case.group_hyper(0))
+        return param_groups.open_group(case, params, "lion_pytorch", _group_options,
+                                       lambda groups: self.lion_class(groups, **first, **self._options))
+
+    def step_group(self, handle: param_groups.OptimizerGroupCase, params, grads, step: int) -> None:  # noqa: ANN001
+        param_groups.step_group(handle, params, grads, "lion_pytorch")
+
+    def state_for_digest(self, handle: LionCase | param_groups.OptimizerGroupCase) -> dict[str, torch.Tensor]:
         """Everything the library keeps for the parameter, by name in a fixed order; numbers (a
         step counter) as 0-d tensors. Empty before the library's first step."""
+        if isinstance(handle, param_groups.OptimizerGroupCase):
+            return param_groups.group_state(handle)
         state = handle.optimizer.state.get(handle.param, {})
         return {name: value if torch.is_tensor(value) else torch.tensor(value)
                 for name, value in sorted(state.items())}
 
-    def close(self, handle: LionCase) -> None:
+    def close(self, handle: LionCase | param_groups.OptimizerGroupCase) -> None:
+        if isinstance(handle, param_groups.OptimizerGroupCase):
+            param_groups.close_group(handle)
+            return
         handle.optimizer.state.clear()
         handle.optimizer.param_groups.clear()
+
+
+def _group_options(hyper) -> dict:  # noqa: ANN001
+    """A param group's hyperparameters under lion-pytorch's keys."""
+    return {"lr": float(hyper["lr"]), "betas": (float(hyper["beta1"]), float(hyper["beta2"])),
+            "weight_decay": float(hyper["weight_decay"])}
 
 
 class LionPytorchAdapter(ProjectAdapter):

@@ -18,6 +18,16 @@ fewer than 4096 elements or its size is not a multiple of the block: each low-bi
 its codes (`declared_state`), so such a case reads `not_applicable` with the reason instead of
 being run as the family it claims.
 
+The group lifecycle (a layout case, docs/PROJECTS.md "The group lifecycle"): ONE optimizer of the
+family's class over every tensor, param groups {"params", "lr", "betas", "eps", "weight_decay"}
+as `case.layout.groups` says, stepped by its own `step()` (which compiles and runs its
+single-parameter step per tensor, with that tensor's group's lr tensor and hyperparameters).
+torchao quantizes only the tensors of 4096 elements or more whose size is a multiple of the block:
+a low-bit layout case declares those tensors' codes (the others keep fp32 states, as its users
+get), or every tensor's where none qualifies, so a layout torchao runs entirely in fp32 reads
+not_applicable. Digested: `optimizer.state[p]` of every tensor (its step counter, a 0-d tensor)
+and the groups' numbers, lr tensor included (worker/adapters/param_groups.py).
+
 `adam` cases only, decoupled weight decay (AdamW, as the bundled kernels), no gradient scale and
 no zero skipping. The build puts the `torchao` package in a folder of its output
 (`build.library`); `load` imports it from there and nowhere else, or from the installed
@@ -38,6 +48,7 @@ from types import ModuleType
 import torch
 
 from service.core.results import CaseSpec
+from worker.adapters import param_groups
 from worker.adapters.base import AdapterContractError, AdapterError, FamilyAdapter, ProjectAdapter, StateDeclaration
 from worker.build.cache import INSTALLED
 
@@ -46,6 +57,14 @@ PACKAGE = "torchao"
 OPTIMIZER_BY_FAMILY = {"32bit": "_AdamW", "8bit_blockwise": "AdamW8bit", "4bit_blockwise": "AdamW4bit",
                        "fp8_e4m3": "AdamWFp8"}
 CODE_DTYPE = {"8bit_blockwise": "uint8", "4bit_blockwise": "uint8", "fp8_e4m3": "float8_e4m3fn"}
+# torchao's _AdamBase._new_buffer: a quantized state only for tensors this large (and a multiple of the block).
+MIN_QUANTIZED_SIZE = 4096
+
+
+def group_options(hyper) -> dict:  # noqa: ANN001
+    """A param group's hyperparameters under torchao's keys."""
+    return {"lr": float(hyper["lr"]), "betas": (float(hyper["beta1"]), float(hyper["beta2"])),
+            "eps": float(hyper["eps"]), "weight_decay": float(hyper["weight_decay"])}
 
 
 @dataclass(eq=False)
@@ -115,20 +134,49 @@ class TorchaoFamily(FamilyAdapter):
         handle.optimizer.step()
         handle.param.grad = None
 
-    def state_for_digest(self, handle: TorchaoCase) -> dict[str, torch.Tensor]:
+    def open_group(self, case: CaseSpec, params, device: torch.device) -> param_groups.OptimizerGroupCase:  # noqa: ANN001
+        first = group_options(case.group_hyper(0))
+        return param_groups.open_group(case, params, "torchao", group_options,
+                                       lambda groups: self.optimizer_class(groups, **first))
+
+    def step_group(self, handle: param_groups.OptimizerGroupCase, params, grads, step: int) -> None:  # noqa: ANN001
+        param_groups.step_group(handle, params, grads, "torchao")
+
+    def state_for_digest(self, handle: TorchaoCase | param_groups.OptimizerGroupCase) -> dict[str, torch.Tensor]:
+        if isinstance(handle, param_groups.OptimizerGroupCase):
+            return param_groups.group_state(handle)
         state = handle.optimizer.state.get(handle.param, {})
         return {name: value if torch.is_tensor(value) else torch.tensor(value)
                 for name, value in sorted(state.items())}
 
     def declared_state(self, case: CaseSpec) -> StateDeclaration | None:
         # Codes only: the block count is not checked, since the state's floating tensors are the
-        # scales and the 256-value quantization map together.
-        if self.family in CODE_DTYPE:
+        # scales and the 256-value quantization map together. A layout case declares the tensors
+        # torchao quantizes (or all, where it quantizes none).
+        if self.family not in CODE_DTYPE:
+            return None
+        if case.layout is None:
             return StateDeclaration(family=self.family, code_dtype=CODE_DTYPE[self.family],
                                     states=("exp_avg", "exp_avg_sq"))
-        return None
+        block = self._default_block_size()
+        slots = case.tensor_slots()
+        quantized = [slot for slot in slots if slot.size >= MIN_QUANTIZED_SIZE
+                     and (block is None or slot.size % block == 0)] or slots
+        return StateDeclaration(family=self.family, code_dtype=CODE_DTYPE[self.family], states=tuple(
+            f"t{slot.index}.{name}" for slot in quantized for name in ("exp_avg", "exp_avg_sq")))
 
-    def close(self, handle: TorchaoCase) -> None:
+    def _default_block_size(self) -> int | None:
+        """The optimizer class's default block size (None where it has none to read)."""
+        try:
+            default = inspect.signature(self.optimizer_class.__init__).parameters["block_size"].default
+        except (KeyError, TypeError, ValueError):
+            return None
+        return default if isinstance(default, int) else None
+
+    def close(self, handle: TorchaoCase | param_groups.OptimizerGroupCase) -> None:
+        if isinstance(handle, param_groups.OptimizerGroupCase):
+            param_groups.close_group(handle)
+            return
         handle.optimizer.state.clear()
         handle.optimizer.param_groups.clear()
 

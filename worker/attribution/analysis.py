@@ -156,11 +156,13 @@ def _finite_max(values: np.ndarray) -> float:
 
 def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_divergent_step: int,
             baseline_ref64: list[float] | None = None, states: tuple[list[dict], list[dict]] | None = None,
-            state_dtypes: dict[str, str] | None = None) -> dict:
+            state_dtypes: dict[str, str] | None = None, within: tuple[int, int] | None = None) -> dict:
     """The attribution of one changed case (JSON-ready; floats at full precision). `commit` and
     `baseline`: (steps, size) float32 (a memmap is read one step at a time). `states`, when
     given: (commit's, baseline's) state leaves per step, leaf name -> values
-    (worker.attribution.states.states_of); `state_dtypes` names float16/bfloat16 leaves."""
+    (worker.attribution.states.states_of); `state_dtypes` names float16/bfloat16 leaves.
+    `within` (start, stop): replay only these elements (one tensor of a layout case; the caller
+    has made the others equal on both sides, analyze_layout)."""
     steps, dtype, s = case.steps, case.param_dtype, first_divergent_step
     commit = np.asarray(commit, dtype=np.float32).reshape(steps, case.size)
     baseline = np.asarray(baseline, dtype=np.float32).reshape(steps, case.size)
@@ -173,7 +175,12 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
     # Variants carry no quantization: an 8-bit step is the 32-bit rule only from zero states.
     matched = not (eight_bit and s != 1)
     candidates = catalogue.applicable(case) if matched else []
-    elements = replayed_elements(case.size, commit[s - 1].astype(np.float64) - baseline[s - 1])
+    if within is None:
+        elements = replayed_elements(case.size, commit[s - 1].astype(np.float64) - baseline[s - 1])
+    else:
+        start, stop = within
+        inner = replayed_elements(stop - start, commit[s - 1, start:stop].astype(np.float64) - baseline[s - 1, start:stop])
+        elements = np.arange(start, stop) if inner is None else inner + start
     chosen = slice(None) if elements is None else elements
     replay = catalogue.replay_steps(case, [catalogue.CORRECT, *candidates],
                                     None if elements is None else torch.from_numpy(elements)) if matched else None
@@ -427,7 +434,67 @@ def analyze_files(case: CaseSpec, commit_file: str, baseline_file: str, first_di
             states, dtypes = (read[0].steps, read[1].steps), {**read[1].dtypes, **read[0].dtypes}
         except states_file.StatesUnreadable as error:
             unread = str(error)
-    result = analyze(case, commit, baseline, first_divergent_step, baseline_ref64, states=states, state_dtypes=dtypes)
+    if case.layout is not None:
+        result = analyze_layout(case, commit, baseline, baseline_ref64, states, dtypes)
+    else:
+        result = analyze(case, commit, baseline, first_divergent_step, baseline_ref64, states=states,
+                         state_dtypes=dtypes)
     if unread:
         result["states_unread"] = unread
+    return result
+
+
+def _first_differing_step(commit: np.ndarray, baseline: np.ndarray) -> int | None:
+    """1-based first step whose values differ in their bits (NaN == NaN), or None."""
+    for t in range(commit.shape[0]):
+        if commit[t].tobytes() != baseline[t].tobytes():
+            return t + 1
+    return None
+
+
+def analyze_layout(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, baseline_ref64: list[float] | None,
+                   states: tuple[list[dict], list[dict]] | None, dtypes: dict[str, str] | None) -> dict:
+    """A layout case attributed through the tensor that changed first: its elements replayed under
+    its group's hyperparameters (the flat case with that group's hyper and no layout: the same
+    initial vector and gradient stream, so the replay is exact for its elements), the other
+    tensors made equal on both sides, its own "t<i>." state leaves compared. The result names the
+    tensor ("tensor", "tensor_group") and lists each tensor's first divergent step
+    ("tensor_first_steps"); guard elements written by either build read "out of bounds"."""
+    steps, size = case.steps, case.size
+    commit = np.asarray(commit, dtype=np.float32).reshape(steps, size)
+    baseline = np.asarray(baseline, dtype=np.float32).reshape(steps, size)
+    slots = case.tensor_slots()
+    firsts = [_first_differing_step(commit[:, s.offset:s.stop], baseline[:, s.offset:s.stop]) for s in slots]
+    covered = np.zeros(size, dtype=bool)
+    for slot in slots:
+        covered[slot.offset:slot.stop] = True
+    guard_step = _first_differing_step(commit[:, ~covered], baseline[:, ~covered])
+    per_tensor = {f"t{slot.index}": step for slot, step in zip(slots, firsts)}
+    changed = [(step, slot) for slot, step in zip(slots, firsts) if step is not None]
+    if guard_step is not None and (not changed or guard_step <= min(step for step, _ in changed)):
+        return {"class": "semantic", "variant": None, "label": "out-of-bounds write", "scale": "semantic",
+                "first_divergent_step": guard_step, "tensor": None, "tensor_first_steps": per_tensor,
+                "note": f"guard elements between the tensors were written from step {guard_step}: a kernel wrote "
+                        "past a tensor's end (a chunk boundary off by one)"}
+    if not changed:
+        return {"class": "semantic", "variant": None, "label": "unexplained", "scale": "semantic",
+                "tensor": None, "tensor_first_steps": per_tensor,
+                "note": "the parameters did not change; the library's shared state did (step counters, powers)"}
+    step, slot = min(changed, key=lambda pair: (pair[0], pair[1].index))
+    one = case.model_copy(update={"hyper": case.group_hyper(slot.group), "layout": None})
+    inside = np.zeros(size, dtype=bool)
+    inside[slot.offset:slot.stop] = True
+    commit_one = np.where(inside, commit, baseline)  # the other tensors equal on both sides
+    own_states = None
+    if states is not None:
+        prefix = f"t{slot.index}."
+        own_states = tuple([{name[len(prefix):]: values for name, values in leaves.items() if name.startswith(prefix)}
+                            for leaves in side] for side in states)
+    own_dtypes = {name[len(f"t{slot.index}."):]: d for name, d in (dtypes or {}).items()
+                  if name.startswith(f"t{slot.index}.")}
+    result = analyze(one, commit_one, baseline, step, baseline_ref64, states=own_states, state_dtypes=own_dtypes,
+                     within=(slot.offset, slot.stop))
+    result.update({"tensor": slot.index, "tensor_group": slot.group, "tensor_first_steps": per_tensor})
+    if guard_step is not None:
+        result["note"] = (result.get("note", "") + f"; guard elements written from step {guard_step}").lstrip("; ")
     return result

@@ -50,3 +50,27 @@ def test_the_reruns_record_each_step_s_states_and_the_analysis_reads_them(tmp_pa
     assert not states_path(commit_file).exists()
     found = analyze_files(cases[0], str(commit_file), str(baseline_file), step)
     assert not found["states_read"]
+
+
+def test_a_layout_case_is_attributed_through_the_tensor_that_changed_first(tmp_path, kernels_build, decay_build):
+    # The PR-2040 reorder on one optimizer over two param groups: group 0 (wd 0: biases and norms)
+    # is bit-identical, group 1 (wd 0.1) changes from step 1. The attribution names the first
+    # changed tensor, replays it under ITS group's hyperparameters (with the case's own, group 0's
+    # wd 0, no variant is a decay change at all), names the decay reorder, and lists each tensor's
+    # first divergent step.
+    from worker.battery import BatterySpec
+
+    (case,) = BatterySpec.model_validate({"name": "l", "version": 1, "groups": [{
+        "optimizers": ["adam"], "steps": 4, "points": [{"lr": 0.1, "weight_decay": 0.1}],
+        "layouts": [{"groups": [{"sizes": [513], "point": {"weight_decay": 0.0}}, {"sizes": [257, 1031]}]}]}]}).expand()
+    recorded = record_parameters(decay_build.library_path, kernels_build.library_path, [case], tmp_path,
+                                 device="cpu", states=True)
+    commit_file, baseline_file, step = recorded[case.case_id]
+    assert step == 1
+    found = analyze_files(case, str(commit_file), str(baseline_file), step,
+                          states_files=(str(states_path(commit_file)), str(states_path(baseline_file))))
+    assert case.hyper["weight_decay"] == 0.0  # the case's own hyperparameters are group 0's
+    assert found["tensor"] == 1 and found["tensor_group"] == 1, found
+    assert found["tensor_first_steps"] == {"t0": None, "t1": 1, "t2": 1}
+    assert found["variant"] == "decay_after_update", found
+    assert found["states_read"]

@@ -145,16 +145,22 @@ def identity_files() -> dict[str, Path]:
 def python_paths() -> list[Path]:
     """The Python this worker runs (its installation, the virtual environment, site folders) and the
     optdrift code a `python -m worker....` child needs, resolved: the `worker` package and, of
-    `service`, its __init__ and the pure core (what the kernel host and the build child import;
+    `service`, its __init__, the pure core and the core's deprecated aliases (service.core.moved)
+    (what the kernel host and the build child import;
     the import contract "What runs in the box" in pyproject.toml). The API, the database models,
     the settings and the command stay out of every box."""
     import service
     import worker
+    from service.core.moved import MOVED
 
     service_package = Path(service.__file__).resolve().parent
     paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix),
              Path(sys.executable).resolve().parent.parent,
              Path(worker.__file__).resolve().parent, service_package / "__init__.py", service_package / "core"}
+    # The deprecated aliases of moved pure modules (service/results.py -> service.core.results): an
+    # adapter written against an earlier release imports them in the kernel host.
+    paths |= {service_package / f"{old.split('.')[-1]}.py" for old, (new, _) in MOVED.items()
+              if new.startswith("service.core.") and old.count(".") == 1}
     # Every import folder (wheels unpacked into a --target folder included), but never the folder
     # around the optdrift packages (a checkout: its .git, test caches), nor the working folder.
     root = code_root()

@@ -280,7 +280,8 @@ def test_cuda_kernel_host_runs_in_the_box(mode: str, kernels_build) -> None:  # 
 
 
 def test_the_kernel_host_box_shows_service_core_alone_and_a_case_still_runs(mode: str, kernels_build) -> None:  # noqa: ANN001
-    """Of optdrift's `service`, the box shows service/__init__.py and the pure core, nothing else:
+    """Of optdrift's `service`, the box shows service/__init__.py, the pure core and its deprecated
+    aliases, nothing else:
     no API, database models, settings or command (worker/sandbox/mounts.py python_paths). A real
     host in the box reports what it sees (tests/fixtures/adapters/box_probe.py) and still runs a
     case bit for bit as the unboxed engine does. Without bubblewrap nothing is hidden (the probe
@@ -298,7 +299,8 @@ def test_the_kernel_host_box_shows_service_core_alone_and_a_case_still_runs(mode
     assert result.status == "ok", result.message
     assert seen["finds service.core.results"] == "True"
     if mode == "bwrap":
-        assert seen["service_entries"] == "__init__.py,core", seen
+        # ... and the core's deprecated aliases (service.core.moved), which old adapters import.
+        assert seen["service_entries"] == "__init__.py,core,results.py,verdicts.py", seen
         # Around the packages only what this host was given (its build, its adapter's folder, the
         # virtual environment), never the checkout itself.
         shown = set(seen["code_root_entries"].split(","))

@@ -302,12 +302,25 @@ _EIGHT_BIT_STANDARD = [
 ]
 
 
+# Layout cases (issue 45): several tensors under ONE optimizer, as a model's training loop has them.
+# Group 0: a size-1 tensor, two odd tensors of equal size (a state buffer shared between equal
+# shapes), a block multiple; group 1 (biases and norms): another lr and no weight decay (a group's
+# hyperparameters applied to another). Shared step counters and bias-correction powers differ
+# only from the second tensor of a step on, and a chunk boundary only where one tensor ends.
+_LAYOUT_SMALL = {"groups": [{"sizes": [1, 257, 257, 4096]},
+                            {"sizes": [1031], "point": {"lr": 0.01, "weight_decay": 0.0}}]}
+# GPU: tensors past a CUDA chunk (65536 elements) and a large one, so chunk lists span tensors.
+_LAYOUT_LARGE = {"groups": [{"sizes": [1, 4097, 65536, 65537, 262147]},
+                            {"sizes": [257, 100_003], "point": {"lr": 1e-4, "weight_decay": 0.0}}]}
+
+
 def _quick() -> BatterySpec:
     # CPU: the whole `optdrift check` (two hosts, co-run) must stay under a minute on 2 cores.
     return BatterySpec.model_validate({
-        "name": "quick", "version": 2,
+        "name": "quick", "version": 3,
         "description": "CPU smoke battery: discriminating and typical Adam/AdEMAMix points with wd=0 "
-                       "controls, the 1-state optimizers, fp16/bf16 with exact zeros and gnorm_scale, size 1.",
+                       "controls, the 1-state optimizers, fp16/bf16 with exact zeros and gnorm_scale, size 1, "
+                       "and every optimizer over five tensors in two param groups.",
         "groups": [
             {"optimizers": _TWO_STATE, "sizes": [4097], "steps": 20, "gradients": [_OPEN, _CLOSED],
              "points": [_DISCRIMINATING, {"lr": 0.1, "weight_decay": 0.0}, _TYPICAL,
@@ -326,6 +339,9 @@ def _quick() -> BatterySpec:
             # only there; worker/sensitivity/ci_selection.py's coverage rules).
             {"optimizers": ["adam"], "families": _EIGHT_BIT, "sizes": [512], "steps": 4,
              "gradients": [{"kind": "open", "zero_fraction": 0.25}], "points": [{"lr": 0.1, "weight_decay": 0.1}]},
+            # v3 (issue 45): every optimizer over a layout of five tensors in two param groups.
+            {"optimizers": _ALL, "layouts": [_LAYOUT_SMALL], "steps": 10, "gradients": [_OPEN, _CLOSED],
+             "points": [_DISCRIMINATING]},
         ],
     })
 
@@ -334,7 +350,7 @@ def _standard() -> BatterySpec:
     # GPU: >= 500 cases of >= 100 steps.
     dtypes = ["float32", "float16", "bfloat16"]
     return BatterySpec.model_validate({
-        "name": "standard", "version": 3,
+        "name": "standard", "version": 4,
         "description": "GPU battery: typical, discriminating and wd=0 points for every optimizer and dtype, "
                        "sizes 1/4097/65536/2**20, exact zeros, gnorm_scale != 1, several seeds.",
         "groups": [
@@ -356,6 +372,14 @@ def _standard() -> BatterySpec:
             # recorded evidence (a trajectory's first steps do not depend on how many follow);
             # docs/ENGINE.md "Battery sensitivity".
             *({**case, "steps": 100} for case in _CI_CASES),
+            # v4 (issue 45): layout cases, every optimizer and dtype, small and large layouts (chunk
+            # lists spanning tensors on the GPU), and the bundled 8-bit family's per-tensor loop.
+            {"optimizers": _ALL, "param_dtypes": dtypes, "layouts": [_LAYOUT_SMALL], "steps": 100,
+             "gradients": [_OPEN, _CLOSED], "points": [_TYPICAL, _DISCRIMINATING]},
+            {"optimizers": _ALL, "param_dtypes": dtypes, "layouts": [_LAYOUT_LARGE], "steps": 100,
+             "gradients": [_OPEN, _CLOSED], "points": [_TYPICAL]},
+            {"optimizers": _ALL, "families": _EIGHT_BIT, "layouts": [_LAYOUT_SMALL], "steps": 100,
+             "points": [_TYPICAL, _DISCRIMINATING]},
         ],
     })
 

@@ -117,6 +117,27 @@ def _int_or_zero(value: Any) -> int:  # noqa: ANN401
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+def _layout_elements(layout: Any) -> int:  # noqa: ANN401
+    """A raw layout's flat length (service.core.results.ParamLayout.flat_size), read defensively:
+    anything malformed counts for nothing (the schema says what is wrong). One pass over its sizes."""
+    from service.core.results import layout_next_offset
+
+    groups = layout.get("groups") if isinstance(layout, dict) else None
+    offset = 0
+    for group in groups if isinstance(groups, list) else ():
+        sizes = group.get("sizes") if isinstance(group, dict) else None
+        for size in sizes if isinstance(sizes, list) else ():
+            offset = layout_next_offset(offset, _int_or_zero(size))
+    return offset
+
+
+def _case_sizes(group: dict) -> list:
+    """A group's sizes axis: its `sizes`, or the flat length of each of its `layouts`."""
+    if isinstance(group.get("layouts"), list) and not group.get("sizes"):
+        return [_layout_elements(layout) for layout in group["layouts"]]
+    return group.get("sizes") if isinstance(group.get("sizes"), list) else []
+
+
 def measure_battery(raw: Any, *, battery: str, limits: BatteryLimits) -> BatteryLoad:  # noqa: ANN401
     """What the battery `raw` (its parsed JSON) declares, or BatteryLimitError for the first limit it
     passes. Never builds a case: the work is one pass over the groups and their sizes lists, and
@@ -132,7 +153,7 @@ def measure_battery(raw: Any, *, battery: str, limits: BatteryLimits) -> Battery
         steps = _int_or_zero(group.get("steps"))
         if steps > limits.max_steps_per_case:
             raise BatteryLimitError(battery=battery, limits=limits, field="max_steps_per_case", value=steps)
-        sizes = group.get("sizes") if isinstance(group.get("sizes"), list) else []
+        sizes = _case_sizes(group)
         group_max_size = max((_int_or_zero(size) for size in sizes), default=0)
         if group_max_size > limits.max_elements_per_case:
             raise BatteryLimitError(battery=battery, limits=limits, field="max_elements_per_case",
@@ -140,7 +161,7 @@ def measure_battery(raw: Any, *, battery: str, limits: BatteryLimits) -> Battery
         max_steps, max_elements = max(max_steps, steps), max(max_elements, group_max_size)
         # The group's count: seven lengths multiplied (exact, whatever its size: Python's integers
         # do not overflow), never a list of its combinations.
-        group_cases = math.prod(_axis_length(group, axis) for axis in CASE_AXES)
+        group_cases = math.prod(_axis_length(group, axis) for axis in CASE_AXES if axis != "sizes") * len(sizes)
         cases += group_cases
         if cases > limits.max_cases:
             raise BatteryLimitError(battery=battery, limits=limits, field="max_cases", value=cases,

@@ -86,7 +86,7 @@ def test_the_declared_count_bounds_the_expansion_and_counts_duplicates() -> None
     bound of len(expand()), which is what a limit on work before expansion can know."""
     spec = BUILTIN_BATTERIES["standard"]()
     load = measure_battery(spec.model_dump(mode="json"), battery="standard", limits=ROOMY)
-    assert load.cases == 1092 and len(spec.expand()) == 1091
+    assert load.cases == 1212 and len(spec.expand()) == 1211
 
 
 # ----------------------------------------------------------------------------- properties
@@ -295,3 +295,18 @@ def test_without_limits_the_worker_expands_as_before(tmp_path) -> None:  # noqa:
     tree.mkdir()
     job = pipeline.prepare(tree, requested_battery="ci")
     assert len(job.cases) == 9
+
+
+def test_a_layout_counts_as_its_flat_length_before_anything_is_built() -> None:
+    # A layout case's work is its flat vector (tensors, alignment and guards): measured from the raw
+    # JSON, so 64 tensors of 2**20 elements are refused on max_elements_per_case, not after expansion.
+    from service.core.results import ParamLayout, TensorGroupSpec
+
+    big = {"groups": [{"sizes": [1 << 20] * 64}]}
+    raw = {"name": "x", "version": 1, "groups": [{"optimizers": ["adam", "lion"], "layouts": [big, big], "steps": 3}]}
+    with pytest.raises(BatteryLimitError) as caught:
+        measure_battery(raw, battery="x", limits=dataclasses.replace(ROOMY, max_elements_per_case=1 << 24))
+    flat = ParamLayout(groups=[TensorGroupSpec(sizes=[1 << 20] * 64, hyper={})]).flat_size
+    assert caught.value.field == "max_elements_per_case" and caught.value.value == flat
+    load = measure_battery(raw, battery="x", limits=ROOMY)
+    assert load.cases == 4 and load.case_step_elements == 4 * 3 * flat

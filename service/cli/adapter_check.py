@@ -4,6 +4,12 @@ library into this process (no sandbox, no service), runs a few battery cases thr
 and compares every per-step digest (worker.engine.conformance). Cases are picked round-robin over
 the battery's hyperparameter points, so cases with different betas share a wave, where a shared
 library object shows.
+
+Then, per family, the group lifecycle (docs/PROJECTS.md "The group lifecycle"): one layout case
+(conformance.group_check_case: one optimizer over tensors of 1, 257, 4096 and 1031 elements in two
+param groups, the second without weight decay) through both engines, reported as present, missing
+(not a failure: the family's layout cases read not_applicable, and the output says so) or not run
+(why), with each state the family declares unreadable and what still sees a change in it.
 """
 
 from __future__ import annotations
@@ -15,8 +21,9 @@ from typing import Annotated, Optional
 import typer
 
 EXIT_CHANGED = 1
-EXIT_CODES = ("Exit codes: 0 both engines agree on every case checked; 1 they disagree or the adapter "
-              "broke the contract (the message names the adapter and the cases); 2 bad input or usage.")
+EXIT_CODES = ("Exit codes: 0 both engines agree on every case checked (a family without a group lifecycle is "
+              "reported, not a failure); 1 they disagree or the adapter broke the contract, its group lifecycle "
+              "included (the message names the adapter and the cases); 2 bad input or usage.")
 
 
 def pick_cases(cases: list, limit: int) -> list:  # noqa: ANN001
@@ -119,9 +126,51 @@ def adapter_check(
                    f"{'y' if len(alone) == 1 else 'ies'} {', '.join(alone)} declare fast_engine = False, so the "
                    f"fast engine runs their cases one at a time too; the {len(picked)} cases reproduced themselves "
                    "on it, which says nothing about cases open side by side")
-        return
-    note = (f"; {len(picked) - len(compared)} more of famil{'y' if len(alone) == 1 else 'ies'} {', '.join(alone)} "
-            "(fast_engine = False) ran on the one-case engine only") if alone else ""
-    typer.echo(f"adapter-check: {adapter}: both engines agree on all {len(compared)} cases "
-               f"({len({c.hyper.get('beta1') for c in compared})} betas, {sum(c.steps for c in compared)} steps)"
-               + note)
+    else:
+        note = (f"; {len(picked) - len(compared)} more of famil{'y' if len(alone) == 1 else 'ies'} {', '.join(alone)} "
+                "(fast_engine = False) ran on the one-case engine only") if alone else ""
+        typer.echo(f"adapter-check: {adapter}: both engines agree on all {len(compared)} cases "
+                   f"({len({c.hyper.get('beta1') for c in compared})} betas, {sum(c.steps for c in compared)} steps)"
+                   + note)
+    _check_group_lifecycles(adapter, picked, runnable, target, project)
+
+
+def _check_group_lifecycles(adapter: str, picked: list, runnable: list, target, project) -> None:  # noqa: ANN001
+    """The group lifecycle of every family the battery's runnable cases use: one layout case each
+    (picked cases first as its model), reported per family; exit 1 when it broke the contract."""
+    from service.cli.common import fail as _fail
+    from worker.adapters.base import AdapterContractError
+    from worker.engine.conformance import GROUP_CHECK_SIZES, check_group_lifecycle
+
+    sizes = " | ".join(", ".join(str(n) for n in group) for group in GROUP_CHECK_SIZES)
+    typer.echo(f"adapter-check: {adapter}: group lifecycle (one optimizer over tensors of {sizes} elements in "
+               f"{len(GROUP_CHECK_SIZES)} param groups, the last without weight decay), per family:")
+    wrong_claims = []
+    for family_name in sorted({case.family for case in runnable}):
+        candidates = [c for c in picked if c.family == family_name] + \
+            [c for c in runnable if c.family == family_name and c not in picked]
+        try:
+            report = check_group_lifecycle(adapter, family_name, candidates, target, project.families(),
+                                           project.unsupported)
+        except AdapterContractError as error:
+            raise _fail(f"adapter-check: {error}", EXIT_CHANGED) from error
+        if report.status == "yes":
+            typer.echo(f"  {family_name}: yes: {report.how}; {report.detail} (the fast engine runs a layout case "
+                       f"alone through the same group lifecycle: two fresh runs, equal digests) [{report.case.case_id}]")
+        elif report.status == "missing":
+            typer.echo(f"  {family_name}: missing: {report.detail} (not a failure: this family's layout cases read "
+                       "not_applicable with that reason)")
+        else:
+            typer.echo(f"  {family_name}: not run: {report.detail}")
+        for entry, unmatched in report.unreadable:
+            typer.echo(f"    unreadable state {entry.name!r}: {entry.why}; a change in it is seen through "
+                       f"{', '.join(entry.seen_through)} from step {entry.from_step} (declared by the adapter; "
+                       "adapter-check checks that these figures are digested, not that a change in the state moves "
+                       "them)")
+            if unmatched:
+                wrong_claims.append(f"{family_name}: {entry.name!r} is said to be seen through {', '.join(unmatched)}, "
+                                    "which the layout case does not digest")
+    if wrong_claims:
+        raise _fail(f"adapter-check: adapter {adapter} declares unreadable state seen through figures nobody reads: "
+                    + "; ".join(wrong_claims) + " (name \"parameters\" or a state_for_digest name, e.g. \"t*.exp_avg\")",
+                    EXIT_CHANGED)

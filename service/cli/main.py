@@ -65,19 +65,25 @@ DEFAULT_DETAIL_TIMEOUT_S = 600.0
 
 
 def _version(value: bool) -> None:
+    """The installed package's version and the public adapter API's (worker.adapters.api, which
+    imports no torch, so a client install answers too)."""
     if value:
         from importlib.metadata import PackageNotFoundError, version
+
+        from worker.adapters.api import API_VERSION
 
         try:
             print(f"optdrift {version('optdrift')}")
         except PackageNotFoundError:  # a source tree on PYTHONPATH, not installed
             print("optdrift (not installed)")
+        print(f"adapter API {API_VERSION}")
         raise typer.Exit(EXIT_OK)
 
 
 @app.callback()
 def main(_version_option: Annotated[bool, typer.Option(
-        "--version", callback=_version, is_eager=True, help="print the version and exit")] = False) -> None:
+        "--version", callback=_version, is_eager=True,
+        help="print optdrift's version and its adapter API's, and exit")] = False) -> None:
     """optdrift: did this commit change a training trajectory?"""
 
 

@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from tests.service_fixtures import PG_ADMIN_URL, REPO_ROOT, create_database, drop_database
+from worker.adapters.api import API_VERSION
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +82,7 @@ def test_the_wheel_installed_alone_migrates_a_fresh_postgres_database(tmp_path: 
 
     version = subprocess.run([str(optdrift), "--version"], capture_output=True, text=True, cwd=elsewhere, env=env)
     assert version.returncode == 0, version.stderr
-    assert version.stdout.strip() == "optdrift 0.1.0"
+    assert version.stdout.splitlines() == ["optdrift 0.1.0", f"adapter API {API_VERSION}"], version.stdout
 
     name = f"optdrift_wheel_{os.getpid()}"
     env["OPTDRIFT_DATABASE_URL"] = create_database(name)

@@ -54,7 +54,8 @@ def test_server_commands_on_the_client_install_name_their_extra(tmp_path: Path, 
 
 def test_client_commands_still_run_on_the_client_install(tmp_path: Path) -> None:
     version = _client_install(tmp_path, "--version")
-    assert version.returncode == 0 and re.fullmatch(r"optdrift \d+\.\d+\.\d+\S*\n", version.stdout), version
+    assert version.returncode == 0 and re.fullmatch(r"optdrift \d+\.\d+\.\d+\S*\nadapter API \d+\.\d+\.\d+\n",
+                                                    version.stdout), version
     down = _client_install(tmp_path, "retry", "1", "--url", f"http://127.0.0.1:{free_port()}")
     assert down.returncode == 4 and "cannot reach the optdrift service" in down.stderr, down.stderr
     assert "ack" in _client_install(tmp_path, "--help").stdout

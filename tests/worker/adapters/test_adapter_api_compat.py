@@ -190,3 +190,14 @@ def test_the_public_adapter_api_is_one_torch_free_module_with_a_version() -> Non
                              "import *; print('torch' in sys.modules, a.API_VERSION)"],
                             capture_output=True, text=True, cwd=REPO, check=True).stdout.split()
     assert loaded == ["False", api.API_VERSION]
+
+
+def test_optdrift_version_names_the_installed_package_and_the_adapter_api() -> None:
+    from importlib.metadata import version
+
+    from service.cli import app
+    from worker.adapters.api import API_VERSION
+
+    shown = CliRunner().invoke(app, ["--version"])
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.splitlines() == [f"optdrift {version('optdrift')}", f"adapter API {API_VERSION}"]

@@ -152,10 +152,18 @@ def select_cases(sets: dict[str, set[str]], costs: dict[str, int]) -> list[str]:
 
 
 def group_of(case: CaseSpec) -> dict:
-    """A battery group that expands to exactly `case`."""
+    """A battery group that expands to exactly `case` (a layout case: its layout, each group's
+    point being what its hyperparameters change from the case's)."""
+    shape: dict = {"sizes": [case.size]}
+    if case.layout is not None:
+        shape = {"layouts": [{"groups": [
+            {"sizes": list(group.sizes),
+             **({"point": changed} if (changed := {k: v for k, v in group.hyper.items() if case.hyper.get(k) != v})
+                else {})}
+            for group in case.layout.groups]}]}
     return {"optimizers": [case.optimizer], "families": [case.family], "param_dtypes": [case.param_dtype],
             "points": [case.hyper], "gradients": [case.gradient.model_dump(mode="json")], "seeds": [case.seed],
-            "sizes": [case.size], "steps": case.steps}
+            **shape, "steps": case.steps}
 
 
 def ci_groups(report_path: Path = RECORDED_POOL, pool_path: Path = POOL) -> list[dict]:

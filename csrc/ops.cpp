@@ -77,3 +77,43 @@ TORCH_LIBRARY_FRAGMENT(optdrift, m) {
       "Tensor(c!) state_sum_absmax, Tensor unsigned_map, float lr, float eps, "
       "float weight_decay, float gnorm_scale=1.0) -> ()");
 }
+
+// ---- multi-tensor ops (issue 45; multi_tensor.h, cpu/multi_tensor.cpp, cuda/multi_tensor.cu) ----
+//
+// ONE call steps every tensor of an optimizer, all its param groups, as ATen's fused Adam and
+// apex's multi_tensor_apply do: the lists hold tensor i's param, grad and states (the one-tensor
+// op's rules and conventions, the lists' tensors on one device, params of one dtype); the
+// hyperparameter lists hold one value per param group, and group_of[i] is tensor i's group.
+// The op keeps the optimizer's shared state in two CPU tensors (multi_tensor.h):
+//   * steps: int64 [tensors], each tensor's own step counter, advanced by the op (+1, then used);
+//   * beta_powers (Adam, AdEMAMix): float32 [groups, 3] per group = the step it was made for,
+//     beta1^t and beta2^t as float32 running products (zeros when fresh), which the bias
+//     corrections come from.
+TORCH_LIBRARY_FRAGMENT(optdrift, m) {
+  m.def(
+      "adam_multi_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+      "Tensor(c!)[] exp_avg_sqs, Tensor(d!) steps, Tensor(e!) beta_powers, int[] group_of, "
+      "float[] lr, float[] beta1, float[] beta2, float[] eps, float[] weight_decay, "
+      "float[] gnorm_scale, bool[] skip_zeros) -> ()");
+  m.def(
+      "ademamix_multi_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avg_fasts, "
+      "Tensor(c!)[] exp_avg_slows, Tensor(d!)[] exp_avg_sqs, Tensor(e!) steps, "
+      "Tensor(f!) beta_powers, int[] group_of, float[] lr, float[] beta1, float[] beta2, "
+      "float[] beta3, float[] alpha, float[] eps, float[] weight_decay, float[] gnorm_scale) -> ()");
+  m.def(
+      "lion_multi_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+      "Tensor(c!) steps, int[] group_of, float[] lr, float[] beta1, float[] beta2, "
+      "float[] weight_decay, float[] gnorm_scale) -> ()");
+  m.def(
+      "momentum_multi_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, "
+      "Tensor(c!) steps, int[] group_of, float[] lr, float[] momentum, float[] weight_decay, "
+      "float[] gnorm_scale) -> ()");
+  m.def(
+      "rmsprop_multi_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] square_avgs, "
+      "Tensor(c!) steps, int[] group_of, float[] lr, float[] alpha, float[] eps, "
+      "float[] weight_decay, float[] gnorm_scale) -> ()");
+  m.def(
+      "adagrad_multi_step(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] state_sums, "
+      "Tensor(c!) steps, int[] group_of, float[] lr, float[] eps, float[] weight_decay, "
+      "float[] gnorm_scale) -> ()");
+}

@@ -469,3 +469,138 @@ def bind_step_8bit(optimizer: str, param: torch.Tensor, grad: torch.Tensor,
     if order[0] == "step":
         return BoundOp(op, tensors, [full[name] for name in order[1:]], takes_step=True)
     return BoundOp(op, [*tensors, *(full[name] for name in order)], [], takes_step=False)
+
+
+# =============================================================================================
+# Multi-tensor ops (issue 45): csrc/multi_tensor.h, csrc/cpu/multi_tensor.cpp,
+# csrc/cuda/multi_tensor.cu, schemas at the end of csrc/ops.cpp. ONE op call steps every tensor of
+# an optimizer (all its param groups); the op keeps the shared state (per-tensor step counters,
+# per-group beta powers) in two CPU tensors the caller allocates once (`new_multi_state`).
+# =============================================================================================
+
+# Optimizers whose multi-tensor op keeps per-group beta powers (float32 [groups, 3]).
+MULTI_BETA_POWERS = frozenset({"adam", "ademamix"})
+BETA_POWER_COLUMNS = 3  # per group: the step the row was made for, beta1^t, beta2^t
+
+
+def multi_state_lists(optimizer: str) -> tuple[str, ...]:
+    """The op's state list arguments, in schema order ("exp_avgs", "exp_avg_sqs" for Adam)."""
+    return tuple(f"{name}s" for name in OPTIMIZER_STATES[optimizer])
+
+
+def new_multi_state(optimizer: str, tensors: int, groups: int) -> dict[str, torch.Tensor]:
+    """The op's shared state, fresh: "steps" (int64 [tensors], zeros: no step taken) and, for Adam
+    and AdEMAMix, "beta_powers" (float32 [groups, 3], zeros: nothing cached). Both on the CPU,
+    where the op's host code reads and advances them whatever the tensors' device."""
+    state = {"steps": torch.zeros(tensors, dtype=torch.int64)}
+    if optimizer in MULTI_BETA_POWERS:
+        state["beta_powers"] = torch.zeros(groups, BETA_POWER_COLUMNS, dtype=torch.float32)
+    return state
+
+
+def _multi_hyper_lists(optimizer: str, op: torch._ops.OpOverload,
+                       group_hypers: list[Mapping[str, float | bool]]) -> list[list]:
+    """Per schema hyperparameter list (float[] / bool[] arguments, in order), one value per group:
+    each group's hyper checked as the one-tensor wrappers check theirs, defaults filled in."""
+    full = []
+    for group, hyper in enumerate(group_hypers):
+        try:
+            kwargs = _checked_hyper(optimizer, hyper)
+        except ValueError as error:
+            raise ValueError(f"param group {group}: {error}") from None
+        full.append({name: kwargs.get(name, default) for name, default in _keyword_defaults(optimizer).items()})
+    names = [argument.name for argument in op._schema.arguments if str(argument.type) in ("List[float]", "List[bool]")]
+    return [[group[name] for group in full] for name in names]
+
+
+def bind_multi_step(optimizer: str, params: list[torch.Tensor], grads: list[torch.Tensor],
+                    states: Mapping[str, list[torch.Tensor]], shared: Mapping[str, torch.Tensor],
+                    group_of: list[int], group_hypers: list[Mapping[str, float | bool]]) -> Callable[[], None]:
+    """One `<optimizer>_multi_step` call over these lists, its arguments checked and fixed once:
+    `states` maps the one-tensor state names ("exp_avg") to one tensor per param, `shared` is
+    new_multi_state's dict, `group_of[i]` tensor i's param group, `group_hypers[g]` group g's
+    hyperparameters (the one-tensor wrapper's keyword arguments). The returned function makes the
+    call; the op advances the counters itself, so it takes no step number."""
+    if optimizer not in OPTIMIZER_STATES:
+        raise ValueError(f"unknown optimizer {optimizer!r}; known: {', '.join(sorted(OPTIMIZER_STATES))}")
+    expected = OPTIMIZER_STATES[optimizer]
+    if set(states) != set(expected):
+        raise ValueError(f"optimizer {optimizer!r} takes states {expected}, got {tuple(states)}")
+    wanted = {"steps", "beta_powers"} if optimizer in MULTI_BETA_POWERS else {"steps"}
+    if set(shared) != wanted:
+        raise ValueError(f"optimizer {optimizer!r} keeps shared state {sorted(wanted)}, got {sorted(shared)}")
+    op = getattr(_ops(), f"{optimizer}_multi_step").default
+    hyper_lists = _multi_hyper_lists(optimizer, op, list(group_hypers))
+    arguments = [list(params), list(grads), *(list(states[name]) for name in expected), shared["steps"]]
+    if optimizer in MULTI_BETA_POWERS:
+        arguments.append(shared["beta_powers"])
+    arguments += [list(group_of), *hyper_lists]
+    return lambda: op(*arguments)
+
+
+def multi_step(optimizer: str, params: list[torch.Tensor], grads: list[torch.Tensor],
+               states: Mapping[str, list[torch.Tensor]], shared: Mapping[str, torch.Tensor],
+               group_of: list[int], group_hypers: list[Mapping[str, float | bool]]) -> None:
+    """One step of every tensor by the named optimizer's multi-tensor op (see bind_multi_step)."""
+    bind_multi_step(optimizer, params, grads, states, shared, group_of, group_hypers)()
+
+
+def _check_multi_fake(op: str, params, grads, state_lists: Mapping[str, list], group_of) -> None:
+    """The list checks of csrc/multi_tensor_checks.cpp for fake tensors, tensor by tensor."""
+    for name, values in [("grads", grads), *state_lists.items(), ("group_of", group_of)]:
+        if len(values) != len(params):
+            raise RuntimeError(f"{op}: '{name}' has {len(values)} entries but 'params' has {len(params)}")
+    for index, (param, grad) in enumerate(zip(params, grads)):
+        _check_tensors_fake(f"{op} (tensor {index})", param, grad,
+                            {name: values[index] for name, values in state_lists.items()})
+
+
+def has_multi_ops() -> bool:
+    """Whether the loaded build has the multi-tensor ops (a build of a tree from before them has not)."""
+    # torch.ops directly: load_build registers the fakes before it records the build as loaded.
+    return hasattr(getattr(torch.ops, NAMESPACE), "adam_multi_step")
+
+
+def _register_fakes_multi() -> None:
+    if not has_multi_ops():
+        return
+    @torch.library.register_fake(f"{NAMESPACE}::adam_multi_step")
+    def _adam_multi_fake(params, grads, exp_avgs, exp_avg_sqs, steps, beta_powers, group_of, lr, beta1,
+                         beta2, eps, weight_decay, gnorm_scale, skip_zeros):
+        _check_multi_fake("optdrift::adam_multi_step", params, grads,
+                          {"exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs}, group_of)
+
+    @torch.library.register_fake(f"{NAMESPACE}::ademamix_multi_step")
+    def _ademamix_multi_fake(params, grads, exp_avg_fasts, exp_avg_slows, exp_avg_sqs, steps, beta_powers,
+                             group_of, lr, beta1, beta2, beta3, alpha, eps, weight_decay, gnorm_scale):
+        _check_multi_fake("optdrift::ademamix_multi_step", params, grads,
+                          {"exp_avg_fasts": exp_avg_fasts, "exp_avg_slows": exp_avg_slows,
+                           "exp_avg_sqs": exp_avg_sqs}, group_of)
+
+    @torch.library.register_fake(f"{NAMESPACE}::lion_multi_step")
+    def _lion_multi_fake(params, grads, exp_avgs, steps, group_of, lr, beta1, beta2, weight_decay, gnorm_scale):
+        _check_multi_fake("optdrift::lion_multi_step", params, grads, {"exp_avgs": exp_avgs}, group_of)
+
+    @torch.library.register_fake(f"{NAMESPACE}::momentum_multi_step")
+    def _momentum_multi_fake(params, grads, momentum_buffers, steps, group_of, lr, momentum, weight_decay,
+                             gnorm_scale):
+        _check_multi_fake("optdrift::momentum_multi_step", params, grads,
+                          {"momentum_buffers": momentum_buffers}, group_of)
+
+    @torch.library.register_fake(f"{NAMESPACE}::rmsprop_multi_step")
+    def _rmsprop_multi_fake(params, grads, square_avgs, steps, group_of, lr, alpha, eps, weight_decay,
+                            gnorm_scale):
+        _check_multi_fake("optdrift::rmsprop_multi_step", params, grads, {"square_avgs": square_avgs}, group_of)
+
+    @torch.library.register_fake(f"{NAMESPACE}::adagrad_multi_step")
+    def _adagrad_multi_fake(params, grads, state_sums, steps, group_of, lr, eps, weight_decay, gnorm_scale):
+        _check_multi_fake("optdrift::adagrad_multi_step", params, grads, {"state_sums": state_sums}, group_of)
+
+
+# As for the 8-bit section: load_build calls `_register_fakes` through the module globals.
+_register_fakes_one_tensor = _register_fakes
+
+
+def _register_fakes() -> None:  # noqa: F811  (extends the registration above)
+    _register_fakes_one_tensor()
+    _register_fakes_multi()

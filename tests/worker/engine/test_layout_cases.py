@@ -149,8 +149,10 @@ def test_both_engines_run_layout_cases_with_the_same_digests(kernels):
         assert result.trajectory.tensor_digests == alone.trajectory.tensor_digests
         if case.layout is not None:
             assert len(alone.trajectory.tensor_digests[0]) == case.layout.tensor_count + 1
-            # fp32 against float64 after 6 steps at lr 0.1: rounding only (a few ulps of values ~1).
-            assert max(alone.trajectory.ref64_max_abs) < 1e-5
+            # fp32 against float64 after 6 steps at lr 0.1: rounding only (a few ulps of values ~1),
+            # plus for Adam / AdEMAMix the multi-tensor op's float32 beta powers (csrc/multi_tensor.h,
+            # as DeepSpeed keeps them): 1 - 0.999f is 1.3e-5 relative off 1 - 0.999, ~1e-5 here.
+            assert max(alone.trajectory.ref64_max_abs) < 3e-5
     params = io.BytesIO()
     result = run_params(cases[0], CPU, params)
     assert result.trajectory.digests == run_case(cases[0], CPU).trajectory.digests

@@ -15,6 +15,7 @@ param groups, the second without weight decay) through both engines, reported as
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -65,6 +66,21 @@ def _from_tree(source: Path, battery: str | None, device: str) -> tuple[str, str
         job.battery.name
 
 
+def _import_telling_deprecations(adapter: str, get_adapter):  # noqa: ANN001, ANN202
+    """get_adapter(adapter), printing each DeprecationWarning its import raised (an old import path
+    that still works: docs/PROJECTS.md, "Public adapter API"), which Python hides by default outside
+    __main__, so the adapter's author sees what to change; the warnings are then raised again as
+    they were, for whoever listens."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+        project = get_adapter(adapter)
+    for warning in caught:
+        if issubclass(warning.category, DeprecationWarning):
+            typer.echo(f"adapter-check: note: {warning.filename}:{warning.lineno}: {warning.message}")
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return project
+
+
 def adapter_check(
     source: Annotated[Optional[Path], typer.Option(
         help="the project's tree: built as a run builds it, with its optdrift.toml's adapter, adapter_path "
@@ -102,7 +118,7 @@ def adapter_check(
                     "--library", EXIT_USAGE)
     sys.path[:0] = folders
     try:
-        project = get_adapter(adapter)
+        project = _import_telling_deprecations(adapter, get_adapter)
         project.load(library)
         if cases is None:
             cases = load_battery(battery or "quick").expand()

@@ -85,6 +85,8 @@ import sys
 from worker.sensitivity.catalogue import load_catalogue
 wanted = sys.argv[1]
 def wanted_here(m):
+    if wanted.startswith("class:"):  # one class of the catalogue, e.g. class:shared_state
+        return m.mutant_class == wanted[len("class:"):]
     if wanted == "attributed":  # the defects whose attribution the catalogue states
         return m.attribution not in (None, "none")
     return wanted == "all" or any(p.startswith("cuda/") for p in m.touched_files)

@@ -2,6 +2,13 @@
 shared library with ctypes and declare its signatures, hand it tensors as float pointers, and turn a
 non-zero return code into a kernel error. An adapter keeps what is its own: the signatures, the
 states per optimizer, the calls, and what it cannot run.
+
+Such a library steps one tensor per call, so its adapters keep `HandedOverStates`' group
+lifecycle (docs/PROJECTS.md "The group lifecycle"): a layout case is the user's loop, one call per
+tensor with its group's hyperparameters, sharing nothing between tensors. A C library with a
+multi-tensor entry point (one call over arrays of pointers, a step counter of its own) overrides
+`open_group` / `step_group` to call it once per step, and declares any state it keeps without a
+getter (`unreadable_state`).
 """
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ def _check_group_lifecycles(adapter: str, picked: list, runnable: list, target, 
             raise _fail(f"adapter-check: {error}", EXIT_CHANGED) from error
         if report.status == "yes":
             typer.echo(f"  {family_name}: yes: {report.how}; {report.detail} (the fast engine runs a layout case "
-                       f"alone through the same group lifecycle: two fresh runs, equal digests) [{report.case.case_id}]")
+                       f"alone through the same group lifecycle: two fresh runs of it) [{report.case.case_id}]")
         elif report.status == "missing":
             typer.echo(f"  {family_name}: missing: {report.detail} (not a failure: this family's layout cases read "
                        "not_applicable with that reason)")

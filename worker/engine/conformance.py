@@ -120,7 +120,7 @@ def group_check_case(like: CaseSpec) -> CaseSpec:
 class GroupLifecycleReport:
     """What adapter-check found for one family's group lifecycle.
 
-    `status`: "yes" (the layout case ran, both engines gave the same digests), "missing" (the
+    `status`: "yes" (the layout case ran, a run on each engine gave the same digests), "missing" (the
     family has none: GroupLifecycleMissing, the case reads not_applicable), or "not run" (the
     case is unsupported here or its state is not as declared; `detail` says why). `how` says
     whose group lifecycle ran. `unreadable` is the family's UnreadableState declarations, each
@@ -215,5 +215,5 @@ def check_group_lifecycle(adapter_name: str, family_name: str, candidates: list[
         return GroupLifecycleReport(family_name, case, "not run", one.message or one.status, _group_how(family))
     declared = tuple(family.unreadable_state(case))
     return GroupLifecycleReport(
-        family_name, case, "yes", f"both engines agree over {case.steps} steps", _group_how(family),
+        family_name, case, "yes", f"a run on each engine gives the same digests over {case.steps} steps", _group_how(family),
         tuple((entry, _unmatched(tuple(entry.seen_through), names)) for entry in declared))

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from service.core.case_names import case_name
 from service.core.attribution_view import CaseAttribution
 from service.core.families import QUANTIZED
 from service.core.results import ComparisonFigures
@@ -116,7 +117,8 @@ def group_of(case: ChangedCase) -> str:
 
 
 def short_name(case_id: str) -> str:
-    return case_id.rsplit("#", 1)[-1] if "#" in case_id else case_id
+    """The case named by what it is (the hash only in the id, for links and tooltips)."""
+    return case_name(case_id)
 
 
 def row_id(index: int) -> str:
@@ -177,5 +179,26 @@ def _line(case: ChangedCase, attribution: CaseAttribution | None, diffs: Callabl
         if peak is None:
             return None
         unit, label, size = case.baseline_peak, DISTANCE_CHANGE, peak / case.baseline_peak
-    values = [v / unit if _positive(v) else None for v in per_step]
+    units = _units(per_step, unit, case, attribution) if label == ULP else [unit] * len(per_step)
+    values = [v / u if _positive(v) else None for v, u in zip(per_step, units)]
     return Line(case.case_id, short_name(case.case_id), list(range(1, len(values) + 1)), values, size), label
+
+
+def _units(per_step: list[float | None], peak_unit: float, case: ChangedCase,
+           attribution: CaseAttribution | None) -> list[float]:
+    """Per step, the size of one ulp in |Δ|. An ulp is of the largest |p| the element has had, so it
+    only grows along the trajectory; the attribution measured it at the first divergent step and at
+    the peak. Before the peak step the curve uses the first step's ulp, from it on the peak's: the
+    plot reads the table's figures at both steps (issue 47: one figure, not 2 ulp in the table and 4
+    on the plot)."""
+    units = [peak_unit] * len(per_step)
+    first = case.first_divergent_step
+    ulps = attribution.first_step_ulps if attribution is not None else None
+    if not first or not _positive(ulps) or first > len(per_step) or not _positive(per_step[first - 1]):
+        return units
+    finite = [(v, i) for i, v in enumerate(per_step) if _positive(v)]
+    peak_index = max(finite)[1] if finite else len(per_step)
+    first_unit = per_step[first - 1] / ulps
+    for index in range(min(peak_index, len(per_step))):
+        units[index] = first_unit
+    return units

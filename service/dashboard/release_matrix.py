@@ -1,170 +1,510 @@
-"""Release drift: releases x (optimizer, kernel family, parameter dtype), each cell the largest
-final-step distance to the float64 reference over the group's cases, marked where any case's
-trajectory (its per-step digests) differs from the previous release's.
+"""Release drift: releases × (optimizer, kernel family, parameter dtype), each cell the change from the
+previous release (service/api/release_schemas.py says what each field is; the page renders that).
 
-Reads only what it needs from each trajectory row: the last float64 of `ref64_max_abs` (located
-through the series layout, without unpacking the other series) and the digests text.
+* Releases are ordered by their tags read as PEP 440 versions (`v0.14.2`, `ds-0.14.10`: what comes
+  before the first digit is a prefix) where every tag parses, else by ancestry (how many other
+  releases a release descends from), then by submission time: a back-filled old release lands
+  before the newer ones, so each change is measured against its real predecessor.
+* A cell compares each case with the same case in the nearest earlier release that has data (a done
+  run of the chosen environment and battery): digests equal -> unchanged; otherwise the final
+  distance to the float64 reference as a factor of the earlier one (quantized rows: the move of the
+  states' distance to the quantization-aware reference, in quantization steps), the first step whose
+  digest differs, and what kind of change it is: the stored attribution's class where the release's
+  verdict was judged against that same run, and the build flags where the two runs' recorded builds
+  differ.
+* Colour is the size of the change within the row's scale; an unchanged cell is neutral, whatever
+  its distance (an 8-bit row's distance to float64 is its quantization error, by design).
+* The battery is the one that ran (the run's recorded battery; the tree's optdrift.toml may name its
+  own), not the name a submission asked for.
+
+Reads only what it needs: the final value of two series (located through the series layout), the
+digests text, and of each verdict only its attribution.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import struct
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service.core.wording import number
-from service.db.models import DONE, Commit, Run, Trajectory
+from service.api.release_schemas import (
+    BatteryChoice, CaseLine, ReleaseCell, ReleaseColumn, ReleaseMatrix, ReleaseRow,
+)
+from service.core import environment_attribution
+from service.core.case_names import case_name
+from service.core.results import QUANTIZED_FAMILY_PREFIX
+from service.core.wording import first_line, number, ratio
+from service.db.models import CANCELLED, DONE, ERROR, FAILED, Commit, Run, Trajectory, Verdict
 from service.domain.dashboard_queries import get_project
 
 GroupKey = tuple[str, str, str]  # optimizer, family, param dtype
-# Colour buckets by decade of the final distance; the cell also prints the number, so the colour
-# only repeats what the text says.
-DECADE_BUCKETS = 6
+
+# Colour steps of a change, by its size in the row's scale (intensity 1..5; 0 is neutral). A factor
+# is measured as |log10(factor)|: within 1 % (a few roundings) is 1, ×100 and beyond is 5. A move in
+# quantization steps by its absolute size: a hundredth of a step is 1, ten steps and beyond 5.
+RATIO_STEPS = (0.005, 0.05, 1.0, 2.0)
+QUANT_STEPS = (0.01, 0.1, 1.0, 10.0)
+
+SCALE_TEXT = {"ratio": "× its previous final distance to float64",
+              "quantization-steps": "move of the states' distance to the quantization-aware reference, "
+                                    "in quantization steps"}
+SPARKLINE_OF = {"ratio": "the row's largest final distance to the float64 reference",
+                "quantization-steps": "the row's largest final distance to the quantization-aware reference "
+                                      "(quantization steps)"}
 
 
-def final_ref64_distance(layout: list[dict[str, Any]], data: bytes) -> float | None:
+# ----------------------------------------------------------------------------- release order
+_VERSION_START = re.compile(r"\d")
+
+
+def tag_version(tag: str) -> Version | None:
+    """The tag as a PEP 440 version (`v1.2.0`, `ds-0.14.3`, `1.2.3-rc.1`), or None."""
+    start = _VERSION_START.search(tag)
+    if start is None:
+        return None
+    try:
+        return Version(tag[start.start():])
+    except InvalidVersion:
+        return None
+
+
+@dataclass(frozen=True)
+class _Release:
+    commit_id: int
+    tag: str
+    sha: str
+    parents: tuple[str, ...]
+    ancestry: tuple[str, ...]
+    created_at: Any
+
+
+def order_releases(releases: list[_Release], parents_of: dict[str, tuple[str, ...]]) -> tuple[list[_Release], str]:
+    """Version order where every tag parses; else ancestry (releases descended from fewer other
+    releases first), then submission time."""
+    versions = {r.commit_id: tag_version(r.tag) for r in releases}
+    if releases and all(v is not None for v in versions.values()):
+        return sorted(releases, key=lambda r: (versions[r.commit_id], r.created_at, r.commit_id)), "version"
+    shas = {r.sha for r in releases}
+
+    def release_ancestors(release: _Release) -> int:
+        # The sent first-parent ancestry, and every parent reachable through submitted commits.
+        seen: set[str] = set()
+        todo = list(release.parents) + list(release.ancestry)
+        while todo:
+            sha = todo.pop()
+            if sha not in seen:
+                seen.add(sha)
+                todo.extend(parents_of.get(sha, ()))
+        return len((seen & shas) - {release.sha})
+
+    return sorted(releases, key=lambda r: (release_ancestors(r), r.created_at, r.commit_id)), "ancestry"
+
+
+# ----------------------------------------------------------------------------- reading trajectories
+def final_value(layout: list[dict[str, Any]], data: bytes, name: str) -> float | None:
+    """The last value of series `name` (float64), without unpacking the others."""
     offset = 0
-    for entry in layout:
+    for entry in layout or []:
         size = entry["length"] * 8
-        if entry["name"] == "ref64_max_abs":
-            if entry["length"] == 0:
+        if entry["name"] == name:
+            if entry["length"] == 0 or entry.get("dtype", "float64") != "float64":
                 return None
             return struct.unpack_from("<d", data, offset + size - 8)[0]
         offset += size
     return None
 
 
-def case_label(case: dict[str, Any]) -> str:
-    hyper = case.get("hyper", {})
-    gradient = case.get("gradient") or {}
-    zeros = f" z{gradient['zero_fraction']:g}" if gradient.get("zero_fraction") else ""
-    return (f"lr {hyper.get('lr', 0):g} wd {hyper.get('weight_decay', 0):g} "
-            f"{gradient.get('kind', 'open')}{zeros} n{case.get('size')} s{case.get('seed')}")
+def final_ref64_distance(layout: list[dict[str, Any]], data: bytes) -> float | None:
+    return final_value(layout, data, "ref64_max_abs")
 
 
 @dataclass
-class Cell:
-    value: float | None          # largest final distance to the float64 reference, None: no data
-    cases: int = 0
-    changed: int = 0             # cases whose trajectory differs from the previous release's
-    broken: int = 0
-    not_applicable: int = 0      # cases the adapter cannot run there: neither broken nor compared
-    compared: bool = False       # there was a previous release with this group to compare with
-    bucket: int | None = None
+class _Point:
+    """One case in one release."""
 
-    @property
-    def text(self) -> str:
-        return number(self.value, missing="no data")
+    status: str
+    digests: list[str]
+    final: float | None            # final distance to float64
+    quant: float | None            # final quantization steps to the quantization-aware reference
 
 
 @dataclass
-class ReleaseMatrix:
-    releases: list[tuple[str, str, int | None]]          # (tag, sha, run id or None)
-    groups: list[GroupKey]
-    cells: dict[tuple[GroupKey, int], Cell]               # (group, release index) -> cell
-    environment: str | None
-    battery: str | None
-    choices: list[tuple[str, str]]                        # (environment, battery) pairs seen
-    # group label -> case label -> per-release final distance (None where absent), for the plot
-    lines: dict[str, dict[str, list[float | None]]] = field(default_factory=dict)
+class _Change:
+    case_id: str
+    size: float                    # |log10 factor| or |steps|: what ranks and colours it
+    change: float | None           # the factor or the move
+    first_step: int | None
+    kind: str | None
+    kind_text: str | None
+    first_step_ulps: float | None
 
-    def cell(self, group: GroupKey, index: int) -> Cell:
-        return self.cells.get((group, index), Cell(value=None))
+
+def first_divergent_step(a: list[str], b: list[str]) -> int | None:
+    for step, (x, y) in enumerate(zip(a, b), start=1):
+        if x != y:
+            return step
+    return min(len(a), len(b)) + 1 if len(a) != len(b) else None
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _intensity(size: float, steps: tuple[float, ...]) -> int:
+    return 1 + sum(1 for step in steps if size >= step)
+
+
+# ----------------------------------------------------------------------------- kinds
+def attribution_kind(stored: dict | None) -> tuple[str | None, str | None]:
+    """(kind, words) of one case's stored attribution (worker/attribution/analysis.py's dict)."""
+    if not isinstance(stored, dict) or "error" in stored or not stored.get("class"):
+        return None, None
+    kind = str(stored["class"])
+    label = stored.get("label")
+    if kind in ("semantic", "precision"):
+        if stored.get("variant") and label:
+            return kind, f"{kind}: {label}"
+        return kind, f"{kind}, unexplained"
+    return kind, kind
+
+
+def build_change_text(a: dict | None, b: dict | None, environment: str) -> str | None:
+    """What differs between two runs' recorded builds: "build flags: + -march=native − -g", and the
+    compilers where their version lines differ; None when nothing recorded differs."""
+    side_a = environment_attribution.BuildSide.from_detail(environment, a)
+    side_b = environment_attribution.BuildSide.from_detail(environment, b)
+    difference = environment_attribution.build_difference(side_a, side_b)
+    parts = []
+    if difference.added or difference.removed:
+        parts.append("build flags: " + " ".join([f"+ {f}" for f in difference.added]
+                                                + [f"− {f}" for f in difference.removed]))
+    if difference.compilers is not None:
+        parts.append(f"compiler: {difference.compilers[0] or '?'} → {difference.compilers[1] or '?'}")
+    return "; ".join(parts) or None
+
+
+def _case_kind(stored: dict | None, build_change: str | None) -> tuple[str | None, str | None]:
+    kind, words = attribution_kind(stored)
+    if build_change and kind in (None, "rounding-level"):
+        # A change bounded by roundings with differing flags is the flags' doing as far as the
+        # evidence goes; one beyond rounding is named for what it is, whatever flag differs.
+        return ("build-flags" if kind is None else kind), (f"{words} · {build_change}" if words else build_change)
+    return kind, words
+
+
+# ----------------------------------------------------------------------------- the matrix
+@dataclass
+class _RunInfo:
+    id: int
+    commit_id: int
+    environment: str
+    battery: str                   # the battery that ran
+    requested: str
+    status: str
+    error: str | None
+    detail: dict = field(default_factory=dict)
+
+
+def _ran_battery(detail: dict | None, requested: str) -> str:
+    return (detail or {}).get("battery") or requested
+
+
+def build(*, session: Session, project_name: str, environment: str | None = None,
+          battery: str | None = None) -> ReleaseMatrix:
+    project = get_project(session=session, name=project_name)
+    release_rows = session.execute(
+        select(Commit.id, Commit.release_tag, Commit.sha, Commit.parents, Commit.ancestry, Commit.created_at)
+        .where(Commit.project_id == project.id, Commit.release_tag.is_not(None))
+    ).all()
+    releases = [_Release(cid, tag, sha, tuple(parents or ()), tuple(ancestry or ()), created)
+                for cid, tag, sha, parents, ancestry, created in release_rows]
+    parents_of: dict[str, tuple[str, ...]] = {}
+    if releases and not all(tag_version(r.tag) for r in releases):
+        parents_of = {sha: tuple(parents or ()) for sha, parents in session.execute(
+            select(Commit.sha, Commit.parents).where(Commit.project_id == project.id)).all()}
+    releases, order = order_releases(releases, parents_of)
+
+    runs = [_RunInfo(rid, cid, env, _ran_battery(detail, requested), requested, status, error, detail or {})
+            for rid, cid, env, requested, status, error, detail in session.execute(
+                select(Run.id, Run.commit_id, Run.environment, Run.battery, Run.status, Run.error,
+                       Run.environment_detail)
+                .where(Run.commit_id.in_([r.commit_id for r in releases])).order_by(Run.id)).all()
+            ] if releases else []
+    done = [run for run in runs if run.status == DONE]
+    pairs = Counter((run.environment, run.battery) for run in done)
+    requested_names: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for run in done:
+        if run.requested != run.battery:
+            requested_names[(run.environment, run.battery)].add(run.requested)
+    if battery is not None and pairs and not any(b == battery for _e, b in pairs):
+        # A requested name (what a submission asked for) finds the battery that ran for it.
+        battery = next((b for (_e, b), names in sorted(requested_names.items()) if battery in names), battery)
+    if (environment is None or battery is None) and pairs:
+        candidates = [(n, pair) for pair, n in pairs.items()
+                      if (environment is None or pair[0] == environment) and (battery is None or pair[1] == battery)]
+        if candidates:
+            _n, (default_env, default_battery) = max(candidates, key=lambda item: (item[0], item[1]))
+            environment, battery = environment or default_env, battery or default_battery
+
+    chosen: dict[int, _RunInfo] = {}   # release index -> its run
+    for index, release in enumerate(releases):
+        for run in done:
+            if run.commit_id == release.commit_id and run.environment == environment and run.battery == battery:
+                chosen[index] = run    # the newest such run (runs are in id order)
+    previous_of: dict[int, int | None] = {}
+    last = None
+    for index in range(len(releases)):
+        previous_of[index] = last
+        if index in chosen:
+            last = index
+
+    columns = []
+    for index, release in enumerate(releases):
+        run, previous = chosen.get(index), previous_of[index]
+        build_change = None
+        if run is not None and previous is not None:
+            build_change = build_change_text(chosen[previous].detail, run.detail, environment or "")
+        columns.append(ReleaseColumn(
+            tag=release.tag, sha=release.sha, version=str(v) if (v := tag_version(release.tag)) else None,
+            run_id=run.id if run else None,
+            compared_with=releases[previous].tag if run is not None and previous is not None else None,
+            build_change=build_change,
+            no_data=None if run else _no_data_reason(release, runs, environment, battery)))
+
+    points = _points(session, {run.id: index for index, run in chosen.items()})
+    attributions = _attributions(session, chosen, previous_of)
+    rows = _rows(releases, columns, points, attributions, chosen)
+    choices = [BatteryChoice(environment=env, battery=bat, requested=sorted(requested_names.get((env, bat), ())))
+               for env, bat in sorted(pairs)]
+    order_text = ("releases in version order (their tags read as PEP 440 versions)" if order == "version" else
+                  "releases in ancestry order (not every tag reads as a version), then by submission time")
+    return ReleaseMatrix(project=project.name, environment=environment, battery=battery, order=order,
+                         order_text=order_text, choices=choices, releases=columns, rows=rows)
+
+
+def _no_data_reason(release: _Release, runs: list[_RunInfo], environment: str | None, battery: str | None) -> str:
+    """Why a release has no done run of the chosen environment and battery, in words."""
+    own = [run for run in runs if run.commit_id == release.commit_id]
+    if not own:
+        return "never run: no run was submitted for this release"
+    here = [run for run in own if run.environment == environment
+            and (battery in (run.battery, run.requested) or run.status != DONE)]
+    if here:
+        run = here[-1]
+        error = first_line(run.error)
+        if run.status == FAILED:
+            reason = error.removeprefix("build failed").lstrip(": ") if error else ""
+            return f"build failed in {environment}" + (f": {reason}" if reason else "")
+        if run.status == ERROR:
+            return "optdrift could not run it (not the release's fault)" + (f": {error}" if error else "")
+        if run.status == CANCELLED:
+            return "its run was cancelled"
+        if run.status == DONE:
+            return f"its run in {environment} ran the battery {run.battery}"
+        if run.status in ("queued", "building", "running"):
+            return f"its run is {run.status}"
+        return f"{run.status.replace('_', ' ')} in {environment}" + (f": {error}" if error else "")
+    ran = sorted({f"{run.battery} in {run.environment}" for run in own})
+    return f"no run of the battery {battery} in {environment} (it ran {', '.join(ran)})"
+
+
+def _points(session: Session, index_of_run: dict[int, int]) -> dict[str, dict[int, tuple[dict, _Point]]]:
+    """case id -> release index -> (case spec, point)."""
+    out: dict[str, dict[int, tuple[dict, _Point]]] = {}
+    if not index_of_run:
+        return out
+    for run_id, case_id, case, status, layout, data, digests in session.execute(
+            select(Trajectory.run_id, Trajectory.case_id, Trajectory.case, Trajectory.status,
+                   Trajectory.series_layout, Trajectory.series_data, Trajectory.digests)
+            .where(Trajectory.run_id.in_(list(index_of_run)))).all():
+        ok = status == "ok"
+        point = _Point(status=status, digests=digests.split("\n") if digests else [],
+                       final=final_value(layout, data, "ref64_max_abs") if ok else None,
+                       quant=final_value(layout, data, "quant_ref_steps") if ok else None)
+        out.setdefault(case_id, {})[index_of_run[run_id]] = (case, point)
+    return out
+
+
+def _attributions(session: Session, chosen: dict[int, _RunInfo],
+                  previous_of: dict[int, int | None]) -> dict[int, dict[str, dict]]:
+    """release index -> case id -> stored attribution, only where the release's verdict was judged
+    against the previous column's run (another baseline's attribution says nothing of this change)."""
+    wanted = {run.id: index for index, run in chosen.items() if previous_of[index] is not None}
+    out: dict[int, dict[str, dict]] = {}
+    if not wanted:
+        return out
+    for run_id, baseline_run_id, stored in session.execute(
+            select(Verdict.run_id, Verdict.baseline_run_id, Verdict.detail["attribution"])
+            .where(Verdict.run_id.in_(list(wanted)))).all():
+        index = wanted[run_id]
+        if baseline_run_id == chosen[previous_of[index]].id and isinstance(stored, dict):
+            out[index] = {case_id: value for case_id, value in stored.items() if isinstance(value, dict)}
+    return out
+
+
+def _group_of(spec: dict) -> GroupKey:
+    return spec["optimizer"], spec.get("family", "32bit"), spec.get("param_dtype", "float32")
 
 
 def group_label(group: GroupKey) -> str:
     return f"{group[0]} · {group[1]} · {group[2]}"
 
 
-def build(*, session: Session, project_name: str, environment: str | None = None,
-          battery: str | None = None) -> ReleaseMatrix:
-    project = get_project(session=session, name=project_name)
-    releases = session.execute(
-        select(Commit.id, Commit.release_tag, Commit.sha)
-        .where(Commit.project_id == project.id, Commit.release_tag.is_not(None))
-        .order_by(Commit.created_at, Commit.id)
-    ).all()
-    release_ids = [r[0] for r in releases]
-    runs = session.execute(
-        select(Run.id, Run.commit_id, Run.environment, Run.battery)
-        .where(Run.commit_id.in_(release_ids), Run.status == DONE)
-    ).all() if release_ids else []
-    pairs = Counter((env, bat) for _rid, _cid, env, bat in runs)
-    choices = sorted(pairs)
-    if environment is None or battery is None:
-        if pairs:
-            (default_env, default_battery), _n = pairs.most_common(1)[0]
-            environment = environment or default_env
-            battery = battery or default_battery
-    run_of_commit = {cid: rid for rid, cid, env, bat in runs if env == environment and bat == battery}
-    release_list = [(tag, sha, run_of_commit.get(cid)) for cid, tag, sha in releases]
-
-    # case id -> per release index -> (final distance, digests, status); and case id -> spec.
-    finals: dict[str, dict[int, tuple[float | None, str, str]]] = {}
-    specs: dict[str, dict[str, Any]] = {}
-    index_of_run = {run_id: index for index, (_t, _s, run_id) in enumerate(release_list) if run_id}
-    if index_of_run:
-        rows = session.execute(
-            select(Trajectory.run_id, Trajectory.case_id, Trajectory.case, Trajectory.status,
-                   Trajectory.series_layout, Trajectory.series_data, Trajectory.digests)
-            .where(Trajectory.run_id.in_(list(index_of_run)))
-        ).all()
-        for run_id, case_id, case, status, layout, data, digests in rows:
-            final = final_ref64_distance(layout, data) if status == "ok" else None
-            finals.setdefault(case_id, {})[index_of_run[run_id]] = (final, digests, status)
-            specs.setdefault(case_id, case)
-
-    cells: dict[tuple[GroupKey, int], Cell] = {}
-    lines: dict[str, dict[str, list[float | None]]] = {}
-    for case_id, by_release in finals.items():
-        spec = specs[case_id]
-        group = (spec["optimizer"], spec.get("family", "32bit"), spec.get("param_dtype", "float32"))
-        line = lines.setdefault(group_label(group), {}).setdefault(
-            f"{case_label(spec)} · {case_id}", [None] * len(release_list))
-        previous = None
-        for index in range(len(release_list)):
-            entry = by_release.get(index)
-            if entry is None:
-                continue
-            final, digests, status = entry
-            cell = cells.setdefault((group, index), Cell(value=None))
-            if status == "not_applicable":
-                cell.not_applicable += 1
-                continue
-            cell.cases += 1
-            if status != "ok":
-                cell.broken += 1
-            elif final is not None and math.isfinite(final):
-                cell.value = final if cell.value is None else max(cell.value, final)
-                line[index] = final
-            if previous is not None:
-                cell.compared = True
-                if previous[1] != digests or previous[2] != status:
-                    cell.changed += 1
-            previous = entry
-    _assign_buckets(cells)
-    groups = sorted({group for group, _index in cells})
-    return ReleaseMatrix(releases=release_list, groups=groups, cells=cells, environment=environment,
-                         battery=battery, choices=choices, lines=lines)
+def _rows(releases: list[_Release], columns: list[ReleaseColumn], points: dict, attributions: dict,
+          chosen: dict[int, _RunInfo]) -> list[ReleaseRow]:
+    by_group: dict[GroupKey, list[str]] = defaultdict(list)
+    for case_id, by_release in points.items():
+        spec = next(iter(by_release.values()))[0]
+        by_group[_group_of(spec)].append(case_id)
+    rows = []
+    for group in sorted(by_group):
+        case_ids = sorted(by_group[group], key=case_name)
+        quantized = group[1].startswith(QUANTIZED_FAMILY_PREFIX) and any(
+            point.quant is not None for cid in case_ids for _spec, point in points[cid].values())
+        scale = "quantization-steps" if quantized else "ratio"
+        cells, sparkline = [], []
+        for index, column in enumerate(columns):
+            cell, figure = _cell(index, column, case_ids, points, attributions, chosen, scale)
+            cells.append(cell)
+            sparkline.append(figure)
+        lines = [CaseLine(case_id=cid, name=case_name(cid),
+                          finals=[_finite(points[cid][i][1].final) if i in points[cid] else None
+                                  for i in range(len(releases))]) for cid in case_ids]
+        rows.append(ReleaseRow(optimizer=group[0], family=group[1], dtype=group[2], label=group_label(group),
+                               scale=scale, scale_text=SCALE_TEXT[scale], sparkline_of=SPARKLINE_OF[scale],
+                               sparkline=sparkline, cells=cells, cases=lines))
+    return rows
 
 
-def _assign_buckets(cells: dict[tuple[GroupKey, int], Cell]) -> None:
-    """Decade buckets spread over the matrix's own range (smallest decade -> 0)."""
-    decades = [math.floor(math.log10(c.value)) for c in cells.values() if c.value and c.value > 0]
-    if not decades:
-        return
-    low, high = min(decades), max(decades)
-    span = max(1, high - low)
-    for cell in cells.values():
-        if cell.value is None:
+def _cell(index: int, column: ReleaseColumn, case_ids: list[str], points: dict, attributions: dict,
+          chosen: dict[int, _RunInfo], scale: str) -> tuple[ReleaseCell, float | None]:
+    empty = dict(cases=0, changed=0, compared=0, broken=0, not_applicable=0, change=None, change_text="",
+                 intensity=0, kind=None, kind_text=None, first_divergent_step=None, first_step_ulps=None,
+                 case_id=None, case_name=None, distance=None, distance_text="")
+    if column.run_id is None:
+        return ReleaseCell(release=column.tag, state="no-data", note=column.no_data, **empty), None
+    here = [(cid, points[cid][index][1]) for cid in case_ids if index in points[cid]]
+    if not here:
+        return ReleaseCell(release=column.tag, state="no-cases", note="no case of this row in the battery here",
+                           **empty), None
+    previous = next((i for i in range(index - 1, -1, -1) if i in chosen), None)
+    stored = attributions.get(index, {})
+    counts = Counter()
+    changes: list[_Change] = []
+    broken_steps: list[int] = []
+    distances, quants = [], []
+    for case_id, point in here:
+        if point.status == "not_applicable":
+            counts["not_applicable"] += 1
             continue
-        if cell.value <= 0:
-            cell.bucket = 0
+        counts["cases"] += 1
+        if point.status != "ok":
+            counts["broken"] += 1
+        if _finite(point.final) is not None:
+            distances.append(point.final)
+        if _finite(point.quant) is not None:
+            quants.append(point.quant)
+        before = points[case_id].get(previous, (None, None))[1] if previous is not None else None
+        if before is None or before.status == "not_applicable":
             continue
-        decade = math.floor(math.log10(cell.value))
-        cell.bucket = min(DECADE_BUCKETS - 1, round((decade - low) * (DECADE_BUCKETS - 1) / span))
+        counts["compared"] += 1
+        if before.digests == point.digests and before.status == point.status:
+            continue
+        counts["changed"] += 1
+        step = first_divergent_step(before.digests, point.digests)
+        if point.status != "ok":
+            broken_steps.append(step or 1)
+            continue
+        changes.append(_measure(case_id, before, point, step, scale, stored.get(case_id), column.build_change))
+    distance = max(distances) if distances else None
+    figure = (max(quants) if quants else None) if scale == "quantization-steps" else distance
+    base = dict(release=column.tag, cases=counts["cases"], changed=counts["changed"], compared=counts["compared"],
+                broken=counts["broken"], not_applicable=counts["not_applicable"], distance=_finite(distance),
+                distance_text=number(distance, missing="—"), note=None)
+    if previous is None:
+        return ReleaseCell(state="first", change=None, change_text="first release with data", intensity=0,
+                           kind=None, kind_text=None, first_divergent_step=None, first_step_ulps=None,
+                           case_id=None, case_name=None, **base), figure
+    if not counts["changed"]:
+        return ReleaseCell(state="unchanged", change=None, change_text="= same", intensity=0, kind=None,
+                           kind_text=None, first_divergent_step=None, first_step_ulps=None, case_id=None,
+                           case_name=None, **base), figure
+    steps = [c.first_step for c in changes if c.first_step] + broken_steps
+    first = min(steps) if steps else None
+    if broken_steps and not changes:
+        return ReleaseCell(state="broken", change=None, change_text=f"✗ {counts['broken']} broken", intensity=5,
+                           kind="broken", kind_text="broken: a crash, NaN or failed case", first_divergent_step=first,
+                           first_step_ulps=None, case_id=None, case_name=None, **base), figure
+    lead = max(changes, key=lambda c: c.size)
+    kinds = Counter(c.kind for c in changes)
+    kind_text = lead.kind_text
+    if len(kinds) > 1:
+        others = ", ".join(f"{k or 'not attributed'} ({n})" for k, n in kinds.most_common() if k != lead.kind)
+        kind_text = f"{kind_text or 'not attributed'}; also {others}"
+    steps_unit = scale == "quantization-steps"
+    change_text = _signed_steps(lead.change) if steps_unit else factor_text(lead.change)
+    return ReleaseCell(
+        state="broken" if broken_steps else "changed", change=_finite(lead.change), change_text=change_text,
+        intensity=5 if broken_steps else _intensity(lead.size, QUANT_STEPS if steps_unit else RATIO_STEPS),
+        kind=lead.kind, kind_text=kind_text, first_divergent_step=first, first_step_ulps=lead.first_step_ulps,
+        case_id=lead.case_id, case_name=case_name(lead.case_id), **base), figure
+
+
+def factor_text(factor: float | None) -> str:
+    """A factor as the page writes it: ×1.700e+03; within 1 % of one, its distance from one
+    (×(1 + 2.400e-05)), so a change of a few roundings does not read ×1.000e+00."""
+    if factor is None:
+        return "from 0"
+    if math.isfinite(factor) and abs(factor - 1) < 0.01 and factor != 1:
+        return f"×(1 {'+' if factor > 1 else '−'} {number(abs(factor - 1))})"
+    return ratio(factor)
+
+
+def _signed_steps(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return ("+" if value > 0 else "") + number(value) + " steps"
+
+
+def _measure(case_id: str, before: _Point, after: _Point, step: int | None, scale: str, stored: dict | None,
+             build_change: str | None) -> _Change:
+    kind, words = _case_kind(stored, build_change)
+    ulps = stored.get("first_step_ulps") if isinstance(stored, dict) else None
+    ulps = float(ulps) if isinstance(ulps, (int, float)) else None
+    if scale == "quantization-steps" and before.quant is not None and after.quant is not None:
+        move = after.quant - before.quant
+        return _Change(case_id, abs(move) if math.isfinite(move) else math.inf, move, step, kind, words, ulps)
+    a, b = before.final, after.final
+    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
+        factor, size = None, math.inf
+    elif a == 0:
+        factor, size = (1.0, 0.0) if b == 0 else (math.inf, math.inf)
+    else:
+        factor = b / a
+        size = abs(math.log10(factor)) if factor > 0 else math.inf
+    # A change of the digests with the same final distance to 4 digits is still a change: its size is
+    # at least the smallest step's, never neutral.
+    return _Change(case_id, size, factor, step, kind, words, ulps)
+
+
+def sparkline_points(values: list[float | None], width: int = 120, height: int = 24) -> list[tuple[float, float]]:
+    """(x, y) in an SVG box for the finite positive values (log scale where all are positive),
+    None gaps skipped; a flat line sits in the middle."""
+    known = [(i, v) for i, v in enumerate(values) if v is not None and math.isfinite(v)]
+    if not known:
+        return []
+    log = all(v > 0 for _i, v in known)
+    ys = [math.log10(v) if log else v for _i, v in known]
+    low, high = min(ys), max(ys)
+    span = high - low
+    step = width / max(1, len(values) - 1)
+    pad = 3
+    return [(round(i * step, 2), round(height / 2 if span == 0 else pad + (height - 2 * pad) * (high - y) / span, 2))
+            for (i, _v), y in zip(known, ys)]

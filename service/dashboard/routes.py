@@ -24,6 +24,7 @@ from service.dashboard import release_matrix, speed_pages, wording
 from service.dashboard import commit_page as commit_page_figures  # the route below is also named commit_page
 from service.db.models import FINAL_STATUSES
 from service.core import attribution_view
+from service.core.case_names import case_name
 from service.domain import environment_matrix, project_configuration, workers
 from service.domain import dashboard_queries as queries
 from service.domain.errors import NotFoundError
@@ -33,7 +34,12 @@ templates = Jinja2Templates(directory=HERE / "templates")
 templates.env.filters["sci"] = wording.sci
 templates.env.filters["number"] = wording.number
 templates.env.filters["when"] = wording.when
+templates.env.filters["shown"] = wording.shown
+templates.env.filters["without_paths"] = wording.without_paths
+templates.env.filters["case_name"] = case_name
+templates.env.globals["not_judged"] = wording.not_judged
 templates.env.globals["group_label"] = release_matrix.group_label
+templates.env.globals["sparkline"] = release_matrix.sparkline_points
 
 router = APIRouter(tags=["dashboard"], include_in_schema=False)
 
@@ -137,14 +143,16 @@ def _attribution(run) -> dict:  # noqa: ANN001
 @router.get("/projects/{project}/releases", response_class=HTMLResponse)
 def releases_page(request: Request, project: str, session: SessionDep, environment: str | None = None,
                   battery: str | None = None, group: str | None = None) -> HTMLResponse:
+    """The release matrix of /api/v1/projects/{project}/releases/matrix, rendered: the same figures."""
     matrix = release_matrix.build(session=session, project_name=project, environment=environment or None,
                                   battery=battery or None)
-    labels = [release_matrix.group_label(g) for g in matrix.groups]
+    labels = [row.label for row in matrix.rows]
     chosen = group if group in labels else (labels[0] if labels else None)
-    lines = {label: {case: [_finite_or_none(v) for v in values] for case, values in cases.items()}
-             for label, cases in matrix.lines.items()}
+    # The line plot's traces: per case its name (the hash only in the hover) and its finals.
+    lines = {row.label: [{"name": line.name, "case_id": line.case_id, "values": line.finals} for line in row.cases]
+             for row in matrix.rows}
     return _page(request, "releases.html", matrix=matrix, project=queries.get_project(
-        session=session, name=project), labels=labels, chosen_group=chosen, lines=lines)
+        session=session, name=project), chosen_group=chosen, lines=lines)
 
 
 @router.get("/projects/{project}/environments", response_class=HTMLResponse)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import datetime, timezone
 
@@ -159,3 +160,36 @@ def build_line(environment_detail: dict | None) -> str | None:
             for key, value in variant.items() if value not in (None, [], ())]
     parts.append("build variant: " + (", ".join(said) if said else "the worker's default"))
     return " · ".join(parts) if toolchain or variant else None
+
+
+# ----------------------------------------------------------------------------- any stored value, for people
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.])(?:/[^\s/:;,'\"()]+){2,}/?|[A-Za-z]:\\[^\s;,'\"()]+")
+
+
+def without_paths(text: str) -> str:
+    """`text` with every absolute path cut to its last part: a worker's file system layout (its home,
+    its build folders) is nobody's business on a page, and says nothing about the run."""
+    return _ABSOLUTE_PATH.sub(lambda m: "…/" + re.split(r"[/\\]", m.group(0).rstrip("/\\"))[-1], text)
+
+
+def shown(value: object) -> str:
+    """A stored value (a fingerprint's field, an adapter's describe(), a verdict's field) in words:
+    never a Python repr (no {'a': 1}, no True/False/None), never a worker's path."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return number(value)
+    if isinstance(value, dict):
+        return "; ".join(f"{str(key).replace('_', ' ')}: {shown(item)}" for key, item in value.items()) or "—"
+    if isinstance(value, (list, tuple, set)):
+        return ", ".join(shown(item) for item in value) or "—"
+    return without_paths(str(value))
+
+
+def not_judged(figures) -> int:  # noqa: ANN001
+    """Changed cases with no direction (references changed, or figures missing): with farther,
+    closer and same they add up to the changed count the headline says."""
+    directions = figures.directions or {}
+    return max(0, figures.changed - sum(directions.get(d, 0) for d in ("farther", "closer", "same")))

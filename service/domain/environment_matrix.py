@@ -30,6 +30,10 @@ class MatrixCell(BaseModel):
     first_step: int | None = None
     farther: int = 0
     closer: int = 0
+    # With farther and closer these add up to `changed`: "same" moved no distance either way, "not
+    # judged" has no direction (its references changed, or the figures it is judged on are missing).
+    same: int = 0
+    not_judged: int = 0
     note: str | None = Field(None, description="why a cell is missing")
     attribution_status: str | None = Field(None, description="the co-run of a build variant with its base "
                                                              "environment's build (environment_compare)")
@@ -80,6 +84,8 @@ def _cell(session: Session, project: Project, commit: Commit, base: environment_
                       first_step=min(steps) if steps else None,
                       farther=sum(case.direction == "farther" for case in moved),
                       closer=sum(case.direction == "closer" for case in moved),
+                      same=sum(case.direction == "same" for case in moved),
+                      not_judged=sum(case.direction not in ("farther", "closer", "same") for case in moved),
                       attribution_status=answer.attribution_status,
                       looks_like=looks_like_headline([(headline_kind(case.attribution.looks_like,
                                                                      case.attribution.evidence),

@@ -66,7 +66,7 @@ const optdrift = (() => {
     if (plot) plotCase(plot.dataset.case);
     for (const button of document.querySelectorAll(".plot-button")) {
       button.addEventListener("click", () => {
-        plotCase(button.dataset.case);
+        plotCase(button.dataset.case, button.dataset.name);
         document.getElementById("ref-plot").scrollIntoView({ behavior: "smooth" });
       });
     }
@@ -100,10 +100,12 @@ const optdrift = (() => {
   // Hover text: the step and the value as service.core.wording.number writes it (customdata).
   const HOVER = "step %{x}: %{customdata}<extra>%{fullData.name}</extra>";
 
-  async function plotCase(caseId) {
+  // `name`: the case named by what it is (the heading shows it; the id with its hash is its tooltip).
+  async function plotCase(caseId, name) {
     const target = document.getElementById("ref-plot");
     const data = await getJSON(`${target.dataset.seriesUrl}?case=${encodeURIComponent(caseId)}`);
-    document.getElementById("plot-case").textContent = caseId;
+    const heading = document.getElementById("plot-case");
+    if (name) { heading.textContent = name; heading.title = caseId; }
     const traces = [{ name: "this commit", x: steps(data.commit.ref64_max_abs), y: data.commit.ref64_max_abs,
                       customdata: numbers(data.commit.ref64_max_abs), hovertemplate: HOVER,
                       mode: "lines", line: { color: "#cf222e", width: 2 } }];
@@ -163,9 +165,10 @@ const optdrift = (() => {
       const group = select.value;
       document.getElementById("chosen-group").textContent = group;
       const cases = payload.lines[group] || {};
-      const traces = Object.entries(cases).map(([label, values]) => ({
-        name: label.split(" · ")[0], x: payload.releases, y: values, mode: "lines+markers",
-        customdata: numbers(values), hovertemplate: `${label}<br>%{x}: %{customdata}<extra></extra>`,
+      // A case is named by what it is; its id (with the hash) only in the hover.
+      const traces = (Array.isArray(cases) ? cases : []).map((line) => ({
+        name: line.name, x: payload.releases, y: line.values, mode: "lines+markers",
+        customdata: numbers(line.values), hovertemplate: `${line.name}<br>${line.case_id}<br>%{x}: %{customdata}<extra></extra>`,
         connectgaps: false,
       }));
       const figure = layout("final distance to the float64 reference", "max abs distance");

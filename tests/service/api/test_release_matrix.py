@@ -1,0 +1,98 @@
+"""GET /api/v1/projects/{project}/releases/matrix (issue 47) on the real API and PostgreSQL, over the
+seeded five releases of tests/service/dashboard/release_seed.py: version order whatever the
+submission order, each cell the change from the previous release in its row's own scale, its kind,
+its first divergent step, neutral where nothing changed (the 8-bit row too), the failed release's
+column saying why, and the battery that ran named."""
+
+from __future__ import annotations
+
+import math
+
+from tests.service.dashboard import release_seed as s
+
+URL = f"/api/v1/projects/{s.PROJECT}/releases/matrix"
+LION = "lion · 32bit · float32"
+ADAM = "adam · 32bit · float32"
+EIGHT_BIT = "adam · 8bit_blockwise · float32"
+
+
+def _matrix(api, db_session, **params) -> dict:  # noqa: ANN001
+    s.seed(db_session)
+    response = api.get(URL, params=params)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _cells(matrix: dict, label: str) -> dict[str, dict]:
+    row = next(row for row in matrix["rows"] if row["label"] == label)
+    return {cell["release"]: cell for cell in row["cells"]}
+
+
+def test_releases_in_version_order_with_the_battery_that_ran(api, db_session) -> None:  # noqa: ANN001
+    matrix = _matrix(api, db_session)
+    # Submitted v1.9.0, v1.10.0, v1.11.0, v1.10.1, v1.8.0; a string sort would put v1.10 before v1.9.
+    assert [column["tag"] for column in matrix["releases"]] == s.VERSION_ORDER
+    assert matrix["order"] == "version"
+    assert (matrix["environment"], matrix["battery"]) == (s.ENVIRONMENT, s.RAN_BATTERY)
+    assert matrix["choices"] == [{"environment": s.ENVIRONMENT, "battery": s.RAN_BATTERY,
+                                  "requested": [s.REQUESTED_BATTERY]}]
+    # The name a submission asked for finds the battery that ran for it.
+    assert api.get(URL, params={"battery": s.REQUESTED_BATTERY}).json()["battery"] == s.RAN_BATTERY
+    columns = {column["tag"]: column for column in matrix["releases"]}
+    assert columns["v1.9.0"]["compared_with"] == "v1.8.0"
+    assert columns["v1.11.0"]["run_id"] is None
+    assert columns["v1.11.0"]["no_data"] == f"build failed in {s.ENVIRONMENT}: {s.BUILD_ERROR}"
+
+
+def test_each_cell_is_the_change_in_its_rows_scale(api, db_session) -> None:  # noqa: ANN001
+    matrix = _matrix(api, db_session)
+    lion = _cells(matrix, LION)
+    regression = lion["v1.10.0"]
+    # Tolerance: the factor is a quotient of two stored float64 finals, exact to a few roundings.
+    assert math.isclose(regression["change"], s.REGRESSION_FACTOR, rel_tol=1e-12)
+    assert regression["change_text"] == "×1.700e+03"
+    assert (regression["state"], regression["changed"], regression["compared"]) == ("changed", 1, 2)
+    assert regression["first_divergent_step"] == s.REGRESSION_FIRST_STEP
+    assert regression["kind"] == "semantic" and regression["kind_text"] == "semantic: decoupled weight decay"
+    assert regression["first_step_ulps"] == s.REGRESSION_ULPS
+    assert regression["case_id"] == s.LION_WD
+    assert regression["case_name"] == "lion · 32bit · fp32 · lr=0.0001 · wd=0.1 · open · n4097 · s0 · t8"
+    assert regression["intensity"] == 5
+
+    assert lion["v1.8.0"]["state"] == "first" and lion["v1.8.0"]["intensity"] == 0
+    assert lion["v1.9.0"]["state"] == "unchanged" and lion["v1.9.0"]["intensity"] == 0
+    assert lion["v1.11.0"]["state"] == "no-data" and lion["v1.11.0"]["note"].startswith("build failed")
+
+    # The flags-only release: every float row moved by a few roundings, labelled with the flags.
+    for label in (LION, ADAM):
+        flags = _cells(matrix, label)["v1.10.1"]
+        assert flags["state"] == "changed" and flags["first_divergent_step"] == 1
+        assert flags["kind"] == "rounding-level"
+        assert flags["kind_text"] == "rounding-level · build flags: + -march=native + -fopenmp − -g"
+        assert flags["first_step_ulps"] == s.FLAG_ULPS
+        assert flags["intensity"] == 1, flags
+        assert math.isclose(flags["change"], s.ROUNDING, rel_tol=1e-12)
+    columns = {column["tag"]: column for column in matrix["releases"]}
+    assert columns["v1.10.1"]["build_change"] == "build flags: + -march=native + -fopenmp − -g"
+    assert columns["v1.10.0"]["build_change"] is None
+
+    # The 8-bit row: its distance to float64 is 4.2e+04 (its quantization error), and it never moved.
+    eight_bit = next(row for row in matrix["rows"] if row["label"] == EIGHT_BIT)
+    assert eight_bit["scale"] == "quantization-steps"
+    for cell in eight_bit["cells"]:
+        assert cell["intensity"] == 0, cell
+        assert cell["state"] in ("first", "unchanged", "no-data"), cell
+    assert eight_bit["cells"][1]["distance"] == s.BASE_FINAL[s.ADAM_8BIT]
+    assert eight_bit["sparkline"] == [s.QUANT_STEPS] * 4 + [None]
+
+    # The sparkline: the row's largest final distance to float64 per release.
+    row = next(row for row in matrix["rows"] if row["label"] == LION)
+    expected = [max(s.case_state(tag, case)[0] for case in (s.LION, s.LION_WD)) for tag in s.VERSION_ORDER[:4]]
+    assert row["sparkline"] == expected + [None]
+    names = [line["name"] for line in row["cases"]]
+    assert names == sorted(names) and all("#" not in name for name in names)
+
+
+def test_an_unknown_project_is_404(api) -> None:  # noqa: ANN001
+    response = api.get("/api/v1/projects/nobody/releases/matrix")
+    assert response.status_code == 404

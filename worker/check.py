@@ -17,29 +17,31 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
+from service.core.terminal_tables import Column, Figure, FittedTable, print_table
+from service.core.case_names import case_name
 from service.core.results import RunComparison
-from service.core.wording import number
 
 EXIT_OK, EXIT_CHANGED, EXIT_BAD_INPUT, EXIT_BROKEN, EXIT_ERROR, EXIT_NONDETERMINISTIC = 0, 1, 2, 3, 4, 5
 EXIT_BY_VERDICT = {"unchanged": EXIT_OK, "no-baseline": EXIT_OK, "changed": EXIT_CHANGED,
                    "broken": EXIT_BROKEN, "nondeterministic": EXIT_NONDETERMINISTIC}
 
 
-def _fmt(value: float | None) -> str:
-    return number(value, missing="")
+VERDICT_COLUMNS = (
+    Column("case", "name", 0, min_width=22), Column("verdict", "text", 1, min_width=9),
+    Column("first\nstep", "number", 4), Column("max |commit\n- base|", "number", 2),
+    Column("ref64\ncommit", "number", 3), Column("ref64\nbase", "number", 3),
+    Column("direction", "text", 5, min_width=12))
+ATTRIBUTION_COLUMNS = (
+    Column("case", "name", 0, min_width=22), Column("ulp first\n/ peak", "number", 1),
+    Column("Δ / baseline's\ndistance", "number", 3), Column("kind", "text", 2, min_width=16))
 
 
-def _short(value: float | None) -> str:
-    return number(value, missing="-")
-
-
-def print_verdict(comparison: RunComparison, console: Console, *, show_unchanged: bool = False) -> None:
-    """The verdict table (changed and broken cases first) and the summary."""
-    table = Table(title=f"optdrift verdict: {comparison.verdict}", show_lines=False)
-    for column in ("case", "verdict", "first step", "max |commit-base|", "ref64 commit", "ref64 base", "direction"):
-        table.add_column(column, overflow="fold")
+def print_verdict(comparison: RunComparison, console: Console, *, show_unchanged: bool = False,
+                  wide: bool = False) -> None:
+    """The verdict table (changed and broken cases first) and the summary; fitted to the console's
+    width (service/core/terminal_tables.py), every column with `wide`."""
+    table = FittedTable(f"optdrift verdict: {comparison.verdict}", VERDICT_COLUMNS, wide=wide)
     order = {"broken": 0, "nondeterministic": 1, "changed": 2, "new": 3, "not_applicable": 4, "unchanged": 5}
     shown = 0
     for case in sorted(comparison.cases, key=lambda c: (order[c.verdict], c.case_id)):
@@ -47,18 +49,24 @@ def print_verdict(comparison: RunComparison, console: Console, *, show_unchanged
             continue
         largest = max(case.max_abs_diff_per_step) if case.max_abs_diff_per_step else None
         detail = case.direction or ((case.message or "").splitlines()[0] if case.message else "")
-        table.add_row(case.case_id, case.verdict, str(case.first_divergent_step or ""), _fmt(largest),
-                      _fmt(case.commit_final_ref64_distance), _fmt(case.baseline_final_ref64_distance), detail)
+        table.add_row(case_name(case.case_id), case.verdict, str(case.first_divergent_step or ""),
+                      Figure.of(largest, missing=""), Figure.of(case.commit_final_ref64_distance, missing=""),
+                      Figure.of(case.baseline_final_ref64_distance, missing=""), detail)
         shown += 1
     if shown:
-        console.print(table)
+        print_table(console, table)
+        if "direction" not in table.shown_headers(console.width):
+            for case in comparison.cases:  # the column left out at this width holds what a broken case said
+                if case.verdict in ("broken", "nondeterministic") and case.message:
+                    console.print(f"{case_name(case.case_id)}: {case.verdict}: {case.message.splitlines()[0]}",
+                                  markup=False, highlight=False, soft_wrap=True)
     hidden = len(comparison.cases) - shown
     if hidden:
         console.print(f"({hidden} unchanged cases not shown)")
     console.print(comparison.summary)
 
 
-def print_attribution(attribution: dict, console: Console) -> None:
+def print_attribution(attribution: dict, console: Console, *, wide: bool = False) -> None:
     """What kind of change each changed case is (service/core/attribution_view.py words it, as the
     service's CLI table and run page do): its size in ulps of its own scale, relative to the
     baseline's distance to float64, and rounding-level or which semantic change it looks like."""
@@ -71,17 +79,16 @@ def print_attribution(attribution: dict, console: Console) -> None:
     cases = by_case(detail)
     if not cases:
         return
-    table = Table(title="kind of change (changed cases)")
-    for column in ("case", "ulp first / peak", "Δ / baseline's distance", "kind"):
-        table.add_column(column, overflow="fold")
+    table = FittedTable("kind of change (changed cases)", ATTRIBUTION_COLUMNS, wide=wide)
     ranked = list(cases.values())
     order_by_relative_change(ranked, detail)  # the largest change relative to the baseline's distance first
     for case in ranked[:40]:
-        table.add_row(case.case_id, f"{_short(case.first_step_ulps)} / {_short(case.peak_ulps)}",
-                      _short(case.change_vs_baseline_distance), case.text)
+        table.add_row(case_name(case.case_id),
+                      Figure.joined((Figure.of(case.first_step_ulps), Figure.of(case.peak_ulps)), " / "),
+                      Figure.of(case.change_vs_baseline_distance), case.text)
     if len(ranked) > 40:
         table.caption = f"... and {len(ranked) - 40} more"
-    console.print(table)
+    print_table(console, table)
     console.print(headline(detail), markup=False, highlight=False)
 
 
@@ -160,10 +167,12 @@ def exit_code(comparison: RunComparison) -> int:
 
 def run_check(source: Path, baseline: Path | None, battery: str | None = None, *, device: str = "auto",
               cache_dir: Path | None = None, case_timeout_s: float = 300.0, json_out: Path | None = None,
-              show_unchanged: bool = False, console: Console | None = None, attribute: bool = True) -> int:
+              show_unchanged: bool = False, console: Console | None = None, attribute: bool = True,
+              wide: bool = False) -> int:
     """`battery`: None runs the tree's own (optdrift.toml, else quick), as the service does.
     `attribute`: say what kind of change each changed case is (worker/attribution), as a service
-    run's verdict does after its co-run; it re-runs the changed cases on both builds."""
+    run's verdict does after its co-run; it re-runs the changed cases on both builds.
+    `wide`: every column of the tables, however narrow the terminal (else they fit its width)."""
     if console is None:
         console = Console()
         if not console.is_terminal:  # CI logs: keep case ids on one line instead of 80 columns
@@ -214,7 +223,7 @@ def run_check(source: Path, baseline: Path | None, battery: str | None = None, *
     try:
         return _build_and_compare(job, base_job, source, baseline, policy, spares, console, error, started,
                                   device=device, case_timeout_s=case_timeout_s, json_out=json_out,
-                                  show_unchanged=show_unchanged, attribute=attribute)
+                                  show_unchanged=show_unchanged, attribute=attribute, wide=wide)
     finally:
         for spare in spares:  # those a run did not take (a baseline that does not build...)
             if spare is not None:
@@ -223,7 +232,7 @@ def run_check(source: Path, baseline: Path | None, battery: str | None = None, *
 
 def _build_and_compare(job, base_job, source: Path, baseline: Path | None, policy, spares: list,  # noqa: ANN001
                        console: Console, error, started: float, *, device: str, case_timeout_s: float,  # noqa: ANN001
-                       json_out: Path | None, show_unchanged: bool, attribute: bool) -> int:
+                       json_out: Path | None, show_unchanged: bool, attribute: bool, wide: bool = False) -> int:
     from worker import pipeline
 
     commit_build = pipeline.build(job, policy)
@@ -292,8 +301,8 @@ def _build_and_compare(job, base_job, source: Path, baseline: Path | None, polic
             from worker.engine import compile_cache
 
             compile_cache.release(*caches)
-    print_verdict(comparison, console, show_unchanged=show_unchanged)
-    print_attribution(attribution, console)
+    print_verdict(comparison, console, show_unchanged=show_unchanged, wide=wide)
+    print_attribution(attribution, console, wide=wide)
     console.print(phases.line(), highlight=False, soft_wrap=True)  # one line, for logs that grep it
     if json_out is not None:
         payload = {"commit": commit_run.model_dump(mode="json"),

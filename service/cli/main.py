@@ -62,6 +62,11 @@ DetailTimeoutOption = Annotated[float, typer.Option(
     "--detail-timeout", min=0, help="seconds to wait for the co-run detail after the verdict; past it the "
                                     "verdict is reported and the detail follows on the run page")]
 DEFAULT_DETAIL_TIMEOUT_S = 600.0
+# The verdict tables fit the terminal (service/core/terminal_tables.py): at a narrow one the columns
+# of least use are left out, and their caption names them; --wide shows them all.
+WideOption = Annotated[bool, typer.Option(
+    "--wide", help="every column of the verdict tables, however narrow the terminal (the lines are then "
+                   "wider than it); without it the tables fit the terminal and name the columns left out")]
 
 
 def _version(value: bool) -> None:
@@ -501,7 +506,7 @@ def run_exit_code(run: dict) -> int:
 
 
 def wait_and_report(client, run_ids: list[int], *, output: str = "text", detail: bool = True,  # noqa: ANN001
-                    detail_timeout_s: float = DEFAULT_DETAIL_TIMEOUT_S) -> int:
+                    detail_timeout_s: float = DEFAULT_DETAIL_TIMEOUT_S, wide: bool = False) -> int:
     """Progress while the runs go (a bar at a terminal, lines in a log, stderr for `--format
     json`); with `detail`, then the co-run detail of changed verdicts (at most `detail_timeout_s`);
     then the verdict tables or the JSON document. Returns the exit code (the detail never changes it)."""
@@ -520,7 +525,7 @@ def wait_and_report(client, run_ids: list[int], *, output: str = "text", detail:
         print(json_report(final, exit_code, detail_still_coming=pending,
                           dashboard_urls={run["id"]: client.dashboard_url(run["id"]) for run in final}))
     else:
-        print_report(console, final)
+        print_report(console, final, wide=wide)
     for run in final:
         if run["id"] in pending:
             print(detail_still_coming(run, timeout_s=detail_timeout_s, dashboard_url=client.dashboard_url(run["id"])),
@@ -548,6 +553,7 @@ def submit(
     output: FormatOption = "text",
     detail: DetailOption = True,
     detail_timeout: DetailTimeoutOption = DEFAULT_DETAIL_TIMEOUT_S,
+    wide: WideOption = False,
     allow_no_baseline: Annotated[bool, typer.Option(
         "--allow-no-baseline", help="accept having nothing to compare with (a project's first commit): a "
                                     "no-baseline verdict then exits 0 (neutral on GitHub) instead of 6")] = False,
@@ -581,7 +587,7 @@ def submit(
             say(f"run {run_id}: {client.dashboard_url(run_id)}")
         if wait:
             raise typer.Exit(wait_and_report(client, run_ids, output=output, detail=detail,
-                                             detail_timeout_s=detail_timeout))
+                                             detail_timeout_s=detail_timeout, wide=wide))
         if output == "json":
             from service.cli.report import json_report
 
@@ -629,6 +635,7 @@ def verify(
     output: FormatOption = "text",
     detail: DetailOption = True,
     detail_timeout: DetailTimeoutOption = DEFAULT_DETAIL_TIMEOUT_S,
+    wide: WideOption = False,
 ) -> None:
     """A contributor without a GPU: run your tree (or patch) on the service's workers against --base."""
     from service.cli.client import OptdriftClient
@@ -653,7 +660,7 @@ def verify(
         say(f"verify run {run['id']}: {client.dashboard_url(run['id'])}")
         if wait:
             raise typer.Exit(wait_and_report(client, [run["id"]], output=output, detail=detail,
-                                             detail_timeout_s=detail_timeout))
+                                             detail_timeout_s=detail_timeout, wide=wide))
         if output == "json":
             from service.cli.report import json_report
 
@@ -667,6 +674,7 @@ def retry(
     url: UrlOption = DEFAULT_URL,
     detail: DetailOption = True,
     detail_timeout: DetailTimeoutOption = DEFAULT_DETAIL_TIMEOUT_S,
+    wide: WideOption = False,
 ) -> None:
     """Re-queue a run whose status is `error` (optdrift failed, not the commit)."""
     from service.cli.client import OptdriftClient
@@ -676,7 +684,8 @@ def retry(
         run = client.retry(run_id)
         print(f"run {run['id']} queued again: {client.dashboard_url(run['id'])}")
         if wait:
-            raise typer.Exit(wait_and_report(client, [run["id"]], detail=detail, detail_timeout_s=detail_timeout))
+            raise typer.Exit(wait_and_report(client, [run["id"]], detail=detail, detail_timeout_s=detail_timeout,
+                                             wide=wide))
 
 
 @app.command(epilog="Exit codes: 0 acknowledged; 2 bad input or a refused request (no maintain or admin token, "
@@ -716,6 +725,7 @@ def check(
         help="say what kind of change each changed case is (rounding-level, or which semantic change); "
              "it re-runs the changed cases on both builds")] = True,
     output: FormatOption = "text",
+    wide: WideOption = False,
 ) -> None:
     """No server: build SOURCE (and BASELINE), run a battery, print the verdict and exit with it.
 
@@ -729,7 +739,8 @@ def check(
     _format(output)
     if output == "text":
         raise typer.Exit(run_check(source, baseline, battery, device=device, json_out=json_out,
-                                   show_unchanged=show_unchanged, console=console, attribute=attribution))
+                                   show_unchanged=show_unchanged, console=console, attribute=attribution,
+                                   wide=wide))
     # JSON: the tables go to stderr, the document (both runs and the verdict) to stdout.
     import json
     import tempfile
@@ -737,7 +748,8 @@ def check(
     with tempfile.TemporaryDirectory(prefix="optdrift-check-") as tmp:
         document = json_out or Path(tmp) / "check.json"
         code = run_check(source, baseline, battery, device=device, json_out=document,
-                         show_unchanged=show_unchanged, console=make_console(stderr=True), attribute=attribution)
+                         show_unchanged=show_unchanged, console=make_console(stderr=True), attribute=attribution,
+                         wide=wide)
         body = json.loads(document.read_text()) if document.is_file() else {}
     print(json.dumps({"exit_code": code, **body}, indent=2))
     raise typer.Exit(code)

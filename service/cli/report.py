@@ -16,9 +16,10 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from service.cli.exit_codes import EXIT_NO_BASELINE
+from service.core.terminal_tables import Column, Figure, FittedTable, print_table
+from service.core.case_names import case_name
 from service.core.results import ComparisonFigures, ScaleGroup
 from service.core.verdicts import figures_of
 from service.core.wording import (
@@ -131,16 +132,36 @@ def baseline_lines(runs: list[dict]) -> list[str]:
     return lines
 
 
-def verdict_table(runs: list[dict]) -> Table:
-    table = Table(title="optdrift verdict")
-    for column in ("run", "commit", "environment", "status", "verdict", "compared with", "changed cases", "first step",
-                   "max |Δ| (per family, dtype)", "to float64 before → after (per family, dtype)", "summary"):
-        table.add_column(column)
+def size_figures(groups: list[ScaleGroup]) -> tuple[Figure, Figure]:
+    """`size_cells` as table figures (written shorter on a narrow terminal, never cut)."""
+    if not groups:
+        return Figure("-", "-"), Figure("-", "-")
+    if len(groups) == 1:
+        return Figure.of(groups[0].largest_diff), Figure.pair(groups[0].baseline_peak, groups[0].commit_peak)
+    return (Figure.joined((Figure.of(g.largest_diff).prefixed(f"{scale_label(g)}: ") for g in groups), "\n"),
+            Figure.joined((Figure.pair(g.baseline_peak, g.commit_peak).prefixed(f"{scale_label(g)}: ")
+                           for g in groups), "\n"))
+
+
+# The columns of each table, by priority at a narrow terminal (tables.py): what identifies a row
+# and says the verdict first, the figures next; what is repeated in words below the tables last
+# (the size per family and dtype has its own lines, a cut message follows in full).
+VERDICT_COLUMNS = (
+    Column("run", "number", 0), Column("commit", "name", 2, min_width=12), Column("environment", "text", 5),
+    Column("status", "text", 6), Column("verdict", "text", 1, min_width=9, markup=True),
+    Column("compared with", "text", 7), Column("changed\ncases", "number", 4), Column("first\nstep", "number", 4),
+    Column("max |Δ| (per family,\ndtype)", "number", 8),
+    Column("to float64 before → after\n(per family, dtype)", "number", 8),
+    Column("summary", "text", 3, min_width=24))
+
+
+def verdict_table(runs: list[dict], *, wide: bool = False) -> FittedTable:
+    table = FittedTable("optdrift verdict", VERDICT_COLUMNS, wide=wide)
     for run in runs:
         verdict = run.get("verdict") or {}
         outcome = verdict.get("outcome", "-")
         style = "red" if verdict.get("flagged") else ("green" if outcome == "unchanged" else "")
-        largest_diff, distance = size_cells(_figures(run).scales)
+        largest_diff, distance = size_figures(_figures(run).scales)
         text = verdict.get("summary") or run.get("error") or ""
         table.add_row(str(run["id"]), run.get("commit_sha") or f"verify vs {run.get('base_sha')}",
                       run["environment"], run["status"], f"[{style}]{outcome}[/]" if style else outcome,
@@ -151,16 +172,20 @@ def verdict_table(runs: list[dict]) -> Table:
     return table
 
 
-def changed_cases_table(runs: list[dict]) -> Table | None:
+CHANGED_COLUMNS = (
+    Column("run", "number", 0), Column("case", "name", 0, min_width=22), Column("verdict", "text", 1, min_width=9),
+    Column("first\nstep", "number", 4), Column("direction", "text", 5), Column("max |Δ|", "number", 2),
+    Column("to float64\nbefore → after", "number", 3), Column("ulp first\n/ peak", "number", 6),
+    Column("Δ / baseline's\ndistance", "number", 8), Column("kind", "text", 7, min_width=16),
+    Column("message", "text", 9, min_width=24))
+
+
+def changed_cases_table(runs: list[dict], *, wide: bool = False) -> FittedTable | None:
     rows = [(run["id"], case) for run in runs for case in _cases(run)
             if case["verdict"] in ("changed", "broken", "nondeterministic")]
     if not rows:
         return None
-    table = Table(title="changed cases")
-    for column in ("run", "case", "verdict", "first step", "direction", "max |Δ|",
-                   "to float64 before → after", "ulp first / peak", "Δ / baseline's distance", "kind",
-                   "message"):
-        table.add_column(column)
+    table = FittedTable("changed cases", CHANGED_COLUMNS, wide=wide)
     # Issue 17: the change relative to the case's own scale, and what kind it is (after the co-run).
     attributions = {(run["id"], a["case_id"]): a for run in runs
                     for a in (run.get("verdict") or {}).get("attribution") or []}
@@ -169,30 +194,32 @@ def changed_cases_table(runs: list[dict]) -> Table | None:
         scale = attributions.get((run_id, case["case_id"])) or {}
         # A nondeterministic case's blame (docs/ENGINE.md, Nondeterminism): introduced or pre-existing.
         verdict = case["verdict"] + (f" ({case['nondeterminism']})" if case.get("nondeterminism") else "")
-        table.add_row(str(run_id), case["case_id"], verdict,
+        ulps = (Figure.joined((Figure.of(scale.get("first_step_ulps")), Figure.of(scale.get("peak_ulps"))), " / ")
+                if scale else Figure("-", "-"))
+        table.add_row(str(run_id), case_name(case["case_id"]), verdict,
                       str(case.get("first_divergent_step") or "-"),
                       REFERENCE_CHANGED if case.get("reference_changed") else case.get("direction") or "-",
-                      _number(max(diffs) if diffs else None),
-                      _distance_text(case.get("baseline_peak_ref64_distance"),
-                                     case.get("commit_peak_ref64_distance")),
-                      f"{_number(scale.get('first_step_ulps'))} / {_number(scale.get('peak_ulps'))}" if scale else "-",
-                      _number(scale.get("change_vs_baseline_distance")), scale.get("text") or "-",
+                      Figure.of(max(diffs) if diffs else None),
+                      Figure.pair(case.get("baseline_peak_ref64_distance"), case.get("commit_peak_ref64_distance")),
+                      ulps, Figure.of(scale.get("change_vs_baseline_distance")), scale.get("text") or "-",
                       _clipped(case.get("message"), CELL_CHARS))
     if len(rows) > 40:
         table.caption = f"... and {len(rows) - 40} more"
     return table
 
 
-def not_applicable_table(runs: list[dict]) -> Table | None:
+NOT_APPLICABLE_COLUMNS = (Column("run", "number", 0), Column("case", "name", 0, min_width=22),
+                          Column("reason", "text", 1, min_width=24))
+
+
+def not_applicable_table(runs: list[dict], *, wide: bool = False) -> FittedTable | None:
     """Cases the adapter cannot run on that device: listed with the reason, never judged."""
     rows = [(run["id"], case) for run in runs for case in _cases(run) if case["verdict"] == "not_applicable"]
     if not rows:
         return None
-    table = Table(title="not applicable on this device (not judged)")
-    for column in ("run", "case", "reason"):
-        table.add_column(column)
+    table = FittedTable("not applicable on this device (not judged)", NOT_APPLICABLE_COLUMNS, wide=wide)
     for run_id, case in rows[:40]:
-        table.add_row(str(run_id), case["case_id"], _clipped(case.get("message"), CELL_CHARS))
+        table.add_row(str(run_id), case_name(case["case_id"]), _clipped(case.get("message"), CELL_CHARS))
     if len(rows) > 40:
         table.caption = f"... and {len(rows) - 40} more"
     return table
@@ -207,11 +234,12 @@ def _clipped(text: str | None, limit: int) -> str:
     return first if first == text else first + " …"
 
 
-def full_messages(runs: list[dict]) -> list[str]:
+def full_messages(runs: list[dict], *, every: bool = False) -> list[str]:
     """Every message a table cut short, whole: a run's error (a build log's tail, an adapter's
     import error with its file and line), and each distinct case message (broken, not applicable,
-    nondeterministic) once — with its case id, or the number of cases that share it (a kernel host
-    whose adapter cannot be imported breaks every case with the same message)."""
+    nondeterministic) once — with its case name, or the number of cases that share it (a kernel host
+    whose adapter cannot be imported breaks every case with the same message). `every`: each case
+    message, cut or not (a narrow terminal's table left its message column out)."""
     lines: list[str] = []
     for run in runs:
         error = run.get("error") or ""
@@ -220,8 +248,8 @@ def full_messages(runs: list[dict]) -> list[str]:
         shared: dict[tuple[str, str], list[str]] = {}
         for case in _cases(run):
             message = case.get("message") or ""
-            if message and _clipped(message, CELL_CHARS) != message:
-                shared.setdefault((case["verdict"].replace("_", " "), message), []).append(case["case_id"])
+            if message and (every or _clipped(message, CELL_CHARS) != message):
+                shared.setdefault((case["verdict"].replace("_", " "), message), []).append(case_name(case["case_id"]))
         for (verdict, message), case_ids in shared.items():
             which = case_ids[0] if len(case_ids) == 1 else f"{len(case_ids)} cases"
             lines.append(f"run {run['id']}: {verdict} ({which}): {message}")
@@ -247,13 +275,17 @@ def corun_finding_lines(run: dict) -> list[str]:
     return lines
 
 
-def print_report(console: Console, runs: list[dict]) -> None:
-    console.print(verdict_table(runs))
+def print_report(console: Console, runs: list[dict], *, wide: bool = False) -> None:
+    """The tables fit the console's width (service/core/terminal_tables.py); `wide`: every column, as wide
+    as they need."""
+    print_table(console, verdict_table(runs, wide=wide))
     for line in baseline_lines(runs):  # issue 44: what each verdict compared with, or why nothing
         console.print(line, markup=False, highlight=False, soft_wrap=True)
-    for table in (changed_cases_table(runs), not_applicable_table(runs)):
-        if table is not None:
-            console.print(table)
+    changed = changed_cases_table(runs, wide=wide)
+    for table in (changed, not_applicable_table(runs, wide=wide)):
+        print_table(console, table)
+    # A narrow terminal's changed-cases table may leave its message column out: the messages follow.
+    messages_left_out = changed is not None and "message" not in changed.shown_headers(console.width)
     for run in runs:  # issue 17: what kind of change it is (after the baseline co-run)
         line = (run.get("verdict") or {}).get("attribution_summary")
         if line:
@@ -268,7 +300,7 @@ def print_report(console: Console, runs: list[dict]) -> None:
         if _figures(run).reference_changed:
             console.print(f"run {run['id']}: {reference_changed_sentence(_figures(run))}", markup=False,
                           highlight=False, soft_wrap=True)
-    details = full_messages(runs)
+    details = full_messages(runs, every=messages_left_out)
     if details:
         console.print("details (in full):", highlight=False)
         for line in details:  # plain text, not wrapped into a cell: a log keeps it greppable

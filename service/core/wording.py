@@ -48,6 +48,16 @@ def number(value: float | int | None, digits: int = SIGNIFICANT_DIGITS, missing:
     return f"{value:.{max(1, digits) - 1}e}"
 
 
+def compact_number(value: float | int | None, missing: str = MISSING) -> str:
+    """`value` in 3 significant digits with its power of ten, the exponent unpadded, for a narrow
+    terminal's table (service/core/terminal_tables.py): 1.19e-5, -3.00e+4; otherwise as `number`
+    (0, NaN, +inf, -inf, `missing`). float() reads it back."""
+    if value is None or value == 0 or math.isnan(float(value)) or math.isinf(float(value)):
+        return number(value, missing=missing)
+    mantissa, exponent = f"{float(value):.2e}".split("e")
+    return f"{mantissa}e{int(exponent):+d}"
+
+
 def ratio(value: float | None, digits: int = SIGNIFICANT_DIGITS, missing: str = MISSING) -> str:
     """A factor: ×1.440e+03."""
     return missing if value is None else "×" + number(value, digits)

@@ -39,7 +39,7 @@ def test_every_cut_message_follows_the_tables_whole(capsys, monkeypatch):  # noq
     tables, _, details = text.partition("details (in full):")
     assert details, text
     assert f"run 7 (failed): {IMPORT_ERROR}" in details
-    assert f"run 8: broken (lion.a): {BROKEN}" in details  # both lines, as the kernel host said them
+    assert f"run 8: broken (lion · a): {BROKEN}" in details  # both lines, as the kernel host said them; the case by its name
     assert details.count(REASON) == 1 and f"not applicable (3 cases): {REASON}" in details
     # The tables keep a short cell: the message's first CELL_CHARS - 1 characters and a mark.
     assert BROKEN.splitlines()[0][:CELL_CHARS - 1] + "…" in tables and BROKEN not in tables

@@ -474,6 +474,7 @@ def add_attribution(run_id: int, attribution: dict, *, session: Session | None =
         if verdict is None:
             return
         verdict.detail = {**verdict.detail, "attribution": attribution}
+        verdict_store.record_build_change(verdict)  # read by the attribution's words
         session.commit()
 
 

@@ -157,6 +157,12 @@ class CaseAttributionPublic(BaseModel):
     distance_to_reference: float | None
     next_best: str | None
     next_best_ratio: float | None
+    reverts: str | None = Field(None, description="the catalogued variant (a defect) the baseline followed and "
+                                                  "the commit reverts to the algorithm")
+    baseline_variant: str | None = Field(None, description="the catalogued variant the baseline follows, where the "
+                                                           "change was matched from it (a transition)")
+    build_change: str | None = Field(None, description="what differs between the commit's build and the "
+                                                       "baseline's: flags, defines, compilers")
 
 
 class BaselinePublic(BaseModel):

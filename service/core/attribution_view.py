@@ -5,6 +5,12 @@ A change is shown relative to the case's own scale: in ulps of the parameter (th
 element has had) at the first divergent step and at its peak, and relative to the baseline's own
 distance to the float64 reference. The headline ranks cases by those, never by absolute |Δ|, so an
 8-bit case whose distance is the documented quantization error does not lead it.
+
+What differs between the commit's build and the baseline's (detail["build_change"]: flags,
+defines, compilers; service/core/environment_attribution.build_change) is named in the headline
+and beside every rounding-level or unexplained case: a change of flags is what such a change most
+often is. A matched transition (the baseline follows a catalogued variant, the commit the
+algorithm or another setting) reads as its label, a revert as "reverts: ...".
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ class CaseAttribution:
     next_best: str | None
     next_best_ratio: float | None
     note: str | None
+    reverts: str | None = None            # the catalogued variant the baseline followed and the commit no longer does
+    baseline_variant: str | None = None   # the variant the baseline follows (a matched transition)
+    build_change: str | None = None       # "build flags changed: + ..., - ..." (the run's, beside every case)
 
     @property
     def text(self) -> str:
@@ -38,16 +47,43 @@ class CaseAttribution:
         if self.kind == "unknown":
             return f"not attributed: {self.note}" if self.note else "not attributed"
         if self.kind == "rounding-level":
-            return f"rounding-level: {_ulps(self.first_step_ulps)} at the first divergent step, {_ulps(self.peak_ulps)} at most"
+            return _with_build(f"rounding-level: {_ulps(self.first_step_ulps)} at the first divergent step, "
+                               f"{_ulps(self.peak_ulps)} at most", self.build_change)
         if self.kind == "quantization":
             return f"quantization: {self.note}" if self.note else "quantization"
         if self.variant is None:
-            return f"semantic, unexplained: {_ulps(self.peak_ulps)}; no catalogued variant fits"
-        text = f"{self.kind}: {self.looks_like} — {_number(self.distance_to_variant)} from that variant, " \
-               f"{_number(self.distance_to_reference)} from the reference"
+            return _with_build(f"semantic, unexplained: {_ulps(self.peak_ulps)}; no catalogued variant fits",
+                               self.build_change)
+        if self.variant == "reference":  # a revert: the commit follows the algorithm itself
+            text = f"{self.kind}: {self.looks_like} — {_number(self.distance_to_reference)} from the reference"
+        else:
+            text = f"{self.kind}: {self.looks_like} — {_number(self.distance_to_variant)} from that variant, " \
+                   f"{_number(self.distance_to_reference)} from the reference"
         if self.next_best_ratio is not None and math.isfinite(self.next_best_ratio):
             text += f" (next best {ratio(self.next_best_ratio)} worse)"
         return text
+
+
+def _with_build(text: str, build_change: str | None) -> str:
+    """A rounding-level or unexplained change with the builds' difference beside it: a flag or a
+    compiler change is what moves roundings without touching the source."""
+    return f"{text}; {build_change}" if build_change else text
+
+
+def build_change_text(change: dict | None) -> str | None:
+    """ "build flags changed: + -march=native -fopenmp -D__AVX512__, - -g; compiler changed: A → B",
+    from a verdict's detail["build_change"]; None when the builds were made alike (or unrecorded)."""
+    if not isinstance(change, dict):
+        return None
+    added, removed = change.get("flags_added") or [], change.get("flags_removed") or []
+    parts = []
+    if added or removed:
+        sides = ([f"+ {' '.join(added)}"] if added else []) + ([f"- {' '.join(removed)}"] if removed else [])
+        parts.append("build flags changed: " + ", ".join(sides))
+    compilers = change.get("compilers")
+    if isinstance(compilers, dict):
+        parts.append(f"compiler changed: {compilers.get('baseline') or 'unknown'} → {compilers.get('commit') or 'unknown'}")
+    return "; ".join(parts) or None
 
 
 def _number(value: float | None) -> str:
@@ -66,10 +102,10 @@ def _float(value) -> float | None:  # noqa: ANN001
     return float(value)
 
 
-def case_attribution(case_id: str, stored: dict) -> CaseAttribution:
+def case_attribution(case_id: str, stored: dict, build_change: str | None = None) -> CaseAttribution:
     if "error" in stored:
         return CaseAttribution(case_id, "unknown", None, None, None, None, None, None, None, None, None, None,
-                               stored["error"])
+                               stored["error"], build_change=build_change)
     variant = stored.get("variant")
     kind = stored.get("class") or "unknown"
     return CaseAttribution(
@@ -79,7 +115,8 @@ def case_attribution(case_id: str, stored: dict) -> CaseAttribution:
         change_vs_baseline_distance=_float(stored.get("change_vs_baseline_distance")),
         residual_ulps=_float(stored.get("residual_ulps")), distance_to_variant=_float(stored.get("distance")),
         distance_to_reference=_float(stored.get("reference_distance")), next_best=stored.get("next_best"),
-        next_best_ratio=_float(stored.get("next_best_ratio")), note=stored.get("note"))
+        next_best_ratio=_float(stored.get("next_best_ratio")), note=stored.get("note"),
+        reverts=stored.get("reverts"), baseline_variant=stored.get("baseline_variant"), build_change=build_change)
 
 
 def by_case(detail: dict | None) -> dict[str, CaseAttribution]:
@@ -87,7 +124,9 @@ def by_case(detail: dict | None) -> dict[str, CaseAttribution]:
     stored = (detail or {}).get("attribution") or {}
     if "error" in stored and isinstance(stored["error"], str):
         return {}
-    return {case_id: case_attribution(case_id, value) for case_id, value in stored.items() if isinstance(value, dict)}
+    build = build_change_text((detail or {}).get("build_change"))
+    return {case_id: case_attribution(case_id, value, build) for case_id, value in stored.items()
+            if isinstance(value, dict)}
 
 
 def attribution_error(detail: dict | None) -> str | None:
@@ -102,10 +141,13 @@ def headline(detail: dict | None) -> str | None:
     if not cases:
         return None
     kinds = Counter(a.kind for a in cases.values())
-    named = Counter(a.looks_like for a in cases.values() if a.kind == "semantic" and a.variant)
+    named = Counter(a.looks_like for a in cases.values() if a.kind == "semantic" and a.variant and not a.reverts)
     parts = []
     if named:
         parts.append("semantic — " + "; ".join(f"looks like {label} ({n})" for label, n in named.most_common(3)))
+    reverted = Counter(a.looks_like for a in cases.values() if a.kind == "semantic" and a.reverts)
+    if reverted:
+        parts.append("semantic — " + "; ".join(f"{label} ({n})" for label, n in reverted.most_common(3)))
     precision = Counter(a.looks_like for a in cases.values() if a.kind == "precision")
     if precision:
         parts.append("precision — " + "; ".join(f"looks like {label} ({n})" for label, n in precision.most_common(3)))
@@ -119,6 +161,9 @@ def headline(detail: dict | None) -> str | None:
     if kinds["unknown"]:
         parts.append(f"not attributed ({kinds['unknown']})")
     text = "attribution: " + ", ".join(parts)
+    build = build_change_text((detail or {}).get("build_change"))
+    if build:
+        text += f"; {build}"
     relative = [(a.change_vs_baseline_distance, a.case_id) for a in cases.values()
                 if a.change_vs_baseline_distance is not None and math.isfinite(a.change_vs_baseline_distance)]
     if relative:

@@ -61,6 +61,7 @@ class BuildSide:
     nvcc: str | None                # nvcc's release line; None for a CPU build
     cflags: tuple[str, ...] = ()    # the tree's host flags, then the variant's
     cuda_cflags: tuple[str, ...] = ()
+    defines: tuple[str, ...] = ()   # the tree's build.defines as the -Dname=value flags they compile as
 
     @classmethod
     def from_detail(cls, environment: str, detail: dict[str, Any] | None) -> "BuildSide":
@@ -74,11 +75,17 @@ class BuildSide:
                    compiler=toolchain.get("cxx_version") or variant.get("compiler"),
                    nvcc=toolchain.get("nvcc_version"),
                    cflags=tuple(tree.get("cflags") or ()) + tuple(variant.get("cflags") or ()),
-                   cuda_cflags=tuple(tree.get("cuda_cflags") or ()) + tuple(variant.get("cuda_cflags") or ()))
+                   cuda_cflags=tuple(tree.get("cuda_cflags") or ()) + tuple(variant.get("cuda_cflags") or ()),
+                   defines=define_flags(tree.get("defines")))
 
     @property
     def flags(self) -> tuple[str, ...]:
-        return self.cflags + self.cuda_cflags
+        return self.cflags + self.cuda_cflags + self.defines
+
+
+def define_flags(defines: dict[str, Any] | None) -> tuple[str, ...]:
+    """build.defines as they reach the compilers (BuildConfig.define_flags): -Dname=value, sorted."""
+    return tuple(f"-D{name}={value}" for name, value in sorted((defines or {}).items()))
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,28 @@ def build_difference(a: BuildSide, b: BuildSide) -> BuildDifference:
         compilers = (a.nvcc, b.nvcc)
     return BuildDifference(added=tuple(f for f in b.flags if f not in a.flags),
                            removed=tuple(f for f in a.flags if f not in b.flags), compilers=compilers)
+
+
+def build_change(commit: BuildSide, baseline: BuildSide) -> dict[str, Any] | None:
+    """What differs between a commit's build and its baseline's, JSON-ready for a verdict's detail
+    (service/core/attribution_view.py words it): the flags (defines included) the commit's build
+    has and the baseline's has not (`flags_added`) and the reverse (`flags_removed`), and the
+    compilers where their version lines differ; None when the builds were made alike."""
+    difference = build_difference(baseline, commit)
+    if not difference.added and not difference.removed and difference.compilers is None:
+        return None
+    return {"flags_added": list(difference.added), "flags_removed": list(difference.removed),
+            "compilers": None if difference.compilers is None else {"baseline": difference.compilers[0],
+                                                                     "commit": difference.compilers[1]}}
+
+
+def build_change_of_runs(commit_detail: dict[str, Any] | None,
+                         baseline_detail: dict[str, Any] | None) -> dict[str, Any] | None:
+    """build_change from the two runs' environment details (their recorded toolchain, variant and
+    tree flags); None when either has recorded no build."""
+    if not commit_detail or not baseline_detail:
+        return None
+    return build_change(BuildSide.from_detail("commit", commit_detail), BuildSide.from_detail("baseline", baseline_detail))
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ def evaluate(*, session: Session, run: Run) -> Verdict | None:
         baseline_commits_back=choice.commits_back if choice is not None and baseline_run is not None else None,
         baseline_note=choice.reason if choice is not None else None,
     )
+    record_build_change(verdict, run, baseline_run)
     session.add(verdict)
     session.flush()
     # The same change a person acknowledged on another sha (a PR's merge sha) is acknowledged here too.
@@ -70,14 +71,29 @@ def _judged(comparison: RunComparison) -> dict:
             "detail": comparison.model_dump(mode="json")}
 
 
+def record_build_change(verdict: Verdict, run: Run | None = None, baseline_run: Run | None = None) -> None:
+    """What differs between the two runs' builds (flags, defines, compilers: their recorded
+    environment details) into the verdict's detail, where the attribution's words name it
+    (service/core/attribution_view.py); nothing when they were built alike. `run`, `baseline_run`:
+    the verdict's own (default: its relationships)."""
+    from service.core.environment_attribution import build_change_of_runs
+
+    run = run if run is not None else verdict.run
+    baseline_run = baseline_run if baseline_run is not None else verdict.baseline_run
+    detail = {key: value for key, value in (verdict.detail or {}).items() if key != "build_change"}
+    change = build_change_of_runs(run.environment_detail, baseline_run.environment_detail) if baseline_run else None
+    verdict.detail = {**detail, "build_change": change} if change else detail
+
+
 def rejudge(*, verdict: Verdict, comparison: RunComparison, extra: dict) -> None:
     """The stored verdict replaced by `comparison` of the same run and baseline, now that a case's
     stored trajectory carries more evidence (the co-run found it does not reproduce itself:
     worker/jobs/corun.py), with `extra` beside it in the detail. Its outcome may change (changed ->
     nondeterministic); the baseline and the acknowledgement stay."""
+    build_change = (verdict.detail or {}).get("build_change")
     for column, value in _judged(comparison).items():
         setattr(verdict, column, value)
-    verdict.detail = {**verdict.detail, **extra}
+    verdict.detail = {**verdict.detail, **extra, **({"build_change": build_change} if build_change else {})}
 
 
 def evaluate_with_dependants(*, session: Session, run: Run) -> Verdict | None:

@@ -126,27 +126,60 @@ def replayed_elements(size: int, first_change: np.ndarray) -> np.ndarray | None:
 
 
 class _Residuals:
-    """Per variant: the peak residual (scale ulps), whether every step is within the allowance, and
-    the largest |commit − variant|; fed one step at a time."""
+    """Per hypothesis (a variant the commit follows from a baseline that is the algorithm, or a
+    transition: the baseline follows one catalogued variant and the commit the algorithm or another
+    setting of the same switches): the peak residual (scale ulps), whether every step is within the
+    allowance, and the largest |commit − the commit's rule|. Per catalogued rule (the algorithm
+    included): the baseline's peak distance to it, in ulps of the baseline's scale, which says
+    whether the baseline follows it better than the algorithm (`admissible_transitions`). Fed one
+    step at a time."""
 
-    def __init__(self, names: list[str]):
-        self.peak = dict.fromkeys(names, 0.0)
-        self.fits = dict.fromkeys(names, True)
-        self.distance = dict.fromkeys(names, 0.0)
+    def __init__(self, candidates: list):
+        self.names = [v.name for v in candidates]
+        self.transitions = catalogue.transitions(candidates)
+        keys = self.names + [t.name for t in self.transitions]
+        self.peak = dict.fromkeys(keys, 0.0)
+        self.fits = dict.fromkeys(keys, True)
+        self.distance = dict.fromkeys(keys, 0.0)
+        self.baseline_peak = dict.fromkeys([catalogue.CORRECT.name, *self.names], 0.0)
         self.reference_distance = 0.0
         self.difference: dict[str, np.ndarray] = {}  # V − V0 at the latest step (the drift's naming)
 
-    def add(self, params: dict, delta: np.ndarray, commit: np.ndarray, units: np.ndarray, allowed: float) -> None:
-        reference = params[catalogue.CORRECT.name].numpy()
+    def add(self, params: dict, delta: np.ndarray, commit: np.ndarray, baseline: np.ndarray, units: np.ndarray,
+            baseline_units: np.ndarray, allowed: float) -> None:
+        reference_name = catalogue.CORRECT.name
+        reference = params[reference_name].numpy()
         with np.errstate(invalid="ignore", over="ignore"):
             self.reference_distance = max(self.reference_distance, _finite_max(np.abs(commit - reference)))
-            for name in self.peak:
+            self._baseline(reference_name, baseline - reference, baseline_units)
+            for name in self.names:
                 path = params[name].numpy()
                 self.difference[name] = path - reference
-                residual = _finite_max(np.abs(delta - self.difference[name]) / units)
-                self.peak[name] = max(self.peak[name], residual)
-                self.fits[name] = self.fits[name] and residual <= allowed
-                self.distance[name] = max(self.distance[name], _finite_max(np.abs(commit - path)))
+                self._fit(name, np.abs(delta - self.difference[name]) / units, allowed,
+                          np.abs(commit - path))
+                self._baseline(name, baseline - path, baseline_units)
+            for move in self.transitions:
+                # commit − baseline = (C − V0) − (B − V0); the algorithm's own difference is 0.
+                after = 0.0 if move.reverts else self.difference[move.commit.name]
+                predicted = after - self.difference[move.baseline.name]
+                self._fit(move.name, np.abs(delta - predicted) / units, allowed,
+                          np.abs(commit - (reference + after)))
+
+    def _fit(self, key: str, residual: np.ndarray, allowed: float, distance: np.ndarray) -> None:
+        peak = _finite_max(residual)
+        self.peak[key] = max(self.peak[key], peak)
+        self.fits[key] = self.fits[key] and peak <= allowed
+        self.distance[key] = max(self.distance[key], _finite_max(distance))
+
+    def _baseline(self, name: str, gap: np.ndarray, units: np.ndarray) -> None:
+        self.baseline_peak[name] = max(self.baseline_peak[name], _finite_max(np.abs(gap) / units))
+
+    def admissible_transitions(self) -> list:
+        """The transitions whose baseline rule the baseline follows better than the algorithm: only
+        then is "the baseline was B" a hypothesis at all (a baseline that is the algorithm makes
+        every transition from B predict −(B − V0) beside the commit's own change)."""
+        exact = self.baseline_peak[catalogue.CORRECT.name]
+        return [t for t in self.transitions if self.baseline_peak[t.baseline.name] < exact]
 
 
 def _finite_max(values: np.ndarray) -> float:
@@ -184,7 +217,7 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
     chosen = slice(None) if elements is None else elements
     replay = catalogue.replay_steps(case, [catalogue.CORRECT, *candidates],
                                     None if elements is None else torch.from_numpy(elements)) if matched else None
-    residuals = _Residuals([v.name for v in candidates])
+    residuals = _Residuals(candidates)
 
     running = np.abs(initial_parameters(case.seed, case.size).to(catalogue._DTYPES[dtype]).float().numpy()
                      ).astype(np.float64)
@@ -211,8 +244,8 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
         max_abs_diff = max(max_abs_diff, float(np.nanmax(np.abs(delta))))
         if params is not None:
             allowed = matching[t - 1]
-            residuals.add(params, delta[chosen], c.astype(np.float64)[chosen], ulp(running_either[chosen], dtype),
-                          allowed)
+            residuals.add(params, delta[chosen], c.astype(np.float64)[chosen], b.astype(np.float64)[chosen],
+                          ulp(running_either[chosen], dtype), units[chosen], allowed)
 
     comparisons = state_compare.compare(*states, state_dtypes) if states is not None else None
     quantized = eight_bit or any(np.issubdtype(v.dtype, np.integer) for step in (states or ([],))[0] for v in step.values())
@@ -271,8 +304,14 @@ def analyze(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, first_dive
         result.update({"class": "quantization", "variant": None, "note": quantization})
         return result
     if comparisons is None and not quantized and max(ulps[s - 1:]) == 0:
-        result.update({"class": "semantic", "variant": None, "label": "unexplained",
-                       "note": "the state changed and the parameters did not (states not read)"})
+        # Nothing here to call it by: no parameter moved by one ulp, so no variant can be matched
+        # and no size measured, and the state that did change was not read. Not rounding-level (its
+        # size is unbounded: a swapped moment read only after the last step), not semantic (no
+        # evidence of a different rule): not attributed, saying why.
+        result.update({"class": "unknown", "variant": None, "scale": "unknown", "moved_elements": 0,
+                       "note": f"the state changed and the parameters did not: none of the {case.size} elements "
+                               f"moved by one ulp at any step from {s}, and the states were not read, so neither "
+                               "the size nor the kind of the state's change is known"})
         return result
     if not matched:
         result.update({"class": result["scale"], "variant": None,
@@ -388,12 +427,16 @@ def _judge_quantized(ulps: list[float], allowance: np.ndarray, s: int,
 
 
 def _verdict(candidates: list, residuals: _Residuals, change_peak: float, scale: str) -> dict:
-    """Which variant, none (unexplained), or rounding-level, from the residuals."""
-    scored = sorted(candidates, key=lambda v: residuals.peak[v.name])
+    """Which variant or transition, none (unexplained), or rounding-level, from the residuals. The
+    hypotheses: each variant from a baseline that is the algorithm, and each transition whose
+    baseline rule the baseline follows better than the algorithm (a baseline that already keeps
+    float32 powers, a defect the commit reverts)."""
+    hypotheses = [*candidates, *residuals.admissible_transitions()]
+    scored = sorted(hypotheses, key=lambda h: residuals.peak[h.name])
     out = {"reference_distance": residuals.reference_distance,
-           "candidates": [{"variant": v.name, "label": v.label, "kind": v.kind,
-                           "residual_ulps": residuals.peak[v.name], "distance": residuals.distance[v.name]}
-                          for v in scored[:3]]}
+           "candidates": [{"variant": h.name, "label": h.label, "kind": h.kind,
+                           "residual_ulps": residuals.peak[h.name], "distance": residuals.distance[h.name]}
+                          for h in scored[:3]]}
     best = scored[0] if scored else None
     if best and residuals.fits[best.name] and \
             max(residuals.peak[best.name], RESIDUAL_FLOOR_ULPS) * SEPARATION <= change_peak:
@@ -406,11 +449,25 @@ def _verdict(candidates: list, residuals: _Residuals, change_peak: float, scale:
                     "residual_ulps": residual, "distance": residuals.distance[best.name],
                     "next_best": scored[1].name if len(scored) > 1 else None,
                     "next_best_ratio": following / max(residual, RESIDUAL_FLOOR_ULPS)})
+        if isinstance(best, catalogue.Transition):
+            out.update(_transition_fields(best, residuals))
     elif scale == "rounding-level":
         out.update({"class": "rounding-level", "variant": None})
     else:
         out.update({"class": "semantic", "variant": None, "label": "unexplained"})
     return out
+
+
+def _transition_fields(move: catalogue.Transition, residuals: _Residuals) -> dict:
+    """What a matched transition adds: the commit's rule as the variant, the baseline's rule and how
+    much better the baseline follows it than the algorithm, and what a revert reverts."""
+    fields = {"variant": move.commit.name, "transition": move.name, "baseline_variant": move.baseline.name,
+              "baseline_variant_label": move.baseline.label,
+              "baseline_residual_ulps": residuals.baseline_peak[move.baseline.name],
+              "baseline_reference_ulps": residuals.baseline_peak[catalogue.CORRECT.name]}
+    if move.reverts:
+        fields.update({"reverts": move.baseline.name, "reverts_label": move.baseline.label})
+    return fields
 
 
 def analyze_files(case: CaseSpec, commit_file: str, baseline_file: str, first_divergent_step: int,
@@ -477,9 +534,11 @@ def analyze_layout(case: CaseSpec, commit: np.ndarray, baseline: np.ndarray, bas
                 "note": f"guard elements between the tensors were written from step {guard_step}: a kernel wrote "
                         "past a tensor's end (a chunk boundary off by one)"}
     if not changed:
-        return {"class": "semantic", "variant": None, "label": "unexplained", "scale": "semantic",
+        # No element of any tensor moved: as analyze's case of the state alone, not attributed.
+        return {"class": "unknown", "variant": None, "scale": "unknown", "moved_elements": 0,
                 "tensor": None, "tensor_first_steps": per_tensor,
-                "note": "the parameters did not change; the library's shared state did (step counters, powers)"}
+                "note": "the parameters did not change (no element of any tensor moved by one ulp); the library's "
+                        "shared state did (step counters, powers): its kind is not known from the parameters"}
     step, slot = min(changed, key=lambda pair: (pair[0], pair[1].index))
     one = case.model_copy(update={"hyper": case.group_hyper(slot.group), "layout": None})
     inside = np.zeros(size, dtype=bool)

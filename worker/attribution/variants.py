@@ -35,6 +35,9 @@ class Variant:
     optimizers: tuple[str, ...]
     switches: dict = field(default_factory=dict, hash=False)
     needs: str | None = None        # a hyperparameter that must be on for the variant to differ
+    # What a commit that goes from this variant back to the algorithm does, where "reverts: <label>"
+    # alone would not say it (coupled -> decoupled decay: which way the coupling moved).
+    revert_label: str | None = None
 
     def applies(self, case: CaseSpec) -> bool:
         if case.optimizer not in self.optimizers:
@@ -57,9 +60,11 @@ CATALOGUE: tuple[Variant, ...] = (
     Variant("decay_after_update", "weight decay applied after the update", "decay order", DECOUPLED,
             {"decay": "after"}, "weight_decay"),
     Variant("decay_coupled", "weight decay coupled into the gradient (L2) instead of decoupled", "decay coupling",
-            DECOUPLED, {"decay": "coupled"}, "weight_decay"),
+            DECOUPLED, {"decay": "coupled"}, "weight_decay",
+            revert_label="weight decay decoupled (AdamW-style) where the baseline coupled it into the gradient (L2)"),
     Variant("decay_decoupled", "weight decay decoupled (AdamW-style) instead of added to the gradient",
-            "decay coupling", COUPLED, {"decay": "decoupled"}, "weight_decay"),
+            "decay coupling", COUPLED, {"decay": "decoupled"}, "weight_decay",
+            revert_label="weight decay coupled into the gradient (L2) where the baseline decoupled it"),
     Variant("decay_missing", "weight decay not applied", "decay coupling", ALL, {"decay": "none"}, "weight_decay"),
     Variant("decay_twice", "weight decay applied twice", "decay coupling", ALL, {"decay": "twice"}, "weight_decay"),
     Variant("decay_without_lr", "weight decay not scaled by lr (p·(1 − wd))", "lr scaling", DECOUPLED,
@@ -87,6 +92,12 @@ CATALOGUE: tuple[Variant, ...] = (
     Variant("bias_correction_float32_powers",
             "the bias corrections from float32 powers of beta (1 − βᵗ loses digits to cancellation)",
             "precision", TWO_MOMENT, {"powers": "float32"}),
+    # The same loss, with βᵗ kept as a running float32 product (β·β·…, one rounding per step, as
+    # DeepSpeed's CPU Adam keeps it between steps) instead of a float32 pow: each step's product
+    # rounding accumulates, so it differs from the float32 pow from step 3 on.
+    Variant("bias_correction_float32_running_powers",
+            "the bias corrections from running float32 products of beta (βᵗ kept as β·β·…, rounded each step)",
+            "precision", TWO_MOMENT, {"powers": "float32_running"}),
     Variant("bias_correction2_no_sqrt", "second-moment bias correction without its square root (wrong power)",
             "bias correction", TWO_MOMENT, {"bias2": "no_sqrt"}),
     Variant("betas_swapped", "beta1 and beta2 swapped", "betas", TWO_MOMENT + ("lion",), {"betas": "swapped"}),
@@ -118,6 +129,57 @@ CATALOGUE: tuple[Variant, ...] = (
 )
 
 BY_NAME = {v.name: v for v in (CORRECT, *CATALOGUE)}
+
+
+@dataclass(frozen=True)
+class Transition:
+    """The baseline follows a catalogued variant and the commit something else: the algorithm (a
+    revert) or another setting of the same switches (float32 pow -> a running float32 product).
+    The commit's change is then commit − baseline = (commit's rule − baseline's rule) + roundings,
+    and both rules are replayed from the same start, so it is matched as a variant is."""
+
+    baseline: Variant
+    commit: Variant
+
+    @property
+    def name(self) -> str:
+        return f"{self.baseline.name}->{self.commit.name}"
+
+    @property
+    def reverts(self) -> bool:
+        return self.commit is CORRECT
+
+    @property
+    def kind(self) -> str:
+        if self.reverts:
+            return self.baseline.kind
+        precision = self.baseline.kind == "precision" and self.commit.kind == "precision"
+        return "precision" if precision else self.commit.kind
+
+    @property
+    def label(self) -> str:
+        if not self.reverts:
+            return f"{self.commit.label}, where the baseline had {self.baseline.label}"
+        if self.baseline.revert_label:
+            return f"{self.baseline.revert_label} (reverts: {self.baseline.label})"
+        return f"reverts: {self.baseline.label}"
+
+
+def transitions(candidates: list[Variant]) -> list[Transition]:
+    """From each candidate as the baseline's rule: back to the algorithm, and to each other
+    candidate that sets the same switches (the commit replaced the baseline's setting)."""
+    out = [Transition(b, CORRECT) for b in candidates]
+    out += [Transition(b, c) for b in candidates for c in candidates
+            if b is not c and set(b.switches) == set(c.switches)]
+    return out
+
+
+def _running_power(beta: np.float32, steps: int) -> np.float32:
+    """beta**steps as a float32 running product: beta, then one float32 multiply per step."""
+    power = np.float32(1.0)
+    for _ in range(steps):
+        power = np.float32(power * beta)
+    return power
 
 
 def applicable(case: CaseSpec) -> list[Variant]:
@@ -182,6 +244,8 @@ class _Rule:
         power = t + 1 if mode == "next" else t
         if self.s.get("powers") == "float32":  # 1.0f - powf(beta, t), all in float32
             correction = float(np.float32(1.0) - np.power(np.float32(beta), np.float32(power)))
+        elif self.s.get("powers") == "float32_running":  # p *= beta each step, then 1.0f - p
+            correction = float(np.float32(1.0) - _running_power(np.float32(beta), power))
         else:
             correction = 1.0 - beta ** power
         if which == "bias1":

@@ -11,7 +11,8 @@ from worker.battery import load_battery
 from worker.engine.gradients import GradientStream, initial_parameters
 from worker.references.optimizers import make_reference
 
-QUICK = load_battery("quick").expand()
+# The flat cases: a layout case is replayed one tensor at a time (analysis.analyze_layout), never whole.
+QUICK = [c for c in load_battery("quick").expand() if c.layout is None]
 # Each optimizer in open and closed loop (float32), skip_zeros, and gnorm_scale at 16 bits.
 PICKED = list({(c.optimizer, c.gradient.kind, c.hyper.get("skip_zeros", False)): c
                for c in QUICK if c.family == "32bit" and c.param_dtype == "float32"}.values()) + [
@@ -104,6 +105,7 @@ def test_large_cases_replay_a_subset_and_still_name_the_variant(monkeypatch):  #
     assert found["replayed_elements"] <= MAX_REPLAYED_ELEMENTS
     assert (found["class"], found["variant"]) == ("semantic", "decay_after_update"), found["candidates"]
     # The same parameters at every step while the digests differ: the state alone changed, which
-    # the parameters cannot bound (issue 37): never rounding-level.
+    # the parameters cannot bound (issue 37): never rounding-level, and with no element moved and
+    # the states unread, never semantic either (issue 47): not attributed, saying why.
     same = analyze(case, baseline, baseline.copy(), 1)
-    assert same["first_step_ulps"] == 0 and same["class"] == "semantic" and "state changed" in same["note"]
+    assert same["first_step_ulps"] == 0 and same["class"] == "unknown" and "state changed" in same["note"]

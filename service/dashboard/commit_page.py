@@ -187,18 +187,20 @@ def _line(case: ChangedCase, attribution: CaseAttribution | None, diffs: Callabl
 def _units(per_step: list[float | None], peak_unit: float, case: ChangedCase,
            attribution: CaseAttribution | None) -> list[float]:
     """Per step, the size of one ulp in |Δ|. An ulp is of the largest |p| the element has had, so it
-    only grows along the trajectory; the attribution measured it at the first divergent step and at
-    the peak. Before the peak step the curve uses the first step's ulp, from it on the peak's: the
-    plot reads the table's figures at both steps (issue 47: one figure, not 2 ulp in the table and 4
-    on the plot)."""
+    only grows along the trajectory; the attribution measured the change at the first divergent step
+    (first_step_ulps) and at most (peak_ulps, at the peak's ulp). Each step's ulp is taken between
+    those two, as small as keeps the step within the peak's figure: the curve reads the table's
+    first-step figure at the first divergent step and its peak figure at the peak, never above it
+    (issue 47: one figure, not 2 ulp in the table and 4 on the plot)."""
     units = [peak_unit] * len(per_step)
     first = case.first_divergent_step
     ulps = attribution.first_step_ulps if attribution is not None else None
-    if not first or not _positive(ulps) or first > len(per_step) or not _positive(per_step[first - 1]):
+    peak_ulps = attribution.peak_ulps if attribution is not None else None
+    if (not first or not _positive(ulps) or not _positive(peak_ulps) or first > len(per_step)
+            or not _positive(per_step[first - 1])):
         return units
-    finite = [(v, i) for i, v in enumerate(per_step) if _positive(v)]
-    peak_index = max(finite)[1] if finite else len(per_step)
-    first_unit = per_step[first - 1] / ulps
-    for index in range(min(peak_index, len(per_step))):
-        units[index] = first_unit
+    first_unit = min(per_step[first - 1] / ulps, peak_unit)
+    for index, value in enumerate(per_step):
+        within_peak = value / peak_ulps if _positive(value) else 0.0
+        units[index] = min(peak_unit, max(first_unit, within_peak))
     return units

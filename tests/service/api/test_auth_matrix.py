@@ -45,6 +45,7 @@ POLICY: dict[tuple[str, str], set[str] | str] = {
     ("POST", "/api/v1/projects/{project}/commits/{sha}/acknowledge"): {"admin", "maintain"},
     ("GET", "/api/v1/projects/{project}/verdicts"): PUBLIC,
     ("GET", "/api/v1/projects/{project}/releases"): PUBLIC,
+    ("GET", "/api/v1/projects/{project}/releases/matrix"): PUBLIC,
     ("POST", "/api/v1/projects/{project}/verify"): {"admin", "submit", "verify"},
     ("GET", "/api/v1/runs/{run_id}"): PUBLIC,
     ("GET", "/api/v1/runs/{run_id}/log"): PUBLIC,

@@ -120,13 +120,15 @@ def test_the_environment_matrix_shows_each_release_against_the_reference(api, db
     (row,) = matrix["rows"]
     cells = {cell["environment"]: cell for cell in row["cells"]}
     assert row["release"] == "v1.0"
-    assert {k: cells["cpu-clang"][k] for k in ("state", "changed", "first_step", "farther", "closer")} == {
-        "state": "changed", "changed": 1, "first_step": 2, "farther": 1, "closer": 0}
+    assert {k: cells["cpu-clang"][k] for k in ("state", "changed", "first_step", "farther", "closer", "same",
+                                                "not_judged")} == {
+        "state": "changed", "changed": 1, "first_step": 2, "farther": 1, "closer": 0, "same": 0, "not_judged": 0}
     assert cells["gpu.sm90"]["state"] == "missing" and "no run in environment 'gpu.sm90'" in cells["gpu.sm90"]["note"]
     # Judged against another reference, the same change reads closer.
     other = api.get("/api/v1/projects/envs/environment-matrix", params={"reference": "cpu-clang"}).json()
     assert {c["environment"]: c["closer"] for c in other["rows"][0]["cells"]}["cpu"] == 1
     page = api.get("/projects/envs/environments").text
     assert 'data-environment="cpu-clang" data-state="changed"' in page and "from step 2" in page
-    assert "1 farther, 0 closer" in page and 'data-state="missing"' in page
+    # The four counts add up to the changed cases (issue 47).
+    assert "1 farther · 0 closer · 0 same · 0 not judged" in page and 'data-state="missing"' in page
     assert api.get("/api/v1/projects/envs/environment-matrix", params={"reference": "tpu"}).status_code == 422

@@ -138,6 +138,7 @@ def test_release_matrix_keeps_not_applicable_cases_out_of_broken_and_changed(db_
     a.commit.release_tag, b.commit.release_tag = "v1", "v2"
     db_session.flush()
     matrix = release_matrix.build(session=db_session, project_name="p")
-    cell = matrix.cell(("adam", "32bit", "bfloat16"), 1)
-    assert (cell.not_applicable, cell.broken, cell.changed, cell.cases) == (1, 0, 0, 0)
-    assert matrix.cell(("adam", "32bit", "bfloat16"), 0).cases == 1
+    cells = matrix.row("adam · 32bit · bfloat16").cells
+    assert (cells[1].not_applicable, cells[1].broken, cells[1].changed, cells[1].cases) == (1, 0, 0, 0)
+    assert cells[1].intensity == 0
+    assert cells[0].cases == 1

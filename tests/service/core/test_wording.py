@@ -141,14 +141,14 @@ def test_every_surface_writes_a_figure_the_same_way() -> None:
     from service.cli.report import size_cells
     from service.core.attribution_view import case_attribution
     from service.core.results import ScaleGroup
-    from service.dashboard.release_matrix import Cell
+    from service.dashboard.release_matrix import factor_text
     from service.core.terminal_tables import Figure  # the cells of check's and the CLI's tables
 
     value = 1.255e-02
     group = ScaleGroup(family="32bit", dtype="float32", cases=1, baseline_peak=8.582e-06, commit_peak=value,
                        ratio_low=value / 8.582e-06, ratio_high=value / 8.582e-06, largest_diff=value)
     assert size_cells([group]) == ("1.255e-02", "8.582e-06 → 1.255e-02")
-    assert Cell(value=value).text == "1.255e-02" and Cell(value=None).text == "no data"
+    assert factor_text(value) == "×1.255e-02" and factor_text(None) == "from 0"
     assert Figure.of(value).full == Figure.of(value, missing="").full == "1.255e-02"
     rounding = case_attribution("c", {"class": "rounding-level", "first_step_ulps": value, "peak_ulps": 2.0})
     assert rounding.text == "rounding-level: 1.255e-02 ulp at the first divergent step, 2.000e+00 ulp at most"

@@ -181,6 +181,10 @@ def run_check(source: Path, baseline: Path | None, battery: str | None = None, *
     def error(message: str) -> None:  # plain, unwrapped: one line stays one line
         print(f"error: {message}", file=sys.stderr)
 
+    from worker.build.cache import deprecated_cache_message
+
+    if cache_dir is None and (deprecation := deprecated_cache_message()) is not None:
+        print(f"warning: {deprecation}", file=sys.stderr)  # Python hides a DeprecationWarning from a CLI user
     for label, folder in (("--source", source), ("--baseline", baseline)):
         if folder is not None and not Path(folder).is_dir():
             error(f"{label} {folder} is not a folder; pass the project's tree (with its optdrift.toml, "

@@ -46,6 +46,7 @@ import subprocess
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -98,14 +99,45 @@ class BuildResult(BaseModel):
     toolchain: Toolchain | None = None
 
 
+# The build cache has one name, the service's setting; the older name `optdrift check` and the tests
+# used still works, with a deprecation message naming the new one.
+BUILD_CACHE_VARIABLE = "OPTDRIFT_BUILD_CACHE_DIR"
+DEPRECATED_BUILD_CACHE_VARIABLE = "OPTDRIFT_BUILD_CACHE"
+_deprecation_said = False
+
+
+def deprecated_cache_message() -> str | None:
+    """What to tell a user who still sets OPTDRIFT_BUILD_CACHE (None when they do not)."""
+    old = os.environ.get(DEPRECATED_BUILD_CACHE_VARIABLE)
+    if not old:
+        return None
+    new = os.environ.get(BUILD_CACHE_VARIABLE)
+    if new and new != old:
+        return (f"{DEPRECATED_BUILD_CACHE_VARIABLE} is deprecated and ignored here: {BUILD_CACHE_VARIABLE}={new} "
+                "names the build cache; unset the old one")
+    return (f"{DEPRECATED_BUILD_CACHE_VARIABLE} is deprecated: set {BUILD_CACHE_VARIABLE}={old} instead "
+            "(the same variable as the service's workers)")
+
+
 def default_cache_dir() -> Path:
-    """Where a build goes when its caller names no cache: OPTDRIFT_BUILD_CACHE_DIR (the workers'
-    setting), else OPTDRIFT_BUILD_CACHE (the older name the tests and `check` set), else the
-    user's cache folder."""
-    configured = os.environ.get("OPTDRIFT_BUILD_CACHE_DIR") or os.environ.get("OPTDRIFT_BUILD_CACHE")
+    """Where a build goes when its caller names no cache: the service's build cache for the same
+    OPTDRIFT_HOME (service.settings: OPTDRIFT_BUILD_CACHE_DIR, else $OPTDRIFT_HOME/builds), so
+    `optdrift check` and a worker share their builds. OPTDRIFT_BUILD_CACHE, the older name, is
+    still read when OPTDRIFT_BUILD_CACHE_DIR is not set, with a DeprecationWarning (once)."""
+    global _deprecation_said
+    message = deprecated_cache_message()
+    if message is not None and not _deprecation_said:
+        _deprecation_said = True
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+    configured = os.environ.get(BUILD_CACHE_VARIABLE) or os.environ.get(DEPRECATED_BUILD_CACHE_VARIABLE)
     if configured:
         return Path(configured)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "optdrift" / "builds"
+    # service.settings' rule (Settings.resolved_build_cache_dir with its default home), written
+    # out here: what a build box imports must not reach the settings (pyproject's contracts);
+    # tests/worker/build/test_one_build_cache.py holds the two equal.
+    home = os.environ.get("OPTDRIFT_HOME") or \
+        Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "optdrift"
+    return Path(home) / "builds"
 
 
 def _bytes_setting(variable: str, default: int) -> int:

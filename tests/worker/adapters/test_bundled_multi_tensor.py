@@ -138,7 +138,8 @@ def test_the_multi_tensor_op_equals_a_per_tensor_model_of_its_arithmetic(kernels
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("optimizer", ("lion", "momentum", "rmsprop", "adagrad"))
 def test_without_beta_powers_the_multi_op_is_the_one_tensor_op_to_the_bit(kernels, optimizer, device):
-    sizes, group_of = SIZES, [0, 1, 1, 0]
+    # Two tensors of one size in group 0: each keeps its own state buffers.
+    sizes, group_of = (257, 4096, 257, 65536 + 3), [0, 1, 0, 0]
     hypers = [_hyper(optimizer), _hyper(optimizer, lr=0.2, weight_decay=0.0)]
     params, grads = _tensors(sizes, torch.bfloat16, torch.device(device))
     single = [p.clone() for p in params]
@@ -283,3 +284,27 @@ def test_one_group_layouts_and_group_order_are_what_the_op_sees(kernels):
         TensorGroupSpec(sizes=groups[1].sizes, hyper={**groups[1].hyper, "lr": groups[0].hyper["lr"]})])})
     a, b = run_case(case, CPU).trajectory.tensor_digests, run_case(swapped, CPU).trajectory.tensor_digests
     assert all(a[0][i] != b[0][i] for i in range(4)) and a[0][4] == b[0][4]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_cuda_misaligned_tensors_take_the_scalar_path_and_equal_the_cpu_op(kernels, optimizer):
+    """Views at an odd offset (no 16-byte alignment: the kernel's scalar loop) and chunk-crossing
+    sizes: the CUDA op's parameters, states and shared state equal the CPU op's, bit for bit."""
+    sizes, group_of = (1, 65536 + 5, 300), [0, 0, 1]
+    hypers = [_hyper(optimizer), _hyper(optimizer, lr=0.01, weight_decay=0.0)]
+    generator = torch.Generator().manual_seed(2)
+    storage = [torch.randn(n + 1, generator=generator).to(torch.float16) for n in sizes]
+    results = []
+    for device in ("cpu", "cuda"):
+        params = [s.to(device)[1:] for s in storage]  # offset 1: misaligned for every vector width
+        states, shared = _fresh(kernels, optimizer, params, 2)
+        grad_generator = torch.Generator().manual_seed(5)
+        for _ in range(3):
+            grads = [torch.randn(n, generator=grad_generator).to(torch.float16).to(device) for n in sizes]
+            kernels.multi_step(optimizer, params, grads, states, shared, group_of, hypers)
+        results.append(([p.cpu() for p in params], {k: [t.cpu() for t in v] for k, v in states.items()}, shared))
+    (cpu_params, cpu_states, cpu_shared), (cuda_params, cuda_states, cuda_shared) = results
+    assert all(torch.equal(a, b) for a, b in zip(cpu_params, cuda_params))
+    assert all(torch.equal(a, b) for name in cpu_states for a, b in zip(cpu_states[name], cuda_states[name]))
+    assert all(torch.equal(cpu_shared[name], cuda_shared[name]) for name in cpu_shared)

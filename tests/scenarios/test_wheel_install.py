@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
 import psycopg
@@ -82,7 +83,8 @@ def test_the_wheel_installed_alone_migrates_a_fresh_postgres_database(tmp_path: 
 
     version = subprocess.run([str(optdrift), "--version"], capture_output=True, text=True, cwd=elsewhere, env=env)
     assert version.returncode == 0, version.stderr
-    assert version.stdout.splitlines() == ["optdrift 0.1.0", f"adapter API {API_VERSION}"], version.stdout
+    release = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert version.stdout.splitlines() == [f"optdrift {release}", f"adapter API {API_VERSION}"], version.stdout
 
     name = f"optdrift_wheel_{os.getpid()}"
     env["OPTDRIFT_DATABASE_URL"] = create_database(name)

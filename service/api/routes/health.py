@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
@@ -16,11 +16,13 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-def healthz(session: SessionDep) -> dict:
-    """The process is up (it answers whether or not the database does). `sandbox`: what each live
-    worker reported of its sandbox and of whom its own work runs as, and the warnings an operator
-    should act on (a worker running as root for want of a worker user, a worker without its box)."""
-    return {"status": "ok", "sandbox": sandbox_status(session)}
+def healthz(request: Request, session: SessionDep) -> dict:
+    """The process is up (it answers whether or not the database does). `version`: the optdrift
+    release serving (the app's, which the OpenAPI document's info.version also gives; docs/RELEASES.md).
+    `sandbox`: what each live worker reported of its sandbox and of whom its own work runs as, and
+    the warnings an operator should act on (a worker running as root for want of a worker user, a
+    worker without its box)."""
+    return {"status": "ok", "version": request.app.version, "sandbox": sandbox_status(session)}
 
 
 def sandbox_status(session) -> dict:  # noqa: ANN001

@@ -5,7 +5,9 @@ engine, repeats and verdict the service gives.
 Exit codes (as the CLI's): 0 unchanged or no baseline, 1 changed, 2 bad input (a missing folder,
 an invalid optdrift.toml or battery, a baseline that does not build), 3 broken, 5 nondeterministic (a
 case this commit made nondeterministic, or one not blamed; one nondeterministic in the baseline
-too is shown, not judged: docs/ENGINE.md, Nondeterminism).
+too is shown, not judged: docs/ENGINE.md, Nondeterminism), 8 not buildable here (the tree, or the
+baseline, refuses this machine's CUDA, compiler or torch in its build files: worker/build/refusal.py;
+"warning: not buildable in <environment>: <its line>" on stderr, nothing checked).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from service.core.case_names import case_name
 from service.core.results import RunComparison
 
 EXIT_OK, EXIT_CHANGED, EXIT_BAD_INPUT, EXIT_BROKEN, EXIT_ERROR, EXIT_NONDETERMINISTIC = 0, 1, 2, 3, 4, 5
+# The tree refuses this machine's toolchain (service/core/not_buildable.py): as service.cli.exit_codes.
+EXIT_NOT_BUILDABLE = 8
 EXIT_BY_VERDICT = {"unchanged": EXIT_OK, "no-baseline": EXIT_OK, "changed": EXIT_CHANGED,
                    "broken": EXIT_BROKEN, "nondeterministic": EXIT_NONDETERMINISTIC}
 
@@ -241,6 +245,17 @@ def _build_and_compare(job, base_job, source: Path, baseline: Path | None, polic
 
     commit_build = pipeline.build(job, policy)
     baseline_build = pipeline.build(base_job, policy) if base_job is not None else None
+    refused = _refused_toolchain([(str(source), commit_build), (f"--baseline {baseline}", baseline_build)], device)
+    if refused:
+        for line in refused:
+            print(f"warning: {line}", file=sys.stderr)
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        if json_out is not None:
+            import json
+
+            Path(json_out).write_text(json.dumps({"not_buildable": refused, "commit": None, "baseline": None,
+                                                  "comparison": None}))
+        return EXIT_NOT_BUILDABLE
     if baseline_build is not None and not baseline_build.ok:
         error(f"--baseline {baseline} does not build:\n{baseline_build.error}")
         return EXIT_BAD_INPUT
@@ -317,6 +332,28 @@ def _build_and_compare(job, base_job, source: Path, baseline: Path | None, polic
 
         Path(json_out).write_text(json.dumps(payload))
     return exit_code(comparison)
+
+
+def environment_words(device: str) -> str:
+    """This machine's build environment, as `check` names it: the device and the torch and CUDA
+    versions a tree's build files may refuse."""
+    from worker.build.extension import torch_versions
+
+    torch, cuda = torch_versions()
+    return f"this environment ({device}: torch {torch}, CUDA {cuda or 'none'})"
+
+
+def _refused_toolchain(builds: list, device: str) -> list[str]:  # list[tuple[str, BuildResult | None]]
+    """'not buildable in <environment>: <the line>' for each failed build whose log refuses the
+    toolchain (worker/build/refusal.py), the tree named; [] when none does."""
+    from service.core import not_buildable
+    from worker.build.refusal import refusal_of
+
+    lines = []
+    for label, built in builds:
+        if built is not None and (line := refusal_of(built)):
+            lines.append(f"{label}: {not_buildable.sentence(environment_words(device), line)}")
+    return lines
 
 
 def _corun_and_attribute(job, base_job, commit_build, baseline_build,  # noqa: ANN001, ANN202

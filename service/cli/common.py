@@ -15,7 +15,8 @@ import typer
 # Exit codes: CI branches on them, so each means one thing (README "Exit codes"); defined in
 # service.cli.exit_codes, named here too for the commands that import them from this module.
 from service.cli.exit_codes import (  # noqa: F401
-    EXIT_BROKEN, EXIT_CHANGED, EXIT_NO_BASELINE, EXIT_NONDETERMINISTIC, EXIT_OK, EXIT_OPTDRIFT_ERROR, EXIT_USAGE,
+    EXIT_BROKEN, EXIT_CHANGED, EXIT_NO_BASELINE, EXIT_NONDETERMINISTIC, EXIT_NOT_BUILDABLE, EXIT_OK,
+    EXIT_OPTDRIFT_ERROR, EXIT_USAGE,
 )
 from service.cli.report import make_console
 
@@ -25,10 +26,11 @@ DEFAULT_URL = os.environ.get("OPTDRIFT_URL", "http://127.0.0.1:8000")
 # Where several runs end differently, the exit code is the first of these that any run has: an
 # incomplete answer first, then the commit's own failure, then the findings.
 _EXIT_PRECEDENCE = (EXIT_OPTDRIFT_ERROR, EXIT_BROKEN, EXIT_NONDETERMINISTIC, EXIT_CHANGED, EXIT_NO_BASELINE,
-                    EXIT_OK)
+                    EXIT_NOT_BUILDABLE, EXIT_OK)
 VERDICT_EXIT_CODES = ("Exit codes: 0 unchanged / acknowledged / no baseline allowed by --allow-no-baseline; "
                       "1 changed; 2 bad input or usage; 3 broken commit; 4 optdrift or service error; "
-                      "5 nondeterministic; 7 no baseline (no ancestor has a finished run).")
+                      "5 nondeterministic; 7 no baseline (no ancestor has a finished run); 8 not buildable here "
+                      "(the tree refuses this environment's CUDA, compiler or torch).")
 SERVER_EXIT_CODES = "Exit codes: 0 done; 2 bad input or usage; 4 optdrift error."
 
 

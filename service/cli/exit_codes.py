@@ -11,3 +11,7 @@ EXIT_NONDETERMINISTIC = 5  # a kernel does not reproduce itself on the same buil
 # Nothing to compare with: no commit on the first-parent line has a finished run in the environment
 # (issue 44: never a silent pass). `submit --allow-no-baseline` (a project's first commit) makes it 0.
 EXIT_NO_BASELINE = 7  # not 6: `optdrift speed --fail-on-slowdown` says "slower" with 6
+# The tree refuses this environment's toolchain ("CUDA Version > 12 is not supported" in its CMake):
+# nothing was checked, and neither the commit (3) nor optdrift (4) failed (issue 47;
+# service/core/not_buildable.py, worker/build/refusal.py).
+EXIT_NOT_BUILDABLE = 8

@@ -36,10 +36,10 @@ import typer
 from rich.table import Table
 
 from service.cli.report import make_console
+from service.core import not_buildable
 from service.cli.common import (  # noqa: F401  (the names the commands below use)
-    DEFAULT_URL, ENGINE_MODULES, EXIT_BROKEN, EXIT_CHANGED, EXIT_NO_BASELINE, EXIT_NONDETERMINISTIC, EXIT_OK,
-    EXIT_OPTDRIFT_ERROR,
-    EXIT_USAGE, SERVER_EXIT_CODES, SERVER_MODULES, VERDICT_EXIT_CODES, WORKER_MODULES, _EXIT_PRECEDENCE, console,
+    DEFAULT_URL, ENGINE_MODULES, EXIT_BROKEN, EXIT_CHANGED, EXIT_NO_BASELINE, EXIT_NONDETERMINISTIC,
+    EXIT_NOT_BUILDABLE, EXIT_OK, EXIT_OPTDRIFT_ERROR, EXIT_USAGE, SERVER_EXIT_CODES, SERVER_MODULES, VERDICT_EXIT_CODES, WORKER_MODULES, _EXIT_PRECEDENCE, console,
 )
 from service.cli.common import check_format as _format, cuda_visible as _cuda_visible  # noqa: F401
 from service.cli.common import expected_failures as _expected_failures, fail as _fail, needs_extra as _needs_extra
@@ -494,6 +494,8 @@ def run_exit_code(run: dict) -> int:
     outcome = verdict.get("outcome")
     if run["status"] in ("error", "cancelled"):
         return EXIT_OPTDRIFT_ERROR
+    if run["status"] == "failed" and not_buildable.refusal_in(run.get("error")):
+        return EXIT_NOT_BUILDABLE  # the tree refuses the worker's toolchain: not broken (issue 47)
     if outcome == "broken" or run["status"] == "failed":
         return EXIT_BROKEN
     if outcome == "nondeterministic":
@@ -531,6 +533,9 @@ def wait_and_report(client, run_ids: list[int], *, output: str = "text", detail:
             print(detail_still_coming(run, timeout_s=detail_timeout_s, dashboard_url=client.dashboard_url(run["id"])),
                   file=sys.stderr)
     for run in final:
+        if run["status"] == "failed" and (refused := not_buildable.refusal_in(run.get("error"))):
+            print(f"warning: run {run['id']}: {refused} (the tree refuses this worker's toolchain; "
+                  f"exit {EXIT_NOT_BUILDABLE}, not broken)", file=sys.stderr)
         if run["status"] == "error":  # not the commit's fault: say so, and how to run it again
             print(f"error: run {run['id']} failed in optdrift, not in the commit: "
                   f"{' '.join((run.get('error') or 'no detail').split())}; "

@@ -22,6 +22,7 @@ import threading
 import time
 
 from service import run_store
+from service.core import not_buildable
 from service.core.project_config import ProjectConfigError
 from service.run_store import (
     CANCELLED, DATABASE_DOWN, DONE, ERROR, FAILED, ClaimedRun, RunFacts, RunLost, retry_database,
@@ -29,6 +30,7 @@ from service.run_store import (
 from service.settings import Settings, get_settings
 from worker import pipeline, sandbox
 from worker.battery import BatteryError
+from worker.build.refusal import refusal_of
 from worker.identity import worker_name
 from worker.jobs import follow_ups
 from worker.jobs.watchdog import CANCEL, DEADLINE, JobStopped, Stop, Watchdog
@@ -396,7 +398,10 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat, gu
                               environment_detail=detail):
             raise RunLost("the run was taken away during the build")
         if not built.ok:
-            return fail(f"build failed: {built.error}")
+            # A tree that refuses this worker's CUDA, compiler or torch (worker/build/refusal.py) is
+            # not broken: its error says so, and the CLI exits 8 for it (service/core/not_buildable.py).
+            refused = refusal_of(built)
+            return fail(not_buildable.sentence(run.environment, refused) if refused else f"build failed: {built.error}")
         _checkpoint(claimed, beat=beat, guard=guard)
         if commits_first is not None:
             commits_first.last_check = float("-inf")  # the build may have been long: look now

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import re
 from collections import Counter, defaultdict
+
+import pytest
 
 from sqlalchemy import create_engine, text
 
+from service.core.case_names import case_name
 from service.core.verdicts import compare_runs
 from tests.service.dashboard.browser.conftest import SCREENSHOTS
 from tests.service.dashboard.browser.engine_seed import (
@@ -15,7 +20,8 @@ from worker.mutations import DECAY_AFTER_UPDATE_OPTIMIZERS
 
 FINAL_STEP = -1
 # Pages kept as docs/screenshots/*.png (the others are loaded and checked, not photographed).
-SCREENSHOT_PAGES = {"overview", "commit-flagged", "commit-broken", "run-progress", "releases"}
+# releases.png and releases-line-plot.png are test_release_drift_browser.py's (a seed made for them).
+SCREENSHOT_PAGES = {"overview", "commit-flagged", "commit-broken", "run-progress"}
 
 
 def _open(page, url: str) -> None:  # noqa: ANN001
@@ -66,8 +72,7 @@ def test_every_page_loads_without_console_errors_and_screenshots(dashboard, page
         if name in SCREENSHOT_PAGES:
             page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=False)
     for name, path, selector in (("commit-flagged-plots", pages["commit-flagged"], ".plots"),
-                                 ("verify-run-plots", pages["verify-run"], ".plots"),
-                                 ("releases-line-plot", pages["releases"], ".plots")):
+                                 ("verify-run-plots", pages["verify-run"], ".plots")):
         _open(page, dashboard.url + path)
         page.locator(selector).screenshot(path=str(SCREENSHOTS / f"{name}.png"))
     # "/" redirects to the only project.
@@ -169,49 +174,76 @@ def test_verify_run_page_plots_the_corun_difference(dashboard, page) -> None:
 
 
 def test_release_matrix_shows_the_right_cells(dashboard, page) -> None:
+    """Each cell: the change from the previous release (issue 47). From the engine's own results:
+    per group and release how many cases changed, and the largest factor by which a case's final
+    distance to float64 moved; unchanged cells neutral."""
     engine = dashboard.engine
     results = {"v0.1.0": engine.base, "v0.2.0": engine.buggy, "v0.3.0": engine.base}
-    # Expected cells from the engine results: the largest final distance per group and release, and
-    # how many cases changed from the previous release.
-    expected_value: dict[tuple, float] = {}
-    for tag, result in results.items():
-        for case in result.cases:
-            key = (f"{case.case.optimizer} · {case.case.family} · {case.case.param_dtype}", tag)
-            final = case.trajectory.ref64_max_abs[FINAL_STEP]
-            expected_value[key] = max(expected_value.get(key, final), final)
+    finals = {tag: {c.case.case_id: c.trajectory.ref64_max_abs[FINAL_STEP] for c in result.cases}
+              for tag, result in results.items()}
     changed = _changed_ids(engine.buggy, engine.base)
+    group_of = {c.case.case_id: f"{c.case.optimizer} · {c.case.family} · {c.case.param_dtype}" for c in engine.base.cases}
     changed_per_group: dict[str, int] = defaultdict(int)
-    for case in engine.base.cases:
-        if case.case.case_id in changed:
-            changed_per_group[f"{case.case.optimizer} · {case.case.family} · {case.case.param_dtype}"] += 1
+    for case_id in changed:
+        changed_per_group[group_of[case_id]] += 1
+
+    quant = {tag: {c.case.case_id: c.trajectory.quant_ref_steps[FINAL_STEP] for c in result.cases
+                   if c.trajectory.quant_ref_steps} for tag, result in results.items()}
+
+    def largest_factor(group: str, before: str, after: str) -> float:
+        factors = [finals[after][c] / finals[before][c] for c in changed if group_of[c] == group]
+        return max(factors, key=lambda f: abs(math.log10(f)))
+
+    def largest_move(group: str, before: str, after: str) -> float:
+        """8-bit rows: the move of the states' distance to the quantization-aware reference (steps)."""
+        moves = [quant[after][c] - quant[before][c] for c in changed if group_of[c] == group]
+        return max(moves, key=abs)
 
     _open(page, f"{dashboard.url}/projects/{PROJECT}/releases")
     headers = page.locator("#release-matrix thead th[data-release]").evaluate_all("hs => hs.map(h => h.dataset.release)")
     assert headers == ["v0.1.0", "v0.2.0", "v0.3.0"]
     cells = page.locator("#release-matrix td.cell").evaluate_all(
         "cs => cs.map(c => ({group: c.parentElement.dataset.group, release: c.dataset.release,"
-        " value: c.dataset.value, changed: +c.dataset.changed, text: c.innerText}))")
-    assert len(cells) == len(expected_value)
+        " scale: c.parentElement.dataset.scale,"
+        " state: c.dataset.state, intensity: +c.dataset.intensity, changed: +c.dataset.changed,"
+        " change: c.querySelector('.change').innerText}))")
+    assert len(cells) == len(set(group_of.values())) * 3
     for cell in cells:
-        assert float(cell["value"]) == expected_value[(cell["group"], cell["release"])], cell
         if cell["release"] == "v0.1.0":
-            assert "changed" not in cell["text"] and "same" not in cell["text"]
-        else:  # v0.2.0 changed from v0.1.0, v0.3.0 changed back: the same cases both times
-            assert cell["changed"] == changed_per_group.get(cell["group"], 0), cell
-            assert ("Δ changed" in cell["text"]) == (cell["group"] in changed_per_group), cell
+            assert (cell["state"], cell["intensity"]) == ("first", 0), cell
+            continue
+        # v0.2.0 changed from v0.1.0, v0.3.0 changed back: the same cases both times.
+        assert cell["changed"] == changed_per_group.get(cell["group"], 0), cell
+        if cell["group"] not in changed_per_group:
+            assert (cell["state"], cell["intensity"], cell["change"]) == ("unchanged", 0, "= same"), cell
+            continue
+        assert cell["state"] == "changed" and cell["intensity"] > 0, cell
+        before = "v0.1.0" if cell["release"] == "v0.2.0" else "v0.2.0"
+        if cell["scale"] == "quantization-steps":
+            move = largest_move(cell["group"], before, cell["release"])
+            assert float(cell["change"].split()[0]) == pytest.approx(move, rel=5e-4, abs=1e-300), cell
+            continue
+        factor = largest_factor(cell["group"], before, cell["release"])
+        near_one = re.fullmatch(r"×\(1 ([+−]) (\S+)\)", cell["change"])
+        if near_one:  # within 1 % of one: its distance from one, to four digits
+            amount = float(near_one.group(2)) * (1 if near_one.group(1) == "+" else -1)
+            assert amount == pytest.approx(factor - 1, rel=5e-4), cell
+        else:
+            assert float(cell["change"].removeprefix("×")) == pytest.approx(factor, rel=5e-4), cell
     assert "adam · 32bit · float32" in changed_per_group and "lion · 32bit · float32" not in changed_per_group
 
-    # The line plot across releases for a chosen family: one trace per case, its three finals.
+    # The line plot across releases for a chosen family: one trace per case, named by what it is.
     page.select_option("#group-select", "adam · 32bit · float32")
     page.wait_for_function("document.getElementById('line-plot').dataset.plotted === 'adam · 32bit · float32'")
-    traces = page.evaluate("Array.from(document.getElementById('line-plot').data, t => ({x: t.x, y: t.y}))")
+    traces = page.evaluate("Array.from(document.getElementById('line-plot').data, t => ({name: t.name, y: t.y}))")
     adam = [c for c in engine.base.cases if (c.case.optimizer, c.case.family, c.case.param_dtype)
             == ("adam", "32bit", "float32")]
     assert len(traces) == len(adam)
-    finals = {tuple(t["y"]) for t in traces}
+    assert {t["name"] for t in traces} == {case_name(c.case.case_id) for c in adam}
     buggy = {c.case.case_id: c for c in engine.buggy.cases}
-    assert finals == {(c.trajectory.ref64_max_abs[-1], buggy[c.case.case_id].trajectory.ref64_max_abs[-1],
-                       c.trajectory.ref64_max_abs[-1]) for c in adam}
+    assert {tuple(t["y"]) for t in traces} == {
+        (c.trajectory.ref64_max_abs[-1], buggy[c.case.case_id].trajectory.ref64_max_abs[-1],
+         c.trajectory.ref64_max_abs[-1]) for c in adam}
     _no_console_errors(page)
 
 

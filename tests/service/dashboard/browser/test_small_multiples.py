@@ -15,6 +15,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from service.core.case_names import case_name
+
 from tests.service.dashboard.browser.engine_seed import BATTERY, PROJECT
 from tests.service.dashboard.browser.test_commit_page_layout import (
     OVERFLOWING, SCREENSHOT_DIR, VIEWPORTS,
@@ -151,7 +153,7 @@ def test_one_panel_per_family_each_case_in_its_own_scale(dashboard, bnb_like, pa
     rows = {row.get_attribute("data-case-id"): row for row in page.locator("#changed-cases tbody tr").all()}
     units = {}
     for trace in drawn:
-        case_id = next(c for c in groups[trace["group"]] if c.rsplit("#", 1)[-1] == trace["name"])
+        case_id = next(c for c in groups[trace["group"]] if case_name(c) == trace["name"])
         per_step = cases[case_id]["max_abs_diff_per_step"]
         # One constant per case: the ratio of the API's |Δ| to the drawn value, wherever both exist.
         ratios = [d / y for d, y in zip(per_step, trace["y"]) if y is not None and d]

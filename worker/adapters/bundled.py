@@ -1,6 +1,10 @@
 """The bundled csrc kernels (torch.ops.optdrift.*), built by worker.build, and their families: the
 32-bit ops through worker.adapters.bundled_ops.step (`ThirtyTwoBitAdapter`) and the 8-bit blockwise ops
 (worker/adapters/bundled_8bit.py). The engines default to these families.
+
+A layout case (several tensors in param groups under one optimizer) runs the 32-bit family through
+the multi-tensor ops, one call per step over every tensor (`ThirtyTwoBitAdapter.open_group`,
+docs/KERNELS.md "Multi-tensor entry points"); the 8-bit family steps it per tensor.
 """
 
 from __future__ import annotations

@@ -126,6 +126,38 @@ class Phases:
         return f"({total:.1f} s: {parts})" if parts else f"({total:.1f} s)"
 
 
+class BuildLines:
+    """A build's progress on stderr while it compiles (worker.build.progress: ninja's [n/m], CMake's
+    [ 45%], compile lines counted): `building csrc: [12/40] compiling adam.cpp (9 s)`, at most one
+    line every EVERY_S seconds (a terminal) or LOG_EVERY_S (a log), and the last step always."""
+
+    EVERY_S, LOG_EVERY_S = 2.0, 5.0
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.began = time.monotonic()
+        self.last_line: float | None = None
+        self.every_s = self.EVERY_S if sys.stderr.isatty() else self.LOG_EVERY_S
+
+    def __call__(self, step) -> None:  # noqa: ANN001 - worker.build.progress.BuildStep
+        now = time.monotonic()
+        last = step.total is not None and step.done == step.total
+        if self.last_line is not None and now - self.last_line < self.every_s and not last:
+            return
+        self.last_line = now
+        progress_line(f"building {self.label}: {step.words()} ({now - self.began:.0f} s)")
+
+
+@contextlib.contextmanager
+def announced_build(label: str) -> Iterator[None]:
+    """Say the build starts, then its progress while it compiles (nothing more for a cache hit)."""
+    from worker.build import progress as build_progress
+
+    progress_line(f"building {label}")
+    with build_progress.listening(BuildLines(label)):
+        yield
+
+
 class CaseProgress:
     """Cases answered of one battery run, on stderr: a live bar on a terminal; in a log, a line
     every LOG_EVERY_S seconds (a CI log is not a terminal). Repeats of a case count once."""
@@ -139,6 +171,7 @@ class CaseProgress:
         self.began = self.last_line = time.monotonic()
 
     def __enter__(self) -> "CaseProgress":
+        progress_line(f"{self.label} battery: {self.total} cases")  # the phase, said as it starts
         if sys.stderr.isatty():
             from rich.progress import Progress
 
@@ -243,8 +276,12 @@ def _build_and_compare(job, base_job, source: Path, baseline: Path | None, polic
                        json_out: Path | None, show_unchanged: bool, attribute: bool, wide: bool = False) -> int:
     from worker import pipeline
 
-    commit_build = pipeline.build(job, policy)
-    baseline_build = pipeline.build(base_job, policy) if base_job is not None else None
+    with announced_build(str(source)):
+        commit_build = pipeline.build(job, policy)
+    baseline_build = None
+    if base_job is not None:
+        with announced_build(f"--baseline {baseline}"):
+            baseline_build = pipeline.build(base_job, policy)
     refused = _refused_toolchain([(str(source), commit_build), (f"--baseline {baseline}", baseline_build)], device)
     if refused:
         for line in refused:
@@ -269,7 +306,8 @@ def _build_and_compare(job, base_job, source: Path, baseline: Path | None, polic
 
     def broken(result) -> None:  # noqa: ANN001
         if result.status == "broken":
-            console.print(f"  {result.case.case_id}: broken: {result.message}", markup=False, highlight=False)
+            console.print(f"  {case_name(result.case.case_id)}: broken: {result.message}", markup=False,
+                          highlight=False)
 
     baseline_run = None
     # What each kernel host loaded (the adapter's describe(): library version, path), as a run records it.

@@ -44,6 +44,7 @@ from worker.build.toolchain import Toolchain, ToolchainError, identify
 from worker.build.ccache import (
     EXTENSION_NAME_MACRO, ccache_env, ccache_version, find_ccache, read_ccache_stats_log,
 )
+from worker.build import progress as build_progress
 from worker.sandbox import boxfiles, log_tail
 
 # Bump when the way a build is made changes, so old cache entries are not reused.
@@ -310,8 +311,9 @@ def _compile(
         try:
             # An untrusted build's folder and its scratch HOME/TMPDIR are measured while it runs
             # (worker.build.cache): the scratch is on the worker's disk too.
-            returncode = wait_bounded(child, timeout_s, output=[staging, scratch.path],
-                                      max_bytes=None if trusted else verify_build_max_bytes())
+            with build_progress.watching(log_path):  # `check`'s progress lines (worker.build.progress)
+                returncode = wait_bounded(child, timeout_s, output=[staging, scratch.path],
+                                          max_bytes=None if trusted else verify_build_max_bytes())
         except OutputTooLarge as error:
             return base.model_copy(update={"error": str(error)})
         except subprocess.TimeoutExpired:

@@ -47,6 +47,7 @@ from service.core.environments import BuildVariant
 from service.core.compiler_flags import build_flags_problem
 from service.core.project_config import ProjectConfig, ProjectConfigError, build_env_problem
 from worker import sandbox
+from worker.build import progress as build_progress
 from worker.sandbox import log_tail
 from worker.build.cache import (
     COMMAND_FOLDER, INSTALLED, MAX_KEPT_LOG_BYTES, BuildResult, LabelledHash, OutputTooLarge, cached_build,
@@ -58,7 +59,7 @@ from worker.build.extension import (
 )
 from worker.build.host_cpu import isa_digest
 
-COMMAND_RECIPE_VERSION = "2"  # 2: the host CPU's ISA features in the key; ccache as CMake's launcher
+COMMAND_RECIPE_VERSION = "3"  # 2: the host CPU's ISA features in the key; ccache as CMake's launcher
 LAUNCHER_VARIABLES = ("CMAKE_C_COMPILER_LAUNCHER", "CMAKE_CXX_COMPILER_LAUNCHER", "CMAKE_CUDA_COMPILER_LAUNCHER")
 
 
@@ -208,8 +209,9 @@ def _run_commands(workdir: Path, config: ProjectConfig, archs: list[str], log_pa
         ccache_dir.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log, scratch:
         log.write(f"{cache_line}\n".encode())
-        error = _run_each(config, workdir, env, log, log_path, deadline, trusted=trusted, ccache_dir=ccache_dir,
-                          scratch=scratch.path)
+        with build_progress.watching(log_path):  # `check`'s progress lines (worker.build.progress)
+            error = _run_each(config, workdir, env, log, log_path, deadline, trusted=trusted,
+                              ccache_dir=ccache_dir, scratch=scratch.path)
         stats = None
         if ccache is not None:
             stats_log = Path(env["CCACHE_STATSLOG"])  # in the scratch, which the box writes

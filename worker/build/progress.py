@@ -49,14 +49,16 @@ _NINJA = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)")
 _MAKE = re.compile(r"^\[\s*(\d+)%\]\s*(.*)")
 _COMPILER = re.compile(r"^\S*(?:c\+\+|g\+\+|gcc|cc|clang\+\+|clang|nvcc|ccache)(?:-[\d.]+)?\s.*\s-c\s")
 _SOURCE = re.compile(r"\s-c\s+(\S+)")
+_LIBRARY = re.compile(r"\s-o\s+(\S+\.(?:so|dylib|a)['\"]?)(?:\s|$)")
 _COMMAND = re.compile(r"^\$ (.+)")
 
 
 def _what(rest: str) -> str:
-    """The file a compile line compiles, else the line's start."""
-    source = _SOURCE.search(rest)
-    if source:
+    """The file a compile line compiles, the library a link line makes, else the line's start."""
+    if source := _SOURCE.search(rest):
         return f"compiling {Path(source.group(1).strip(chr(39) + chr(34))).name}"
+    if library := _LIBRARY.search(rest):
+        return f"linking {Path(library.group(1).strip(chr(39) + chr(34))).name}"
     return rest.strip()[:80]
 
 

@@ -20,6 +20,8 @@ def test_the_steps_a_log_tells() -> None:
     assert progress.feed("compile flags: host -O3\n") is None
     step = progress.feed("[3/12] c++ -MMD -MF adam.o.d -O3 -c /tmp/x/out/src/cpu/adam.cpp -o adam.o\n")
     assert step == BuildStep(3, 12, "compiling adam.cpp") and step.words() == "[3/12] compiling adam.cpp"
+    assert progress.feed("[11/12] /tmp/w/c++ a.o b.o -shared -L/opt/torch/lib -o optdrift_kernels_1.so\n").what == \
+        "linking optdrift_kernels_1.so"
     assert progress.feed("[ 45%] Building CXX object CMakeFiles/capiopt.dir/src/capiopt.cpp.o\n") == \
         BuildStep(45, 100, "Building CXX object CMakeFiles/capiopt.dir/src/capiopt.cpp.o")
     progress.feed("/usr/bin/g++ -O2 -fPIC -c src/a.cpp -o a.o\n/usr/bin/g++ -O2 -fPIC -c src/b.cpp")

@@ -59,7 +59,7 @@ from worker.build.extension import (
 )
 from worker.build.host_cpu import isa_digest
 
-COMMAND_RECIPE_VERSION = "3"  # 2: the host CPU's ISA features in the key; ccache as CMake's launcher
+COMMAND_RECIPE_VERSION = "2"  # 2: the host CPU's ISA features in the key; ccache as CMake's launcher
 LAUNCHER_VARIABLES = ("CMAKE_C_COMPILER_LAUNCHER", "CMAKE_CXX_COMPILER_LAUNCHER", "CMAKE_CUDA_COMPILER_LAUNCHER")
 
 

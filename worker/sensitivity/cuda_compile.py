@@ -41,6 +41,8 @@ def nvcc_units(mutant: Mutant, *, shared_headers: bool = False) -> list[str]:
             units.append(path)
         elif path == "cuda/apply_cuda.cuh":
             units.extend(_APPLY_UNITS)
+        elif path == "multi_tensor.h":  # the multi-tensor ops' host logic; its one CUDA unit
+            units.append("cuda/multi_tensor.cu")
         elif shared_headers and path in ("optimizer_math.h", "quant_map.h"):
             units.append(_SHARED_HEADER_UNIT)
     return sorted(set(units))

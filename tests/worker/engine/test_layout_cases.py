@@ -218,3 +218,51 @@ def test_an_adapter_without_a_group_lifecycle_reads_not_applicable_in_both_engin
                    run_params(case, CPU, io.BytesIO(), families=families)):
         assert isinstance(result, CaseResult) and result.status == "not_applicable"
         assert "has no group lifecycle" in result.message and "_NoGroups" in result.message
+
+
+# ----------------------------------------------------------------------------- CUDA (skipped without a GPU)
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+def test_layout_cases_on_cuda_reproduce_themselves_and_agree_on_both_engines(kernels):
+    # The determinism a layout verdict rests on, on the GPU: two runs of one build give the same
+    # digests (per tensor too), and the fast engine's result is run_case's.
+    device = torch.device("cuda")
+    cases = _battery(["adam", "ademamix", "lion", "momentum", "rmsprop", "adagrad"],
+                     gradients=({"kind": "open"}, {"kind": "closed"}), dtypes=("float32", "bfloat16")).expand()
+    fast = run_cases_fast(cases, device)
+    for case, result in zip(cases, fast):
+        first, second = run_case(case, device), run_case(case, device)
+        assert first.status == "ok", first.message
+        assert first.trajectory.digests == second.trajectory.digests == result.trajectory.digests, case.case_id
+        assert first.trajectory.tensor_digests == second.trajectory.tensor_digests
+
+
+@cuda
+@pytest.mark.parametrize("foreach", [False, True])
+def test_the_reference_on_cuda_is_torch_optim_with_the_same_param_groups_to_the_bit(foreach):
+    device = torch.device("cuda")
+    for optimizer in ("adam", "momentum", "rmsprop", "adagrad"):
+        (case,) = _battery([optimizer], steps=15, gradients=({"kind": "closed"},)).expand()
+        init = initial_parameters(case.seed, case.size).to(device)
+        stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device=device, grad_dtype=torch.float32)
+        ours = LayoutReference(case, init, foreach=foreach)
+        slots = case.tensor_slots()
+        params = [torch.nn.Parameter(init[s.offset:s.stop].clone()) for s in slots]
+        groups = []
+        for index in range(len(case.layout.groups)):
+            _, kwargs = torch_optim_class(optimizer, case.group_hyper(index), foreach=foreach)
+            groups.append({"params": [p for s, p in zip(slots, params) if s.group == index], **kwargs})
+        optim_class, defaults = torch_optim_class(optimizer, case.group_hyper(0), foreach=foreach)
+        theirs = optim_class(groups, **defaults)
+        flat = init.clone()
+        for step in range(1, case.steps + 1):
+            ours.step(step, stream.reference_gradient(step, ours.param))
+            grad = stream.reference_gradient(step, flat)
+            for s, p in zip(slots, params):
+                p.grad = grad[s.offset:s.stop].clone()
+            theirs.step()
+            for s, p in zip(slots, params):
+                flat[s.offset:s.stop] = p.detach()
+            assert torch.equal(ours.param, flat), (optimizer, step)

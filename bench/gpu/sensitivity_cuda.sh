@@ -39,7 +39,8 @@
 #         carry=[".whl", ".tools"], timeout_s=600, kind="nvidia-h200")
 #
 # Options (environment): BATTERY=ci|quick|standard|<file>; ATTRIBUTE=N (attribute up to N changed
-# cases of each caught defect, `--attribute`; default 0: off); MUTANTS=attributed (the defects with a stated attribution), MUTANTS=cuda (default: the mutants of
+# cases of each caught defect, `--attribute`; default 0: off); MUTANTS=attributed (the defects with a stated attribution),
+# MUTANTS=pick:<class or id>,... (e.g. pick:shared_state,tail/multi_chunk_end_late), MUTANTS=cuda (default: the mutants of
 # csrc/cuda/) or all; RESUME=<a report of an earlier call>; BUILD_JOBS (default 4: builds at once
 # ahead of the battery); MAX_JOBS (default 8: compiles per build; 4 x 8 on 16 cores, since nvcc
 # spends part of each compile in single-threaded host passes); BUDGET_S (default 560: the whole
@@ -85,8 +86,9 @@ import sys
 from worker.sensitivity.catalogue import load_catalogue
 wanted = sys.argv[1]
 def wanted_here(m):
-    if wanted.startswith("class:"):  # one class of the catalogue, e.g. class:shared_state
-        return m.mutant_class == wanted[len("class:"):]
+    if wanted.startswith("pick:"):  # classes and ids, e.g. pick:shared_state,tail/multi_chunk_end_late
+        picked = wanted[len("pick:"):].split(",")
+        return m.mutant_class in picked or m.id in picked
     if wanted == "attributed":  # the defects whose attribution the catalogue states
         return m.attribution not in (None, "none")
     return wanted == "all" or any(p.startswith("cuda/") for p in m.touched_files)

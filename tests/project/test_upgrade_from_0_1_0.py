@@ -102,7 +102,9 @@ def upgraded_database(tmp_path: Path):  # noqa: ANN201
     out = tmp_path / "previous.json"
     try:
         _run_previous(tree, [str(Path(writer.__file__)), str(out)],
-                      {"OPTDRIFT_DATABASE_URL": url, "OPTDRIFT_HOME": str(home), "OPTDRIFT_BROKER_URL": API_TEST_REDIS})
+                      {"OPTDRIFT_DATABASE_URL": url, "OPTDRIFT_HOME": str(home), "OPTDRIFT_BROKER_URL": API_TEST_REDIS,
+                       # no maintenance thread (the reaper) in 0.1.0's API process: the rows are the writer's
+                       "OPTDRIFT_MAINTENANCE_INTERVAL_S": "0"})
         previous = json.loads(out.read_text())
         # The writer ran 0.1.0's code and migrations, not this tree's.
         assert previous["code"].startswith(str(tree)) and previous["migrations"] == str(tree / "migrations")

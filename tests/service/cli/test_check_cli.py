@@ -14,7 +14,9 @@ from worker.battery import load_battery
 runner = CliRunner()
 
 
-def test_missing_folder_is_a_one_line_error_and_exit_2(tmp_path):
+def test_missing_folder_is_a_one_line_error_and_exit_2(tmp_path, monkeypatch):
+    # The suite's OPTDRIFT_BUILD_CACHE (tests/conftest.py) would add check's deprecation line.
+    monkeypatch.delenv("OPTDRIFT_BUILD_CACHE", raising=False)
     result = runner.invoke(app, ["check", "--source", str(tmp_path / "nope")])
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]

@@ -39,7 +39,8 @@ from service.cli.report import make_console
 from service.core import not_buildable
 from service.cli.common import (  # noqa: F401  (the names the commands below use)
     DEFAULT_URL, ENGINE_MODULES, EXIT_BROKEN, EXIT_CHANGED, EXIT_NO_BASELINE, EXIT_NONDETERMINISTIC,
-    EXIT_NOT_BUILDABLE, EXIT_OK, EXIT_OPTDRIFT_ERROR, EXIT_USAGE, SERVER_EXIT_CODES, SERVER_MODULES, VERDICT_EXIT_CODES, WORKER_MODULES, _EXIT_PRECEDENCE, console,
+    EXIT_NOT_BUILDABLE, EXIT_OK, EXIT_OPTDRIFT_ERROR, EXIT_USAGE, SERVER_EXIT_CODES, SERVER_MODULES,
+    VERDICT_EXIT_CODES, WORKER_MODULES, _EXIT_PRECEDENCE, console,
 )
 from service.cli.common import check_format as _format, cuda_visible as _cuda_visible  # noqa: F401
 from service.cli.common import expected_failures as _expected_failures, fail as _fail, needs_extra as _needs_extra

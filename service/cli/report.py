@@ -143,7 +143,7 @@ def size_figures(groups: list[ScaleGroup]) -> tuple[Figure, Figure]:
                            for g in groups), "\n"))
 
 
-# The columns of each table, by priority at a narrow terminal (tables.py): what identifies a row
+# The columns of each table, by priority at a narrow terminal (terminal_tables): what identifies a row
 # and says the verdict first, the figures next; what is repeated in words below the tables last
 # (the size per family and dtype has its own lines, a cut message follows in full).
 VERDICT_COLUMNS = (

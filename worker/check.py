@@ -70,13 +70,16 @@ def print_verdict(comparison: RunComparison, console: Console, *, show_unchanged
     console.print(comparison.summary)
 
 
-def print_attribution(attribution: dict, console: Console, *, wide: bool = False) -> None:
+def print_attribution(attribution: dict, console: Console, *, wide: bool = False,
+                      build_change: dict | None = None) -> None:
     """What kind of change each changed case is (service/core/attribution_view.py words it, as the
     service's CLI table and run page do): its size in ulps of its own scale, relative to the
-    baseline's distance to float64, and rounding-level or which semantic change it looks like."""
+    baseline's distance to float64, and rounding-level or which semantic change it looks like.
+    `build_change`: what differs between the two trees' builds (build_change_of_jobs), named beside
+    it as a service verdict names it."""
     from service.core.attribution_view import attribution_error, by_case, headline, order_by_relative_change
 
-    detail = {"attribution": attribution}
+    detail = {"attribution": attribution, **({"build_change": build_change} if build_change else {})}
     if attribution_error(detail):
         console.print(f"attribution: not made: {attribution_error(detail)}", markup=False, highlight=False)
         return
@@ -94,6 +97,21 @@ def print_attribution(attribution: dict, console: Console, *, wide: bool = False
         table.caption = f"... and {len(ranked) - 40} more"
     print_table(console, table)
     console.print(headline(detail), markup=False, highlight=False)
+
+
+def build_change_of_jobs(job, base_job) -> dict | None:  # noqa: ANN001
+    """What differs between the two trees' build flags and defines (optdrift.toml's build.cflags,
+    cuda_cflags, defines), as a service run records them (worker/jobs/run.py: a torch-extension
+    build's); both are built here, by one toolchain."""
+    from service.core.environment_attribution import build_change_of_runs
+
+    def recorded(config) -> dict:  # noqa: ANN001
+        build = config.build
+        if build.kind != "torch-extension":
+            return {}
+        return {"build_flags": {"cflags": build.cflags, "cuda_cflags": build.cuda_cflags, "defines": build.defines}}
+
+    return build_change_of_runs(recorded(job.config), recorded(base_job.config))
 
 
 def progress_line(text: str) -> None:
@@ -359,7 +377,8 @@ def _build_and_compare(job, base_job, source: Path, baseline: Path | None, polic
 
             compile_cache.release(*caches)
     print_verdict(comparison, console, show_unchanged=show_unchanged, wide=wide)
-    print_attribution(attribution, console, wide=wide)
+    print_attribution(attribution, console, wide=wide,
+                      build_change=build_change_of_jobs(job, base_job) if base_job is not None else None)
     console.print(phases.line(), highlight=False, soft_wrap=True)  # one line, for logs that grep it
     if json_out is not None:
         payload = {"commit": commit_run.model_dump(mode="json"),

@@ -4,6 +4,7 @@ process, so the worker process that calls it never imports torch.
 stdin: a JSON list of {"case": CaseSpec, "commit_file", "baseline_file", "first_divergent_step",
 "baseline_ref64", and optionally "commit_states", "baseline_states" (worker.engine.states_file)}; stdout: {case_id: attribution} (worker/attribution/analysis.py), or for a case
 whose analysis failed, {"error": "..."} so one bad case does not cost the others theirs.
+`--serve`: one such list per stdin line, one answer per stdout line, until stdin ends.
 """
 
 from __future__ import annotations
@@ -28,10 +29,27 @@ def json_safe(value):  # noqa: ANN001, ANN201
 
 
 def main() -> int:
+    """stdin's JSON list answered on stdout; with --serve, each stdin line (a JSON list) answered by
+    one stdout line until stdin ends (worker.attribution.pair_run.AnalysisChild)."""
+    if "--serve" in sys.argv[1:]:
+        import worker.attribution.analysis  # noqa: F401 - torch's import now, while the caller's kernels run
+
+        for line in sys.stdin:
+            if line.strip():
+                json.dump(json_safe(answer(json.loads(line))), sys.stdout, allow_nan=False)
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+        return 0
+    json.dump(json_safe(answer(json.loads(sys.stdin.read()))), sys.stdout, allow_nan=False)
+    return 0
+
+
+def answer(requests: list[dict]) -> dict[str, dict]:
+    """case id -> analysis (or {"error": ...}) of each request."""
     from worker.attribution.analysis import analyze_files
 
     answers = {}
-    for request in json.loads(sys.stdin.read()):
+    for request in requests:
         case = CaseSpec.model_validate(request["case"])
         try:
             answers[case.case_id] = analyze_files(case, request["commit_file"], request["baseline_file"],
@@ -41,8 +59,7 @@ def main() -> int:
                                                                 request.get("baseline_states")))
         except Exception as error:  # noqa: BLE001 - reported per case, never a verdict change
             answers[case.case_id] = {"error": f"{type(error).__name__}: {error}"}
-    json.dump(json_safe(answers), sys.stdout, allow_nan=False)
-    return 0
+    return answers
 
 
 if __name__ == "__main__":

@@ -6,10 +6,15 @@ the kernels run in kernel hosts (sandboxed), and the torch analysis in a child (
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import select
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from service.core.results import CaseSpec
@@ -25,6 +30,48 @@ log = logging.getLogger(__name__)
 ANALYSIS_TIMEOUT_S = 600.0
 
 
+@contextlib.contextmanager
+def pair_hosts(commit_library: str | Path, baseline_library: str | Path, *, device: str = "auto",
+               adapter: str = "bundled", case_timeout_s: float = 300.0,
+               adapter_paths: tuple[list[Path], list[Path]] = ([], []),
+               compile_caches: tuple = (None, None)) -> Iterator[tuple[KernelHost, KernelHost]]:
+    """(the commit's, the baseline's) kernel hosts, started together from this thread and closed
+    together: one pair serves every recording of an attribution (its cases, then its probes), so
+    each torch import and sandbox start is paid once. Arguments as record_parameters'."""
+    commit_paths, baseline_paths = adapter_paths
+    commit_cache, baseline_cache = compile_caches
+    hosts = [KernelHost(commit_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
+                        adapter_paths=list(commit_paths), compile_cache=commit_cache),
+             KernelHost(baseline_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
+                        adapter_paths=list(baseline_paths), compile_cache=baseline_cache)]
+    try:
+        KernelHost.start_together(hosts)
+        yield hosts[0], hosts[1]
+    finally:
+        KernelHost.close_together(hosts)
+
+
+def record_on(hosts: tuple[KernelHost, KernelHost], cases: list[CaseSpec], workdir: Path, *,
+              states: bool = False) -> dict[str, tuple[Path, Path, int | None]]:
+    """record_parameters on hosts already started (pair_hosts)."""
+    commit_host, baseline_host = hosts
+    files: dict[str, tuple[Path, Path, int | None]] = {}
+    for index, case in enumerate(cases):
+        commit_file, baseline_file = workdir / f"{index}.commit.f32", workdir / f"{index}.baseline.f32"
+        commit_host.submit(case, commit_file, params_only=True,
+                           states_out=states_path(commit_file) if states else None)
+        baseline_host.submit(case, baseline_file, params_only=True,
+                             states_out=states_path(baseline_file) if states else None)
+        results = commit_host.collect(), baseline_host.collect()
+        if all(r.status == "ok" for r in results) and commit_file.is_file() and baseline_file.is_file():
+            step = first_divergent_step(results[0].trajectory.digests, results[1].trajectory.digests)
+            files[case.case_id] = (commit_file, baseline_file, step)
+        else:
+            log.warning("attribution: %s did not run on both builds (%s); not attributed", case.case_id,
+                        "; ".join(r.message or r.status for r in results))
+    return files
+
+
 def record_parameters(commit_library: str | Path, baseline_library: str | Path, cases: list[CaseSpec],
                       workdir: Path, *, device: str = "auto", adapter: str = "bundled",
                       case_timeout_s: float = 300.0,
@@ -38,28 +85,9 @@ def record_parameters(commit_library: str | Path, baseline_library: str | Path, 
     their adapter module is imported from (a tree's adapter_path), as the run's hosts had them.
     `compile_caches`: (the commit's, the baseline's) build compile caches (worker.engine.compile_cache),
     so a torch.compile-based library loads what its run compiled; the caller releases them."""
-    files: dict[str, tuple[Path, Path, int | None]] = {}
-    commit_paths, baseline_paths = adapter_paths
-    commit_cache, baseline_cache = compile_caches
-    with (KernelHost(commit_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
-                     adapter_paths=list(commit_paths), compile_cache=commit_cache) as commit_host,
-          KernelHost(baseline_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
-                     adapter_paths=list(baseline_paths), compile_cache=baseline_cache) as baseline_host):
-        KernelHost.start_together([commit_host, baseline_host])
-        for index, case in enumerate(cases):
-            commit_file, baseline_file = workdir / f"{index}.commit.f32", workdir / f"{index}.baseline.f32"
-            commit_host.submit(case, commit_file, params_only=True,
-                               states_out=states_path(commit_file) if states else None)
-            baseline_host.submit(case, baseline_file, params_only=True,
-                                 states_out=states_path(baseline_file) if states else None)
-            results = commit_host.collect(), baseline_host.collect()
-            if all(r.status == "ok" for r in results) and commit_file.is_file() and baseline_file.is_file():
-                step = first_divergent_step(results[0].trajectory.digests, results[1].trajectory.digests)
-                files[case.case_id] = (commit_file, baseline_file, step)
-            else:
-                log.warning("attribution: %s did not run on both builds (%s); not attributed", case.case_id,
-                            "; ".join(r.message or r.status for r in results))
-    return files
+    with pair_hosts(commit_library, baseline_library, device=device, adapter=adapter, case_timeout_s=case_timeout_s,
+                    adapter_paths=adapter_paths, compile_caches=compile_caches) as hosts:
+        return record_on(hosts, cases, workdir, states=states)
 
 
 def states_path(params_file: Path) -> Path:
@@ -70,8 +98,55 @@ def states_path(params_file: Path) -> Path:
 def analyze_in_child(requests: list[dict], *, timeout_s: float = ANALYSIS_TIMEOUT_S) -> dict[str, dict]:
     """worker.attribution.child over `requests` (see there): case id -> attribution. The child
     runs only our own float64 replay on files we wrote, so it needs no sandbox."""
-    completed = subprocess.run([sys.executable, "-m", "worker.attribution.child"], input=json.dumps(requests),
-                               capture_output=True, text=True, timeout=timeout_s, check=False)
-    if completed.returncode != 0:
-        raise RuntimeError(f"attribution child failed ({completed.returncode}): {completed.stderr[-2000:]}")
-    return json.loads(completed.stdout)
+    with AnalysisChild(timeout_s=timeout_s) as child:
+        return child.ask(requests)
+
+
+class AnalysisChild:
+    """worker.attribution.child kept open (`--serve`: one JSON line of requests in, one line of
+    answers out, per ask): started before the kernels are re-run, its torch import overlaps theirs,
+    and the probes' analysis after the cases' reuses it instead of importing torch again.
+    `timeout_s` bounds the whole child's life (every ask together), as one analysis call was."""
+
+    def __init__(self, *, timeout_s: float = ANALYSIS_TIMEOUT_S) -> None:
+        self.deadline = time.monotonic() + timeout_s
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty child never blocks
+        self.process = subprocess.Popen([sys.executable, "-m", "worker.attribution.child", "--serve"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+                                        text=True)
+
+    def __enter__(self) -> "AnalysisChild":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def ask(self, requests: list[dict]) -> dict[str, dict]:
+        try:
+            self.process.stdin.write(json.dumps(requests) + "\n")
+            self.process.stdin.flush()
+        except OSError:
+            raise RuntimeError(f"attribution child failed ({self.process.poll()}): {self._stderr_tail()}") from None
+        ready, _, _ = select.select([self.process.stdout], [], [], max(0.0, self.deadline - time.monotonic()))
+        line = self.process.stdout.readline() if ready else ""
+        if not ready:
+            self.close()
+            raise subprocess.TimeoutExpired(self.process.args, ANALYSIS_TIMEOUT_S)
+        if not line:
+            self.process.wait()
+            raise RuntimeError(f"attribution child failed ({self.process.returncode}): {self._stderr_tail()}")
+        return json.loads(line)
+
+    def _stderr_tail(self) -> str:
+        self.stderr.seek(0)
+        return self.stderr.read()[-2000:]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.close()  # end of requests: the child exits
+                self.process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait()
+        self.stderr.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from service.core.results import CaseSpec, RunComparison, RunResult
 from worker.attribution import probe, selection
-from worker.attribution.pair_run import analyze_in_child, record_parameters, states_path
+from worker.attribution.pair_run import AnalysisChild, pair_hosts, record_on, states_path
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,13 @@ def attribute_changed(comparison: RunComparison, baseline: RunResult, cases: lis
     if not changed:
         return {}
     wanted, stands_for = selection.sample(changed, limit or selection.DEFAULT_LIMIT)
-    with tempfile.TemporaryDirectory(prefix="optdrift-attribution-") as tmp:
-        files = record_parameters(commit_library, baseline_library, wanted, Path(tmp), device=device,
-                                  adapter=adapter, case_timeout_s=case_timeout_s, adapter_paths=adapter_paths,
-                                  compile_caches=compile_caches, states=True)
+    # One analysis child and one pair of kernel hosts for the cases and then their probes: the
+    # child's torch import overlaps the hosts' start, and nothing is started twice.
+    with tempfile.TemporaryDirectory(prefix="optdrift-attribution-") as tmp, AnalysisChild() as child, \
+            pair_hosts(commit_library, baseline_library, device=device, adapter=adapter,
+                       case_timeout_s=case_timeout_s, adapter_paths=adapter_paths,
+                       compile_caches=compile_caches) as hosts:
+        files = record_on(hosts, wanted, Path(tmp), states=True)
         requests = []
         answers = selection.left_out_entries(changed, stands_for)
         for case in wanted:
@@ -57,10 +60,8 @@ def attribute_changed(comparison: RunComparison, baseline: RunResult, cases: lis
             requests.append(_analysis_request(case, commit_file, baseline_file, first_steps[case.case_id],
                                               baseline_ref64.get(case.case_id)))
         if requests:
-            answers.update(analyze_in_child(requests))
-        _probe_underpowered(answers, wanted, Path(tmp), commit_library, baseline_library, device=device,
-                            adapter=adapter, case_timeout_s=case_timeout_s, adapter_paths=adapter_paths,
-                            compile_caches=compile_caches)
+            answers.update(child.ask(requests))
+        _probe_underpowered(answers, wanted, Path(tmp), hosts, child)
     return answers
 
 
@@ -72,21 +73,21 @@ def _analysis_request(case: CaseSpec, commit_file: Path, baseline_file: Path, fi
             "first_divergent_step": first_divergent_step, "baseline_ref64": baseline_ref64}
 
 
-def _probe_underpowered(answers: dict[str, dict], cases: list[CaseSpec], workdir: Path,
-                        commit_library: str | Path, baseline_library: str | Path, **hosts) -> None:  # noqa: ANN003
+def _probe_underpowered(answers: dict[str, dict], cases: list[CaseSpec], workdir: Path, hosts: tuple,
+                        child: AnalysisChild) -> None:
     """Where a rounding-level call had too few moved elements for its drift test, the same case at
-    probe.PROBE_ELEMENTS elements on both builds, analysed; its evidence joins the case's record
-    (worker/attribution/probe.py)."""
+    probe.PROBE_ELEMENTS elements on both builds (the attribution's hosts), analysed by its child;
+    its evidence joins the case's record (worker/attribution/probe.py)."""
     probes = {case.case_id: probe_case for case in cases
               if probe.underpowered(answers.get(case.case_id) or {}) and (probe_case := probe.probe_case(case))}
     if not probes:
         return
     folder = workdir / "probes"
     folder.mkdir()
-    files = record_parameters(commit_library, baseline_library, list(probes.values()), folder, states=True, **hosts)
+    files = record_on(hosts, list(probes.values()), folder, states=True)
     requests = [_analysis_request(spec, *files[spec.case_id], None)
                 for spec in probes.values() if spec.case_id in files and files[spec.case_id][2]]
-    probed = analyze_in_child(requests) if requests else {}
+    probed = child.ask(requests) if requests else {}
     for case_id, spec in probes.items():
         step = files[spec.case_id][2] if spec.case_id in files else None
         missing = ("it did not run on both builds" if spec.case_id not in files

@@ -170,7 +170,7 @@ def test_the_changelogs_newest_entry_is_the_version_and_the_first_is_0_1_0() -> 
     assert versions[0] == VERSION, (f"CHANGELOG.md's newest entry is {versions[0]}, pyproject.toml says {VERSION}: "
                                     "a release builds the changelog in the commit that bumps the version")
     assert versions[-1] == "0.1.0" and len(set(versions)) == len(versions)
-    keys = [tuple(int(part) for part in re.findall(r"\d+", version)[:3]) for version in versions]
+    keys = [_release_key(version) for version in versions]
     assert keys == sorted(keys, reverse=True), f"entries newest first: {versions}"
 
 
@@ -181,3 +181,24 @@ def test_the_docs_pin_the_action_to_this_release() -> None:
         pins += [(doc.name, ref) for ref in re.findall(r"optdrift/optdrift@([\w.\-]+)", doc.read_text())]
     assert pins, "docs/RELEASES.md shows how to pin the Action"
     assert all(ref == f"v{VERSION}" for _, ref in pins), pins
+
+
+def _release_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+
+
+def test_the_deprecated_aliases_live_out_their_window() -> None:
+    """The deprecation rule: an alias of a moved module (service/core/moved.py) works for at least one
+    minor release after the release that shipped it (0.2.0), and goes no earlier than REMOVED_IN. A
+    release that reaches REMOVED_IN removes the shims (with a `removal` fragment) or moves it on."""
+    from service.core.moved import MOVED, REMOVED_IN
+
+    shipped_in = (0, 2, 0)
+    assert _release_key(REMOVED_IN)[:2] > shipped_in[:2], f"REMOVED_IN {REMOVED_IN}: at least one minor release after 0.2.0"
+    for old in MOVED:
+        shim = REPO_ROOT / (old.replace(".", "/") + ".py")
+        if _release_key(VERSION) < _release_key(REMOVED_IN):
+            assert shim.is_file(), f"{old} goes in {REMOVED_IN} at the earliest, and this is {VERSION}"
+        else:
+            assert not shim.is_file(), (f"{VERSION} reached {old}'s REMOVED_IN ({REMOVED_IN}): remove the shim with a "
+                                        "`removal` fragment, or move REMOVED_IN on (docs/RELEASES.md, 'Deprecation')")

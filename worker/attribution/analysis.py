@@ -47,6 +47,19 @@ algorithms differ, which is why the residual is taken on the difference and not 
 cannot resolve a change smaller than it, such as the decay reorder at lr 1e-3 / wd 1e-2). A variant
 *matches* when its residual stays within that allowance at every step from the first divergent one and is at most 1/SEPARATION of the change itself (`ulps` at its peak); the best match is
 named with the next best's residual beside it. No match and a change beyond rounding: "unexplained".
+
+From the baseline's rule (issue 47): the baseline need not be the algorithm. DeepSpeed's CPU Adam
+already takes its bias corrections from float32 powers, and its 0.19.0 keeps them as running
+float32 products: from V0 neither variant explains commit − baseline. So each catalogued rule B the
+baseline follows clearly better than V0 (its peak distance to B at most 1/SEPARATION of its
+distance to V0, in ulps of its own scale) is a hypothesis too, with the commit following V0 (a
+revert: "reverts: <B>"; for decay coupling the direction is said) or another setting C of B's own
+switches: residual max |(commit − baseline) − (C − B)|, matched as a variant is
+(variants.Transition). Cross-switch combinations (B kept, C added beside it) are not tried.
+
+No moved element: where no parameter moved by one ulp at any step and the states were not read,
+nothing shows what changed or how much: the case is not attributed ("unknown", with that reason),
+never semantic (and never rounding-level: the state's change is unbounded).
 """
 
 from __future__ import annotations
@@ -175,11 +188,15 @@ class _Residuals:
         self.baseline_peak[name] = max(self.baseline_peak[name], _finite_max(np.abs(gap) / units))
 
     def admissible_transitions(self) -> list:
-        """The transitions whose baseline rule the baseline follows better than the algorithm: only
-        then is "the baseline was B" a hypothesis at all (a baseline that is the algorithm makes
-        every transition from B predict −(B − V0) beside the commit's own change)."""
+        """The transitions whose baseline rule the baseline follows clearly better than the
+        algorithm: its distance to B at most 1/SEPARATION of its distance to V0, as a commit's
+        variant must explain the change. Only then is "the baseline was B" a hypothesis at all: a
+        baseline that is the algorithm makes every transition from B predict −(B − V0) beside the
+        commit's own change, and a B that barely differs from V0 on this case (within the
+        baseline's own rounding drift) would be admitted by chance and renamed a forward match."""
         exact = self.baseline_peak[catalogue.CORRECT.name]
-        return [t for t in self.transitions if self.baseline_peak[t.baseline.name] < exact]
+        return [t for t in self.transitions
+                if max(self.baseline_peak[t.baseline.name], RESIDUAL_FLOOR_ULPS) * SEPARATION <= exact]
 
 
 def _finite_max(values: np.ndarray) -> float:

@@ -13,7 +13,6 @@ import select
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,10 +105,10 @@ class AnalysisChild:
     """worker.attribution.child kept open (`--serve`: one JSON line of requests in, one line of
     answers out, per ask): started before the kernels are re-run, its torch import overlaps theirs,
     and the probes' analysis after the cases' reuses it instead of importing torch again.
-    `timeout_s` bounds the whole child's life (every ask together), as one analysis call was."""
+    `timeout_s` bounds each ask (not the child's life: it waits while the kernels re-run)."""
 
     def __init__(self, *, timeout_s: float = ANALYSIS_TIMEOUT_S) -> None:
-        self.deadline = time.monotonic() + timeout_s
+        self.timeout_s = timeout_s
         self.stderr = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty child never blocks
         self.process = subprocess.Popen([sys.executable, "-m", "worker.attribution.child", "--serve"],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
@@ -127,11 +126,11 @@ class AnalysisChild:
             self.process.stdin.flush()
         except OSError:
             raise RuntimeError(f"attribution child failed ({self.process.poll()}): {self._stderr_tail()}") from None
-        ready, _, _ = select.select([self.process.stdout], [], [], max(0.0, self.deadline - time.monotonic()))
+        ready, _, _ = select.select([self.process.stdout], [], [], self.timeout_s)
         line = self.process.stdout.readline() if ready else ""
         if not ready:
             self.close()
-            raise subprocess.TimeoutExpired(self.process.args, ANALYSIS_TIMEOUT_S)
+            raise subprocess.TimeoutExpired(self.process.args, self.timeout_s)
         if not line:
             self.process.wait()
             raise RuntimeError(f"attribution child failed ({self.process.returncode}): {self._stderr_tail()}")

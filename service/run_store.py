@@ -407,6 +407,7 @@ def store_corun_diffs(run_id: int, *, comparison: RunComparison, extra: dict[str
                       run_id, comparison.verdict, verdict.outcome)
             return False
         verdict.detail = {**comparison.model_dump(mode="json"), **extra}
+        verdict_store.record_build_change(verdict)  # the builds' difference, beside the new detail
         session.commit()
         return True
 

@@ -38,10 +38,12 @@ def test_a_flags_only_change_is_named_in_the_verdict(db_session, api_settings) -
     verdict = db_session.scalar(select(Verdict).where(Verdict.run_id == child.id))
     assert verdict.detail["build_change"] == {"flags_added": ["-march=native", "-fopenmp", "-D__AVX512__=1"],
                                               "flags_removed": ["-g"], "compilers": None}
-    # The co-run's re-judging (a case that does not reproduce itself) keeps it.
+    # The co-run's diffs replace the detail: the difference stays beside them, and beside the attribution.
     inputs = run_store.corun_inputs(child.id, session=db_session)
     comparison = compare_runs(inputs.commit_result, inputs.baseline_result, {"c1": [0.0, 0.0, 1e-7]})
     assert run_store.store_corun_diffs(child.id, comparison=comparison, extra={}, session=db_session)
+    db_session.refresh(verdict)
+    assert verdict.detail["build_change"]["flags_added"] == ["-march=native", "-fopenmp", "-D__AVX512__=1"]
     run_store.add_attribution(child.id, {"c1": ROUNDING}, session=db_session)
     db_session.refresh(verdict)
     assert verdict.detail["build_change"]["flags_added"] == ["-march=native", "-fopenmp", "-D__AVX512__=1"]

@@ -83,16 +83,26 @@ def combine(record: dict, probe: CaseSpec, probed: dict | None, probe_step: int 
     if probed["class"] == "rounding-level":
         out["note"] = _joined(record.get("note"), f"{few} is rounding-level too")
         return out
+    if not moved and not record.get("peak_ulps"):
+        # Not one element of this case moved by one ulp at any step: nothing of it shows the
+        # probe's change, so the probe's call is beside it, never its own (issue 47: a case with no
+        # moved element is never called semantic).
+        out["note"] = _joined(record.get("note"), f"{few} reads {_call(probed)}, not this case's call: none of its "
+                                                  "own elements moved")
+        return out
     for key in ("class", "variant", "label", "kind", "drift_fits", "next_best", "next_best_ratio"):
         if key in probed:
             out[key] = probed[key]
         else:
             out.pop(key, None)
-    call = f"{probed['variant']} ({probed['class']})" if probed.get("variant") else probed["class"]
     elements = record.get("replayed_elements")
     out["note"] = (f"within rounding on its {plural(elements, 'element') if elements else 'elements'}; {few} reads "
-                   f"{call}" + (f": {probed['note']}" if probed.get("note") else ""))
+                   f"{_call(probed)}" + (f": {probed['note']}" if probed.get("note") else ""))
     return out
+
+
+def _call(probed: dict) -> str:
+    return f"{probed['variant']} ({probed['class']})" if probed.get("variant") else probed["class"]
 
 
 

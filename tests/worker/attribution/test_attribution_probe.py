@@ -69,3 +69,20 @@ def test_a_probe_within_rounding_or_without_an_answer_leaves_the_call():
                                  (None, "its digests did not differ", "its digests did not differ")):
         found = combine(_record(3), probe, probed, None, missing=missing)
         assert found["class"] == "rounding-level" and found["note"].endswith(why), found["note"]
+
+
+def test_a_case_with_no_moved_element_never_takes_the_probe_s_semantic_call():
+    # Issue 47: a bfloat16 adagrad case under --fmad=true read "semantic" at 0 ulp with 0 elements
+    # moved: its own call was rounding-level (parameters never moved, the float32 state within
+    # rounding), too few moves for the drift test, and the probe's one-way drift became its call.
+    # The probe stays beside it, said; the case keeps its own call.
+    probe = probe_case(CASE)
+    probed = {"class": "semantic", "variant": None, "label": "unexplained",
+              "note": "a drift below one ulp, one way: 180 of the 200 elements", "drift": _record(200)["drift"]}
+    still = {**_record(0), "first_step_ulps": 0.0, "peak_ulps": 0.0}
+    found = combine(still, probe, probed, 1)
+    assert found["class"] == "rounding-level" and found["probe"]["class"] == "semantic", found
+    assert found["note"].endswith("reads semantic, not this case's call: none of its own elements moved"), found["note"]
+    # One moved element is a moved element: the probe's call stands for it, as before.
+    moved = {**_record(1), "peak_ulps": 1.0}
+    assert combine(moved, probe, probed, 1)["class"] == "semantic"

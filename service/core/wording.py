@@ -264,6 +264,10 @@ def changed_sentence(figures: ComparisonFigures, against: str | None) -> str:
     parts = [f"Changed: {plural(figures.changed, 'trajectory')} of {figures.judged} differ from {against}'s"
              + (f", first at step {first}" if first else "") + "."]
     moves = direction_moves(figures.directions)
+    # Every changed case counted: those without a direction (references moved, figures missing) too.
+    not_judged = figures.changed - sum(figures.directions.get(d, 0) for d in ("farther", "closer", "same"))
+    if not_judged > 0:
+        moves = (moves + "; " if moves else "") + f"{not_judged} not judged"
     if moves:
         parts.append(moves + " (over the steps that differ).")
     sizes = scale_sentence(figures.scales)

@@ -283,8 +283,8 @@ def build(*, session: Session, project_name: str, environment: str | None = None
     rows = _rows(releases, columns, points, attributions, chosen)
     choices = [BatteryChoice(environment=env, battery=bat, requested=sorted(requested_names.get((env, bat), ())))
                for env, bat in sorted(pairs)]
-    order_text = ("releases in version order (their tags read as PEP 440 versions)" if order == "version" else
-                  "releases in ancestry order (not every tag reads as a version), then by submission time")
+    order_text = ("Releases in version order (their tags read as PEP 440 versions)" if order == "version" else
+                  "Releases in ancestry order (not every tag reads as a version), then by submission time")
     return ReleaseMatrix(project=project.name, environment=environment, battery=battery, order=order,
                          order_text=order_text, choices=choices, releases=columns, rows=rows)
 
@@ -495,16 +495,20 @@ def _measure(case_id: str, before: _Point, after: _Point, step: int | None, scal
 
 
 def sparkline_points(values: list[float | None], width: int = 120, height: int = 24) -> list[tuple[float, float]]:
-    """(x, y) in an SVG box for the finite positive values (log scale where all are positive),
-    None gaps skipped; a flat line sits in the middle."""
+    """(x, y) in an SVG box for the finite values, None gaps skipped. Log scale where all are
+    positive, spanning at least one decade (linear: at least a tenth of the largest value), so a
+    change of a few roundings draws flat and a ×1700 one climbs the box."""
     known = [(i, v) for i, v in enumerate(values) if v is not None and math.isfinite(v)]
     if not known:
         return []
     log = all(v > 0 for _i, v in known)
     ys = [math.log10(v) if log else v for _i, v in known]
     low, high = min(ys), max(ys)
-    span = high - low
+    least = 1.0 if log else max(abs(low), abs(high)) / 10 or 1.0
+    if high - low < least:
+        middle = (high + low) / 2
+        low, high = middle - least / 2, middle + least / 2
     step = width / max(1, len(values) - 1)
     pad = 3
-    return [(round(i * step, 2), round(height / 2 if span == 0 else pad + (height - 2 * pad) * (high - y) / span, 2))
+    return [(round(i * step, 2), round(pad + (height - 2 * pad) * (high - y) / (high - low), 2))
             for (i, _v), y in zip(known, ys)]

@@ -36,6 +36,7 @@ templates.env.filters["number"] = wording.number
 templates.env.filters["when"] = wording.when
 templates.env.filters["shown"] = wording.shown
 templates.env.filters["without_paths"] = wording.without_paths
+templates.env.filters["unbroken_words"] = wording.unbroken_words
 templates.env.filters["case_name"] = case_name
 templates.env.globals["not_judged"] = wording.not_judged
 templates.env.globals["group_label"] = release_matrix.group_label

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+
+from markupsafe import Markup
 from datetime import datetime, timezone
 
 from service.core.verdicts import change_size_by_scale
@@ -193,3 +195,9 @@ def not_judged(figures) -> int:  # noqa: ANN001
     closer and same they add up to the changed count the headline says."""
     directions = figures.directions or {}
     return max(0, figures.changed - sum(directions.get(d, 0) for d in ("farther", "closer", "same")))
+
+
+def unbroken_words(text: str | None) -> Markup:
+    """`text` with each word kept on one line (a flag such as -fopenmp never splits at its dash);
+    lines break between words only."""
+    return Markup(" ").join(Markup('<span class="nobreak">{}</span>').format(word) for word in (text or "").split(" "))

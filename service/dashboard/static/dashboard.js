@@ -173,6 +173,15 @@ const optdrift = (() => {
       }));
       const figure = layout("final distance to the float64 reference", "max abs distance");
       figure.xaxis = { title: { text: "release" }, type: "category" };
+      // The legend names each case, even a lone one; the axis spans at least a decade, so a change
+      // of a few roundings draws flat and a x1700 one climbs (as the row's sparkline does).
+      figure.showlegend = true;
+      const finite = traces.flatMap((t) => t.y).filter((v) => v !== null && v > 0);
+      if (finite.length) {
+        const low = Math.log10(Math.min(...finite)), high = Math.log10(Math.max(...finite));
+        const middle = (low + high) / 2, half = Math.max(0.5, (high - low) / 2 + 0.1);
+        figure.yaxis.range = [middle - half, middle + half];
+      }
       Plotly.react("line-plot", traces, figure, config);
       document.getElementById("line-plot").dataset.plotted = group;
     };

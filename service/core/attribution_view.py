@@ -141,16 +141,13 @@ def headline(detail: dict | None) -> str | None:
     if not cases:
         return None
     kinds = Counter(a.kind for a in cases.values())
-    named = Counter(a.looks_like for a in cases.values() if a.kind == "semantic" and a.variant and not a.reverts)
     parts = []
-    if named:
-        parts.append("semantic — " + "; ".join(f"looks like {label} ({n})" for label, n in named.most_common(3)))
-    reverted = Counter(a.looks_like for a in cases.values() if a.kind == "semantic" and a.reverts)
-    if reverted:
-        parts.append("semantic — " + "; ".join(f"{label} ({n})" for label, n in reverted.most_common(3)))
-    precision = Counter(a.looks_like for a in cases.values() if a.kind == "precision")
-    if precision:
-        parts.append("precision — " + "; ".join(f"looks like {label} ({n})" for label, n in precision.most_common(3)))
+    for kind in ("semantic", "precision"):
+        # A revert's label already says what it is ("reverts: ..."); a variant's reads "looks like".
+        named = Counter((a.looks_like, bool(a.reverts)) for a in cases.values() if a.kind == kind and a.variant)
+        if named:
+            parts.append(f"{kind} — " + "; ".join(f"{label if reverts else f'looks like {label}'} ({n})"
+                                                  for (label, reverts), n in named.most_common(3)))
     unexplained = sum(1 for a in cases.values() if a.kind == "semantic" and not a.variant)
     if unexplained:
         parts.append(f"semantic, unexplained ({unexplained})")

@@ -18,7 +18,9 @@ LOG="$OUT/layouts45.txt"
 stamp "1. layout / multi-tensor / group-lifecycle tests on CUDA" | tee "$LOG"
 timeout ${TESTS_LIMIT_S:-240} python3 -m pytest -q -rs -p no:cacheprovider tests/worker/engine/test_layout_cases.py \
   tests/worker/adapters/test_bundled_multi_tensor.py tests/csrc/test_kernels_multi_opcheck.py \
-  tests/worker/adapters/test_group_lifecycle.py 2>&1 | tail -25 | tee -a "$LOG"
+  tests/worker/adapters/test_group_lifecycle.py -rf --tb=line 2>&1 | grep -E "^FAILED|^/|passed|failed" | tail -25 | tee -a "$LOG"
+stamp "1b. CPU against CUDA, multi and one-tensor ops" | tee -a "$LOG"
+timeout 120 python3 bench/gpu/multi_cpu_vs_cuda.py 2>&1 | tail -40 | tee -a "$LOG"
 stamp "2. multi-tensor bandwidth" | tee -a "$LOG"
 timeout 120 python3 bench/multi_tensor_bandwidth.py 2>&1 | tail -20 | tee -a "$LOG"
 stamp "3. check --battery quick --device cuda on the DeepSpeed 0.19.0 pattern's mirror" | tee -a "$LOG"

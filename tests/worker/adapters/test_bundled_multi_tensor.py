@@ -297,7 +297,9 @@ def test_cuda_misaligned_tensors_take_the_scalar_path_and_equal_the_cpu_op(kerne
     storage = [torch.randn(n + 1, generator=generator).to(torch.float16) for n in sizes]
     results = []
     for device in ("cpu", "cuda"):
-        params = [s.to(device)[1:] for s in storage]  # offset 1: misaligned for every vector width
+        # A copy per device (.to("cpu") of a CPU tensor is the tensor itself: the CPU run would step
+        # the storage the CUDA run then starts from); offset 1: misaligned for every vector width.
+        params = [s.to(device, copy=True)[1:] for s in storage]
         states, shared = _fresh(kernels, optimizer, params, 2)
         grad_generator = torch.Generator().manual_seed(5)
         for _ in range(3):

@@ -2,7 +2,7 @@
 
     python -m worker.references.closed_form_8bit [--csrc DIR] [--device cpu|cuda|all] [--json]
 
-Builds `--csrc` (default: the bundled csrc; digest-cached in OPTDRIFT_BUILD_CACHE or
+Builds `--csrc` (default: the bundled csrc; digest-cached in OPTDRIFT_BUILD_CACHE_DIR (or the older OPTDRIFT_BUILD_CACHE) or
 .optdrift/test-build-cache), loads it into this process (one build per process) and prints, per
 device and optimizer, at lr=0.1, wd=0.1, fp32, 4097 elements (16 full blocks and one of 1):
   distance   max |kernel - closed form|           (should be within `bound`)
@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     from worker.adapters import bundled_ops
     from worker.build import build_extension
 
-    cache = Path(os.environ.get("OPTDRIFT_BUILD_CACHE", Path(__file__).resolve().parents[2] / ".optdrift" / "test-build-cache"))
+    cache = Path(os.environ.get("OPTDRIFT_BUILD_CACHE_DIR") or os.environ.get("OPTDRIFT_BUILD_CACHE")
+                 or Path(__file__).resolve().parents[2] / ".optdrift" / "test-build-cache")
     build = build_extension(args.csrc, cache_dir=cache)
     if not build.ok:
         print(f"building {args.csrc} failed:\n{build.error}", file=sys.stderr)

@@ -92,6 +92,9 @@ def order_releases(releases: list[_Release], parents_of: dict[str, tuple[str, ..
     if releases and all(v is not None for v in versions.values()):
         return sorted(releases, key=lambda r: (versions[r.commit_id], r.created_at, r.commit_id)), "version"
     shas = {r.sha for r in releases}
+    # A release's own parents and sent ancestry lead on from it when another release reaches it.
+    parents_of = {**parents_of, **{r.sha: tuple(dict.fromkeys(parents_of.get(r.sha, ()) + r.parents + r.ancestry))
+                                   for r in releases}}
 
     def release_ancestors(release: _Release) -> int:
         # The sent first-parent ancestry, and every parent reachable through submitted commits.
@@ -227,8 +230,8 @@ def build(*, session: Session, project_name: str, environment: str | None = None
                 for cid, tag, sha, parents, ancestry, created in release_rows]
     parents_of: dict[str, tuple[str, ...]] = {}
     if releases and not all(tag_version(r.tag) for r in releases):
-        parents_of = {sha: tuple(parents or ()) for sha, parents in session.execute(
-            select(Commit.sha, Commit.parents).where(Commit.project_id == project.id)).all()}
+        parents_of = {sha: tuple(parents or ()) + tuple(ancestry or ()) for sha, parents, ancestry in session.execute(
+            select(Commit.sha, Commit.parents, Commit.ancestry).where(Commit.project_id == project.id)).all()}
     releases, order = order_releases(releases, parents_of)
 
     runs = [_RunInfo(rid, cid, env, _ran_battery(detail, requested), requested, status, error, detail or {})

@@ -416,8 +416,10 @@ def run_page(*, session: Session, run_id: int, cases_page: int = 1, cases_per_pa
     baseline_run = session.get(Run, verdict.baseline_run_id) if verdict and verdict.baseline_run_id else None
     siblings = []
     if run.commit_id is not None:
-        siblings = [(rid, env, battery) for rid, env, battery in session.execute(
-            select(Run.id, Run.environment, Run.battery).where(Run.commit_id == run.commit_id).order_by(Run.id))]
+        # Each named by the battery that ran (the tree's optdrift.toml may name its own).
+        siblings = [(rid, env, (detail or {}).get("battery") or battery) for rid, env, battery, detail in session.execute(
+            select(Run.id, Run.environment, Run.battery, Run.environment_detail)
+            .where(Run.commit_id == run.commit_id).order_by(Run.id))]
     return RunPage(
         run=run, commit=run.commit, base_commit=run.base_commit, baseline_run=baseline_run,
         baseline_commit_sha=baseline_run.commit.sha if baseline_run and baseline_run.commit else None,

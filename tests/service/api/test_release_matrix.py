@@ -96,3 +96,27 @@ def test_each_cell_is_the_change_in_its_rows_scale(api, db_session) -> None:  # 
 def test_an_unknown_project_is_404(api) -> None:  # noqa: ANN001
     response = api.get("/api/v1/projects/nobody/releases/matrix")
     assert response.status_code == 404
+
+
+def test_tags_read_as_versions_else_releases_follow_ancestry() -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from service.dashboard.release_matrix import _Release, order_releases, tag_version
+
+    # A prefix before the first digit is a prefix; semver pre-releases read as PEP 440's.
+    assert str(tag_version("ds-0.14.3")) == "0.14.3" and str(tag_version("v1.2.3-rc.1")) == "1.2.3rc1"
+    assert tag_version("ds-0.14.10") > tag_version("ds-0.14.3") and tag_version("nightly") is None
+    start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+    def release(tag: str, sha: str, parents: tuple[str, ...], hours: int, ancestry: tuple[str, ...] = ()) -> _Release:
+        return _Release(hash(sha) % 1000, tag, sha, parents, ancestry, start + timedelta(hours=hours))
+
+    # Not every tag parses: back-filled "old" (submitted last) comes first, since the others descend
+    # from it (through a commit that is no release, and through a sent ancestry alone).
+    ordered, order = order_releases(
+        [release("newest", "c", ("b1",), 0), release("middle", "b", (), 1, ancestry=("x", "a")),
+         release("old", "a", (), 2)],
+        parents_of={"b1": ("b",), "b": ("x",)})
+    assert order == "ancestry" and [r.tag for r in ordered] == ["old", "middle", "newest"]
+    ordered, order = order_releases([release("v1.10.0", "b", (), 0), release("v1.9.0", "a", (), 1)], {})
+    assert order == "version" and [r.tag for r in ordered] == ["v1.9.0", "v1.10.0"]

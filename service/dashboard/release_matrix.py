@@ -37,7 +37,7 @@ from sqlalchemy.orm import Session
 from service.api.release_schemas import (
     BatteryChoice, CaseLine, ReleaseCell, ReleaseColumn, ReleaseMatrix, ReleaseRow,
 )
-from service.core import environment_attribution
+from service.core import attribution_view, environment_attribution
 from service.core.case_names import case_name
 from service.core.results import QUANTIZED_FAMILY_PREFIX
 from service.core.wording import first_line, number, ratio
@@ -165,36 +165,30 @@ def _intensity(size: float, steps: tuple[float, ...]) -> int:
 
 
 # ----------------------------------------------------------------------------- kinds
-def attribution_kind(stored: dict | None) -> tuple[str | None, str | None]:
-    """(kind, words) of one case's stored attribution (worker/attribution/analysis.py's dict)."""
+def attribution_kind(case_id: str, stored: dict | None) -> tuple[str | None, str | None]:
+    """(kind, words) of one case's stored attribution (worker/attribution/analysis.py's dict), read
+    through service.core.attribution_view as the commit page reads it."""
     if not isinstance(stored, dict) or "error" in stored or not stored.get("class"):
         return None, None
-    kind = str(stored["class"])
-    label = stored.get("label")
+    attribution = attribution_view.case_attribution(case_id, stored)
+    kind = attribution.kind
     if kind in ("semantic", "precision"):
-        if stored.get("variant") and label:
-            return kind, f"{kind}: {label}"
+        if attribution.variant == "reference" and attribution.looks_like:  # a revert names itself
+            return kind, attribution.looks_like
+        if attribution.variant and attribution.looks_like:
+            return kind, f"{kind}: {attribution.looks_like}"
         return kind, f"{kind}, unexplained"
     return kind, kind
 
 
-def build_change_text(a: dict | None, b: dict | None, environment: str) -> str | None:
-    """What differs between two runs' recorded builds: "build flags: + -march=native − -g", and the
-    compilers where their version lines differ; None when nothing recorded differs."""
-    side_a = environment_attribution.BuildSide.from_detail(environment, a)
-    side_b = environment_attribution.BuildSide.from_detail(environment, b)
-    difference = environment_attribution.build_difference(side_a, side_b)
-    parts = []
-    if difference.added or difference.removed:
-        parts.append("build flags: " + " ".join([f"+ {f}" for f in difference.added]
-                                                + [f"− {f}" for f in difference.removed]))
-    if difference.compilers is not None:
-        parts.append(f"compiler: {difference.compilers[0] or '?'} → {difference.compilers[1] or '?'}")
-    return "; ".join(parts) or None
+def build_change_text(previous: dict | None, current: dict | None) -> str | None:
+    """What differs between two runs' recorded builds, in the commit page's words ("build flags
+    changed: + -march=native, - -g; compiler changed: A → B"); None when nothing recorded differs."""
+    return attribution_view.build_change_text(environment_attribution.build_change_of_runs(current, previous))
 
 
-def _case_kind(stored: dict | None, build_change: str | None) -> tuple[str | None, str | None]:
-    kind, words = attribution_kind(stored)
+def _case_kind(case_id: str, stored: dict | None, build_change: str | None) -> tuple[str | None, str | None]:
+    kind, words = attribution_kind(case_id, stored)
     if build_change and kind in (None, "rounding-level"):
         # A change bounded by roundings with differing flags is the flags' doing as far as the
         # evidence goes; one beyond rounding is named for what it is, whatever flag differs.
@@ -273,7 +267,7 @@ def build(*, session: Session, project_name: str, environment: str | None = None
         run, previous = chosen.get(index), previous_of[index]
         build_change = None
         if run is not None and previous is not None:
-            build_change = build_change_text(chosen[previous].detail, run.detail, environment or "")
+            build_change = build_change_text(chosen[previous].detail, run.detail)
         columns.append(ReleaseColumn(
             tag=release.tag, sha=release.sha, version=str(v) if (v := tag_version(release.tag)) else None,
             run_id=run.id if run else None,
@@ -478,7 +472,7 @@ def _signed_steps(value: float | None) -> str:
 
 def _measure(case_id: str, before: _Point, after: _Point, step: int | None, scale: str, stored: dict | None,
              build_change: str | None) -> _Change:
-    kind, words = _case_kind(stored, build_change)
+    kind, words = _case_kind(case_id, stored, build_change)
     ulps = stored.get("first_step_ulps") if isinstance(stored, dict) else None
     ulps = float(ulps) if isinstance(ulps, (int, float)) else None
     if scale == "quantization-steps" and before.quant is not None and after.quant is not None:

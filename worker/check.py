@@ -64,6 +64,12 @@ def print_verdict(comparison: RunComparison, console: Console, *, show_unchanged
                 if case.verdict in ("broken", "nondeterministic") and case.message:
                     console.print(f"{case_name(case.case_id)}: {case.verdict}: {case.message.splitlines()[0]}",
                                   markup=False, highlight=False, soft_wrap=True)
+        # A changed layout case (several tensors under one optimizer) says which of its tensors
+        # changed, from which step, and whether the guard elements between them were written.
+        for case in comparison.cases:
+            if case.verdict == "changed" and case.tensors and case.message:
+                console.print(f"{case_name(case.case_id)}: {case.message}", markup=False, highlight=False,
+                              soft_wrap=True)
     hidden = len(comparison.cases) - shown
     if hidden:
         console.print(f"({hidden} unchanged cases not shown)")

@@ -266,3 +266,23 @@ def test_the_reference_on_cuda_is_torch_optim_with_the_same_param_groups_to_the_
             for s, p in zip(slots, params):
                 flat[s.offset:s.stop] = p.detach()
             assert torch.equal(ours.param, flat), (optimizer, step)
+
+
+def test_check_prints_which_tensors_of_a_changed_layout_case_changed(kernels):
+    from rich.console import Console
+
+    from service.core.results import RunResult
+    from service.core.verdicts import compare_runs
+    from worker.check import print_verdict
+
+    (case,) = _battery(["adam"]).expand()
+    groups = case.layout.groups
+    other = case.model_copy(update={"layout": ParamLayout(groups=[
+        groups[0], TensorGroupSpec(sizes=groups[1].sizes, hyper={**groups[1].hyper, "eps": 1e-6})])})
+    commit, baseline = run_case(case, CPU), run_case(other, CPU).model_copy(update={"case": case})
+    runs = [RunResult(battery_name="layouts", battery_version=1, battery_digest="d", cases=[r]) for r in (commit, baseline)]
+    console = Console(width=120, record=True)
+    print_verdict(compare_runs(*runs), console)
+    text = console.export_text()
+    assert "1 of 4 tensors changed: t3 (group 1, n=1031) from step 1" in text
+    assert "bit-identical: t0 t1 t2" in text

@@ -122,7 +122,7 @@ def main() -> int:
     build = build_extension(Path(__file__).resolve().parents[1] / "csrc", cuda_archs=[] if device.type == "cpu" else None)
     if not build.ok:
         raise SystemExit(f"the bundled kernels do not build: {build.error}")
-    torch.set_num_threads(1)  # as the kernel host runs (worker/engine/host.py --threads)
+    torch.set_num_threads(1)  # as the kernel host runs (worker/engine/host/child.py --threads)
     harness.ensure_loaded(device)
     adapter = get_adapter("bundled")
     adapter.load(build.library_path)

@@ -311,7 +311,7 @@ def main() -> int:
         from worker.engine.environment import resolve_device
         from worker.engine.kernels_only import run_cases_known
 
-        torch.set_num_threads(1)  # as the kernel host runs (worker/engine/host.py --threads)
+        torch.set_num_threads(1)  # as the kernel host runs (worker/engine/host/child.py --threads)
         from worker.engine import harness
 
         harness.ensure_loaded(resolve_device(device))  # as the kernel host loads it

@@ -106,7 +106,7 @@ class Settings(BaseSettings):
     verify_case_timeout_s: float = 180.0
     verify_max_run_s: float = 1800.0
 
-    # The sandbox every build and kernel host runs in (worker/sandbox.py, bubblewrap). Where it
+    # The sandbox every build and kernel host runs in (worker/sandbox/, bubblewrap). Where it
     # cannot be made, the worker says so at start and refuses verify runs unless this is set.
     allow_unsandboxed: bool = False
     # Extra read-only paths the sandbox shows (a toolchain outside /usr and /opt), os.pathsep-separated.

@@ -28,7 +28,7 @@ class _Model(BaseModel):
 
 
 class GradientStreamSpec(_Model):
-    """How the gradients of a case are produced (see worker/gradients.py).
+    """How the gradients of a case are produced (see worker/engine/gradients.py).
 
     open: a fixed seeded stream, independent of the parameters (isolates the update rule).
     closed: the gradient of a seeded quadratic 0.5*sum(h*(p-c)^2) at the current parameters
@@ -193,7 +193,7 @@ class Trajectory(_Model):
     # NaN/Inf elements in the parameters plus all optimizer states after the step.
     nonfinite_count: list[int]
     # per-step digest of parameter then state bits (schema order) after the step, prefixed by its
-    # scheme ("od2:...", worker/digest.py); unprefixed ones are the older blake2b-128.
+    # scheme ("od2:...", worker/engine/digest.py); unprefixed ones are the older blake2b-128.
     digests: list[str]
     # Layout cases only (None otherwise, and then absent from the JSON): per step, one digest per
     # tensor (its slice of the parameters and its own "t<i>." states), then one of the guard

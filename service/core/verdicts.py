@@ -125,7 +125,7 @@ def _first_nonfinite_step(result: CaseResult) -> int | None:
 
 
 def digest_scheme(digest: str) -> str:
-    """The scheme of a stored digest: its "name:" prefix (worker/digest.py, e.g. od2), or
+    """The scheme of a stored digest: its "name:" prefix (worker/engine/digest.py, e.g. od2), or
     blake2b-128 for the first digests, which had none. Digests of two schemes never compare."""
     head, sep, _ = digest.partition(":")
     return head if sep else "blake2b-128"

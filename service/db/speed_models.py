@@ -1,7 +1,7 @@
 """The kernels' own speed per run (worker/speed): one row per run x kernel x parameter dtype x size.
 
 Every timing sample is kept (JSON floats round-trip bit-exactly), not only the median: the
-comparison with a later run bootstraps over the samples (worker/speed/noise.py). Kept apart from
+comparison with a later run bootstraps over the samples (service/core/speed_noise.py). Kept apart from
 models.py because speed is measured and judged apart from trajectories; migrations/env.py imports
 it so the table is on Base.metadata.
 """

@@ -1,9 +1,9 @@
 """Which folder a `verify --patch` diff is relative to.
 
-A contributor runs `git diff` from the repository root (paths `csrc/cpu/adam.cpp`), or with
-`--relative=csrc` (paths `cpu/adam.cpp`); the stored tree is whatever the project submits: the
+A contributor runs `git diff` from the repository root (paths `kernels/cpu/adam.cpp`), or with
+`--relative=kernels` (paths `cpu/adam.cpp`); the stored tree is whatever the project submits: the
 repository root (with optdrift.toml and its `build.source_dir`) or the source folder alone
-(`--source csrc`). Either patch must apply to either tree, so the patch is tried as given, then
+(`--source kernels`). Either patch must apply to either tree, so the patch is tried as given, then
 with its common leading folder removed, then inside the tree's `build.source_dir`; the answer
 says which one applied.
 

@@ -1,7 +1,7 @@
 """Known secret values, scrubbed from everything a run stores (errors, build logs, run detail,
 trajectory messages) and so from everything the API and the dashboard serve.
 
-Defence in depth: the sandbox (worker/sandbox.py) already keeps these values out of a build's and
+Defence in depth: the sandbox (worker/sandbox/) already keeps these values out of a build's and
 a kernel host's reach. If one leaks anyway (a worker without bubblewrap, a bug), it is replaced by
 REDACTED before it reaches the database, where a public `GET /api/v1/runs/{id}` would show it.
 """

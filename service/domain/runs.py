@@ -39,7 +39,7 @@ def claim(*, session: Session, run_id: int, worker: str) -> bool:
     return result.rowcount == 1
 
 
-# Whatever a worker sends (its own bounds live in worker/log_tail.py): a run's error and build log
+# Whatever a worker sends (its own bounds live in worker/sandbox/log_tail.py): a run's error and build log
 # are served to anyone who can read the run.
 MAX_ERROR_CHARS = 32 * 1024
 MAX_BUILD_LOG_CHARS = 256 * 1024

@@ -13,7 +13,7 @@ import re
 from service.domain.errors import BadInputError
 
 # The worker's built-in batteries (worker/battery.py BUILTIN_BATTERIES). Copied, not imported: the
-# API does not import worker/ (torch). tests/test_request_limits.py checks the two lists agree.
+# API does not import worker/ (torch). tests/service/api/test_request_rules.py checks the two lists agree.
 BUILTIN_BATTERIES = ("quick", "standard", "ci")
 
 MAX_BATTERY_PATH_CHARS = 200

@@ -123,7 +123,7 @@ def _store_diffs(server: dict, run_id: int) -> None:
 
 
 def _store_attribution(server: dict, run_id: int) -> None:
-    """What worker/jobs/corun.store_attribution adds beside the verdict."""
+    """What worker/jobs/corun.py adds (run_store.add_attribution) beside the verdict."""
     from sqlalchemy import select
 
     from service.db.models import Verdict

@@ -82,7 +82,8 @@ def torch_versions() -> tuple[str, str | None]:
     worker's first spare kernel host) a whole torch import before it could start its hosts, which
     then import torch themselves. torch's own version.py holds plain
     assignments; the values are those torch imports as torch.__version__ and torch.version.cuda
-    (tests/test_build_cache.py compares the digests made both ways)."""
+    (tests/worker/build/test_build.py::test_a_digest_is_the_same_whether_or_not_torch_is_imported
+    compares the digests made both ways)."""
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "version"):
         spec = importlib.util.find_spec("torch")  # locates the package without running it

@@ -21,7 +21,7 @@ path the way it opens its own files. This module is the only code that does:
 
 Everything else refuses with `BoxFileRefused`, whose message says what was found and that it was
 not read. tests/worker/sandbox/test_boxfiles.py covers each shape; the audit test
-(tests/worker/sandbox/test_box_reads_audited.py) fails if any other code opens a path beneath a
+(tests/worker/sandbox/test_hostile_box.py) fails if any other code opens a path beneath a
 folder a box was given to write (`box_folders`).
 """
 

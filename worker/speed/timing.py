@@ -1,4 +1,4 @@
-"""Time each optimizer kernel of the loaded build, inside the kernel host (worker/engine/host.py).
+"""Time each optimizer kernel of the loaded build, inside the kernel host (worker/engine/host/).
 
 One sample is one optimizer step through the project's adapter, as the fast engine calls it: the
 case opened once (`open`), its `bind(handle, param, grad)` step function called per sample, the

@@ -4,7 +4,7 @@ The fixture repository (`make_history`): 33 commits after the good one. The bund
 three-case battery (adam, ademamix, lion at lr 0.1 / wd 0.1, where the decay ordering moves the
 bits at step 1). At one commit Adam's update applies weight decay after the update (the first
 substitution of worker/mutations.DECAY_AFTER_UPDATE); eleven commits later AdEMAMix's does (the
-second). Every other commit changes csrc/NOTES.md (the source tree changes, the build digest does
+second). Every other commit changes a NOTES.md beside the kernels (the source tree changes, the build digest does
 not: only compiled files are digested) or, every fourth, the repository's README (the source tree
 does not change: bisect never tests those). Three distinct builds in all, shared with the test
 build cache.

@@ -1,4 +1,4 @@
-"""Dashboard queries and wording without a browser (the pages in a browser: tests/browser/)."""
+"""Dashboard queries and wording without a browser (the pages in a browser: tests/service/dashboard/browser/)."""
 
 from __future__ import annotations
 

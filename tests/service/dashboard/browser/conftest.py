@@ -1,5 +1,5 @@
 """Browser tests: Playwright driving Debian's Chromium (headless) against a live `optdrift serve`
-on loopback, on a PostgreSQL database seeded from a real engine run (tests/browser/engine_seed.py).
+on loopback, on a PostgreSQL database seeded from a real engine run (tests/service/dashboard/browser/engine_seed.py).
 
 Skipped cleanly where /usr/bin/chromium or the playwright package is absent.
 """

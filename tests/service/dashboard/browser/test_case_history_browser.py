@@ -1,9 +1,9 @@
 """The per-case history page in a real browser, reached from a flagged commit's changed case, on
-the engine-seeded dashboard (tests/browser/engine_seed.py: a1-base v0.1.0, b2-decay-after v0.2.0
+the engine-seeded dashboard (tests/service/dashboard/browser/engine_seed.py: a1-base v0.1.0, b2-decay-after v0.2.0
 flagged, c3-fix-decay v0.3.0 changed back, d4-docs unchanged, ...).
 
 Refresh docs/screenshots/case-history.png with
-OPTDRIFT_SCREENSHOTS=docs/screenshots pytest tests/browser/test_case_history_browser.py."""
+OPTDRIFT_SCREENSHOTS=docs/screenshots pytest tests/service/dashboard/browser/test_case_history_browser.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Every repository path named in the docs and in the code's docstrings and comments exists.
 
 Where it looks: ``README.md``, the reference pages ``docs/*.md`` (not the dated notes under
-``docs/perf-log/``: a log records what was true on its date, and a path it names
+``docs/perf-log/`` and ``docs/log/``: a log records what was true on its date, and a path it names
 may since have moved), and the docstrings and ``#`` comments of every Python file of ``service/``,
 ``worker/``, ``tests/``, ``bench/`` and ``migrations/``.
 

@@ -60,7 +60,8 @@ class ReleaseCell(BaseModel):
     change_text: str = Field(description="`change` as the page writes it")
     intensity: Intensity = Field(description="colour strength: 0 neutral, 5 strongest, within the row's scale")
     kind: str | None = Field(description="rounding-level | quantization | semantic | precision | build-flags | "
-                                         "broken | None (not attributed)")
+                                         "broken | repaired (broken in the previous release) | None (not "
+                                         "attributed)")
     kind_text: str | None = Field(description="the kind in words: which semantic change, which flags")
     first_divergent_step: int | None = Field(description="1-based: the earliest step any case of the row differs")
     first_step_ulps: float | None = Field(description="the leading case's change at its first divergent step, in "

@@ -147,6 +147,7 @@ class _Change:
     kind: str | None
     kind_text: str | None
     first_step_ulps: float | None
+    text: str = ""                 # the figure as the page writes it
 
 
 def first_divergent_step(a: list[str], b: list[str]) -> int | None:
@@ -446,7 +447,7 @@ def _cell(index: int, column: ReleaseColumn, case_ids: list[str], points: dict, 
         others = ", ".join(f"{k or 'not attributed'} ({n})" for k, n in kinds.most_common() if k != lead.kind)
         kind_text = f"{kind_text or 'not attributed'}; also {others}"
     steps_unit = scale == "quantization-steps"
-    change_text = _signed_steps(lead.change) if steps_unit else factor_text(lead.change)
+    change_text = lead.text
     return ReleaseCell(
         state="broken" if broken_steps else "changed", change=_finite(lead.change), change_text=change_text,
         intensity=5 if broken_steps else _intensity(lead.size, QUANT_STEPS if steps_unit else RATIO_STEPS),
@@ -458,7 +459,7 @@ def factor_text(factor: float | None) -> str:
     """A factor as the page writes it: ×1.700e+03; within 1 % of one, its distance from one
     (×(1 + 2.400e-05)), so a change of a few roundings does not read ×1.000e+00."""
     if factor is None:
-        return "from 0"
+        return "—"
     if math.isfinite(factor) and abs(factor - 1) < 0.01 and factor != 1:
         return f"×(1 {'+' if factor > 1 else '−'} {number(abs(factor - 1))})"
     return ratio(factor)
@@ -470,25 +471,35 @@ def _signed_steps(value: float | None) -> str:
     return ("+" if value > 0 else "") + number(value) + " steps"
 
 
+# A case broken in the previous release that runs again: a change, sized as a move of a decade.
+REPAIRED_SIZE = 1.0
+
+
 def _measure(case_id: str, before: _Point, after: _Point, step: int | None, scale: str, stored: dict | None,
              build_change: str | None) -> _Change:
     kind, words = _case_kind(case_id, stored, build_change)
     ulps = stored.get("first_step_ulps") if isinstance(stored, dict) else None
     ulps = float(ulps) if isinstance(ulps, (int, float)) else None
+    if before.status != "ok":
+        return _Change(case_id, REPAIRED_SIZE, None, step, "repaired", "runs again: broken in the previous release",
+                       ulps, "repaired")
     if scale == "quantization-steps" and before.quant is not None and after.quant is not None:
         move = after.quant - before.quant
-        return _Change(case_id, abs(move) if math.isfinite(move) else math.inf, move, step, kind, words, ulps)
+        return _Change(case_id, abs(move) if math.isfinite(move) else math.inf, move, step, kind, words, ulps,
+                       _signed_steps(move))
     a, b = before.final, after.final
     if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)):
-        factor, size = None, math.inf
+        factor, size, text = None, math.inf, "no finite distance to compare"
     elif a == 0:
         factor, size = (1.0, 0.0) if b == 0 else (math.inf, math.inf)
+        text = factor_text(factor) if b == 0 else "from 0"
     else:
         factor = b / a
         size = abs(math.log10(factor)) if factor > 0 else math.inf
-    # A change of the digests with the same final distance to 4 digits is still a change: its size is
-    # at least the smallest step's, never neutral.
-    return _Change(case_id, size, factor, step, kind, words, ulps)
+        text = factor_text(factor)
+    # A change of the digests with the same final distance to 4 digits is still a change: it is
+    # coloured at least at the first intensity, never neutral.
+    return _Change(case_id, size, factor, step, kind, words, ulps, text)
 
 
 def sparkline_points(values: list[float | None], width: int = 120, height: int = 24) -> list[tuple[float, float]]:

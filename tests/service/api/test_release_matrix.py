@@ -120,3 +120,23 @@ def test_tags_read_as_versions_else_releases_follow_ancestry() -> None:
     assert order == "ancestry" and [r.tag for r in ordered] == ["old", "middle", "newest"]
     ordered, order = order_releases([release("v1.10.0", "b", (), 0), release("v1.9.0", "a", (), 1)], {})
     assert order == "version" and [r.tag for r in ordered] == ["v1.9.0", "v1.10.0"]
+
+
+def test_a_broken_case_and_its_repair_are_changes(api, db_session) -> None:  # noqa: ANN001
+    from sqlalchemy import update
+
+    from service.db.models import Trajectory
+
+    seeded = s.seed(db_session)
+    # v1.9.0's lion wd=0 case crashed there (as a kernel's crash is stored: status broken, no series).
+    db_session.execute(update(Trajectory).where(Trajectory.run_id == seeded.run_ids["v1.9.0"],
+                                                Trajectory.case_id == s.LION)
+                       .values(status="broken", series_layout=[], series_data=b"", digests=""))
+    db_session.flush()
+    lion = _cells(api.get(URL).json(), LION)
+    assert (lion["v1.9.0"]["state"], lion["v1.9.0"]["broken"], lion["v1.9.0"]["intensity"]) == ("broken", 1, 5)
+    repaired = lion["v1.10.0"]
+    assert repaired["state"] == "changed" and repaired["changed"] == 2
+    # The ×1700 regression still leads the cell; the repair is counted among its kinds.
+    assert repaired["change_text"] == "×1.700e+03"
+    assert repaired["kind_text"] == "semantic: decoupled weight decay; also repaired (1)"

@@ -148,7 +148,7 @@ def test_every_surface_writes_a_figure_the_same_way() -> None:
     group = ScaleGroup(family="32bit", dtype="float32", cases=1, baseline_peak=8.582e-06, commit_peak=value,
                        ratio_low=value / 8.582e-06, ratio_high=value / 8.582e-06, largest_diff=value)
     assert size_cells([group]) == ("1.255e-02", "8.582e-06 → 1.255e-02")
-    assert factor_text(value) == "×1.255e-02" and factor_text(None) == "from 0"
+    assert factor_text(value) == "×1.255e-02" and factor_text(None) == "—"
     assert Figure.of(value).full == Figure.of(value, missing="").full == "1.255e-02"
     rounding = case_attribution("c", {"class": "rounding-level", "first_step_ulps": value, "peak_ulps": 2.0})
     assert rounding.text == "rounding-level: 1.255e-02 ulp at the first divergent step, 2.000e+00 ulp at most"

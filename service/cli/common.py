@@ -16,17 +16,16 @@ import typer
 # service.cli.exit_codes, named here too for the commands that import them from this module.
 from service.cli.exit_codes import (  # noqa: F401
     EXIT_BROKEN, EXIT_CHANGED, EXIT_NO_BASELINE, EXIT_NONDETERMINISTIC, EXIT_NOT_BUILDABLE, EXIT_OK,
-    EXIT_OPTDRIFT_ERROR, EXIT_USAGE,
+    EXIT_OPTDRIFT_ERROR, EXIT_PRECEDENCE, EXIT_USAGE,
 )
 from service.cli.report import make_console
 
 # At a terminal its width; in a CI log full-width lines (rich would cut tables at 80 columns).
 console = make_console()
 DEFAULT_URL = os.environ.get("OPTDRIFT_URL", "http://127.0.0.1:8000")
-# Where several runs end differently, the exit code is the first of these that any run has: an
-# incomplete answer first, then the commit's own failure, then the findings.
-_EXIT_PRECEDENCE = (EXIT_OPTDRIFT_ERROR, EXIT_BROKEN, EXIT_NONDETERMINISTIC, EXIT_CHANGED, EXIT_NO_BASELINE,
-                    EXIT_NOT_BUILDABLE, EXIT_OK)
+# Where several runs end differently, the exit code is the first of these that any run has
+# (service/core/outcomes.py: an incomplete answer first, then the commit's own failure, then the findings).
+_EXIT_PRECEDENCE = EXIT_PRECEDENCE
 VERDICT_EXIT_CODES = ("Exit codes: 0 unchanged / acknowledged / no baseline allowed by --allow-no-baseline; "
                       "1 changed; 2 bad input or usage; 3 broken commit; 4 optdrift or service error; "
                       "5 nondeterministic; 7 no baseline (no ancestor has a finished run); 8 not buildable here "

@@ -36,7 +36,7 @@ import typer
 from rich.table import Table
 
 from service.cli.report import make_console
-from service.core import not_buildable
+from service.core import not_buildable, outcomes
 from service.cli.common import (  # noqa: F401  (the names the commands below use)
     DEFAULT_URL, ENGINE_MODULES, EXIT_BROKEN, EXIT_CHANGED, EXIT_NO_BASELINE, EXIT_NONDETERMINISTIC,
     EXIT_NOT_BUILDABLE, EXIT_OK, EXIT_OPTDRIFT_ERROR, EXIT_USAGE, SERVER_EXIT_CODES, SERVER_MODULES,
@@ -497,15 +497,14 @@ def run_exit_code(run: dict) -> int:
         return EXIT_OPTDRIFT_ERROR
     if run["status"] == "failed" and not_buildable.refusal_in(run.get("error")):
         return EXIT_NOT_BUILDABLE  # the tree refuses the worker's toolchain: not broken (issue 47)
-    if outcome == "broken" or run["status"] == "failed":
+    if run["status"] == "failed":
         return EXIT_BROKEN
-    if outcome == "nondeterministic":
-        return EXIT_NONDETERMINISTIC
-    if outcome == "changed" and not verdict.get("acknowledged"):
-        return EXIT_CHANGED
-    if outcome == "no-baseline" and not verdict.get("no_baseline_allowed"):
-        return EXIT_NO_BASELINE  # nothing was checked: never a silent pass (issue 44)
-    return EXIT_OK
+    if outcome not in outcomes.BY_NAME:  # no verdict (a cancelled baseline's child), as before the table
+        return EXIT_OK
+    # The outcome's code (service/core/outcomes.py): only an acknowledged change passes; a missing
+    # baseline fails unless the submission allowed it (never a silent pass, issue 44).
+    return outcomes.exit_code(outcome, acknowledged=bool(verdict.get("acknowledged")),
+                              no_baseline_allowed=bool(verdict.get("no_baseline_allowed")))
 
 
 def wait_and_report(client, run_ids: list[int], *, output: str = "text", detail: bool = True,  # noqa: ANN001

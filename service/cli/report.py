@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from service.cli.exit_codes import EXIT_NO_BASELINE
+from service.core import outcomes
 from service.core.terminal_tables import Column, Figure, FittedTable, print_table
 from service.core.case_names import case_name
 from service.core.results import ComparisonFigures, ScaleGroup
@@ -120,7 +121,7 @@ def baseline_lines(runs: list[dict]) -> list[str]:
             continue
         if verdict.get("baseline"):
             lines.append(f"run {run['id']}: compared with {compared_with(run)}")
-        elif verdict.get("outcome") == "no-baseline":
+        elif verdict.get("outcome") == outcomes.NO_BASELINE:
             allowed = "allowed by --allow-no-baseline: passes" if verdict.get("no_baseline_allowed") else \
                 f"fails (exit {EXIT_NO_BASELINE})"
             lines.append(f"run {run['id']}: no baseline, {allowed}: {verdict.get('baseline_note') or 'nothing to compare with'}")
@@ -160,7 +161,7 @@ def verdict_table(runs: list[dict], *, wide: bool = False) -> FittedTable:
     for run in runs:
         verdict = run.get("verdict") or {}
         outcome = verdict.get("outcome", "-")
-        style = "red" if verdict.get("flagged") else ("green" if outcome == "unchanged" else "")
+        style = "red" if verdict.get("flagged") else ("green" if outcome == outcomes.UNCHANGED else "")
         largest_diff, distance = size_figures(_figures(run).scales)
         text = verdict.get("summary") or run.get("error") or ""
         table.add_row(str(run["id"]), run.get("commit_sha") or f"verify vs {run.get('base_sha')}",

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from markupsafe import Markup
 from datetime import datetime, timezone
 
+from service.core import outcomes
 from service.core.verdicts import change_size_by_scale
 from service.core.wording import changed_sentence, number, plural, scale_sentence
 from service.db.models import Run
@@ -42,7 +43,7 @@ def verdict_sentence(page: RunPage) -> str:
     # Cases set aside are said after the verdict, never in it.
     aside = page.counts.get("not_applicable", 0)
     unsteady = page.counts.get("nondeterministic", 0)
-    if unsteady and page.verdict.outcome != "nondeterministic":
+    if unsteady and page.verdict.outcome != outcomes.NONDETERMINISTIC:
         sentence += (f" Also {plural(unsteady, 'case')} did not reproduce on the same build "
                      "(nondeterministic, listed below).")
     if aside:
@@ -130,10 +131,9 @@ def _changed(page: RunPage) -> str:
     return sentence
 
 
+# Each outcome's sentence is the builder its row of service/core/outcomes.py names (page_sentence).
 _VERDICT_SENTENCES: dict[str, Callable[[RunPage], str]] = {
-    "nondeterministic": _nondeterministic, "unchanged": _unchanged, "no-baseline": _no_baseline,
-    "broken": _broken, "changed": _changed,
-}
+    row.name: globals()[row.page_sentence] for row in outcomes.OUTCOMES}
 
 
 def size_sentence(changed: list[ChangedCase]) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from service.core import attribution_view
+from service.core import attribution_view, outcomes
 from service.core.results import ComparisonFigures
 from service.core.verdicts import figures, figures_of
 from service.db.models import ERROR, FINAL_STATUSES, Commit, Project, Run, Trajectory, Verdict
@@ -25,8 +25,7 @@ from service.domain.trajectories import unpack_series
 
 # Filter values of the overview's verdict selector. "running" = queued, building or running;
 # "error" = runs that optdrift failed to do (status error: no verdict on the commit).
-VERDICT_FILTERS = ("unchanged", "changed", "broken", "nondeterministic", "no-baseline", "running", "error",
-                   "flagged")
+VERDICT_FILTERS = (*outcomes.FILTER_ORDER, "running", "error", "flagged")
 PAGE_SIZE = 50
 
 @dataclass(frozen=True)
@@ -43,19 +42,13 @@ def badge(*, status: str, outcome: str | None, directions: Mapping[str, int] | N
     """`directions`: a changed verdict's cases per direction (its figures.directions)."""
     if outcome is None:
         return _pending_badge(status, cases_done, cases_total)
-    if outcome == "changed":
-        return _changed_badge(directions or {}, acknowledged)
-    if outcome in _FLAGGED_TITLES:
-        return Badge(outcome + (" (acknowledged)" if acknowledged else ""), outcome, _FLAGGED_TITLES[outcome])
-    if outcome == "no-baseline":
-        return Badge("no baseline", "neutral", "nothing earlier to compare with")
-    return Badge("unchanged", "unchanged", "every per-step digest equal to the baseline's")
+    row = outcomes.BY_NAME.get(outcome, outcomes.BY_NAME["unchanged"])  # as before the table: unknown reads unchanged
+    if row.name == "changed":  # says its direction (its own classes, changed-farther ...)
+        return _changed_badge(directions or {}, acknowledged, row)
+    suffix = " (acknowledged)" if acknowledged and row.flagged else ""
+    return Badge(row.badge_text + suffix, row.badge_class, row.badge_title)
 
 
-_FLAGGED_TITLES = {
-    "broken": "a build failure, crash or NaN",
-    "nondeterministic": "some case does not reproduce itself on the same build (and its baseline's build does, or was not repeated)",
-}
 _PENDING_BADGES = {
     "failed": Badge("broken", "broken", "the run failed"),
     "error": Badge("optdrift error", "error", "optdrift could not run this commit (fetch, worker, database, "
@@ -73,7 +66,7 @@ def _pending_badge(status: str, cases_done: int | None, cases_total: int | None)
                                                 "finished; the verdict waits for its baseline run")
 
 
-def _changed_badge(directions: Mapping[str, int], acknowledged: bool) -> Badge:
+def _changed_badge(directions: Mapping[str, int], acknowledged: bool, row: outcomes.Outcome) -> Badge:
     closer, farther = directions.get("closer", 0), directions.get("farther", 0)
     if farther and closer:
         text, css = f"changed → mixed: {farther} farther, {closer} closer", "changed-farther"
@@ -85,8 +78,7 @@ def _changed_badge(directions: Mapping[str, int], acknowledged: bool) -> Badge:
         text, css = "changed → same distance", "changed-same"
     if acknowledged:
         text, css = text + " (acknowledged)", "acknowledged"
-    return Badge(text, css, "some trajectory changed against the baseline; direction is "
-                            "relative to the float64 reference")
+    return Badge(text, css, row.badge_title)
 
 
 # ----------------------------------------------------------------------------- overview
@@ -110,8 +102,9 @@ class OverviewRow:
 
 def side_notes(*, outcome: str | None, not_applicable: int | None, nondeterministic: int | None) -> list[Badge]:
     notes = []
-    if nondeterministic and outcome != "nondeterministic":
-        notes.append(Badge(f"{nondeterministic} nondeterministic", "nondeterministic",
+    if nondeterministic and outcome != outcomes.NONDETERMINISTIC:
+        # The cases' count, in the nondeterministic outcome's colour.
+        notes.append(Badge(f"{nondeterministic} nondeterministic", outcomes.BY_NAME[outcomes.NONDETERMINISTIC].badge_class,
                            "cases whose repeats on the same build differ; not part of the verdict"))
     if not_applicable:
         notes.append(Badge(f"{not_applicable} not applicable", "not-applicable",

@@ -9,12 +9,14 @@ from sqlalchemy.orm import Session
 from service.db.models import DONE, FAILED, FINAL_STATUSES, Run, Verdict
 from service.domain import acknowledgements, baselines, trajectories
 from service.domain.errors import ConflictError, NotFoundError
+from service.core import outcomes
 from service.core.results import RunComparison
 
-# Outcomes that fail CI until acknowledged. nondeterministic too: a kernel that became
-# nondeterministic in this commit (or whose baseline could not be repeated to tell) is a finding
-# the maintainer must see; one nondeterministic before the commit too does not make a run so.
-FLAGGING_OUTCOMES = ("changed", "broken", "nondeterministic")
+# Outcomes that are findings a maintainer may acknowledge (service/core/outcomes.py `flagged`).
+# nondeterministic too: a kernel that became nondeterministic in this commit (or whose baseline
+# could not be repeated to tell) is a finding the maintainer must see; one nondeterministic before
+# the commit too does not make a run so. Named in the selector's order (changed, broken, ...).
+FLAGGING_OUTCOMES = tuple(sorted(outcomes.FLAGGED, key=outcomes.FILTER_ORDER.index))
 
 
 def _compare(commit_result, baseline_result) -> RunComparison:  # noqa: ANN001
@@ -127,7 +129,7 @@ def nothing_to_acknowledge(*, run_id: int, verdict: Verdict) -> str | None:
     accepted change on the dashboard and in the case history."""
     if verdict.outcome in FLAGGING_OUTCOMES:
         return None
-    why = ("it has no baseline to change from" if verdict.outcome == "no-baseline"
+    why = ("it has no baseline to change from" if verdict.outcome == outcomes.NO_BASELINE
            else f"its verdict is {verdict.outcome}")
     return (f"run {run_id} has nothing to acknowledge: {why}; only a {', '.join(FLAGGING_OUTCOMES[:-1])} "
             f"or {FLAGGING_OUTCOMES[-1]} verdict can be acknowledged")

@@ -13,8 +13,12 @@ import json
 import sys
 from pathlib import Path
 
-# The CLI's exit codes (README "Exit codes") and the word each one means.
-_BY_EXIT_CODE = {1: "changed", 2: "bad-input", 3: "broken", 4: "error", 5: "nondeterministic", 7: "no-baseline"}
+from service.core import outcomes  # the standard library alone, as this module
+
+# The CLI's exit codes (README "Exit codes") and the word each one means: an outcome's name
+# (service/core/outcomes.py), or one of the two codes no outcome gives. 8 (not buildable) has no
+# word of its own: the run's status says it.
+_BY_EXIT_CODE = {**outcomes.OUTCOME_BY_EXIT_CODE, outcomes.EXIT_USAGE: "bad-input", outcomes.EXIT_OPTDRIFT_ERROR: "error"}
 
 
 def _run_word(run: dict) -> str:

@@ -25,16 +25,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SUCCESS, NEUTRAL, FAILURE, ACTION_REQUIRED, CANCELLED = (
-    "success", "neutral", "failure", "action_required", "cancelled")
+from service.core import outcomes
+from service.core.outcomes import ACTION_REQUIRED, CANCELLED, FAILURE, NEUTRAL, SUCCESS  # noqa: F401
 
+# The outcomes' conclusions and titles are the table's (service/core/outcomes.py); the states a
+# run has beside its outcome (acknowledged, error, cancelled) are GitHub's words alone.
 _BY_STATE: dict[str, tuple[str, str]] = {
-    "unchanged": (SUCCESS, "unchanged: every trajectory equals the baseline's"),
+    **{row.name: (row.conclusion, row.check_title) for row in outcomes.OUTCOMES},
     "acknowledged": (SUCCESS, "changed, acknowledged by a maintainer"),
-    "no-baseline": (FAILURE, "no baseline: no ancestor of this commit has a finished run here"),
-    "changed": (FAILURE, "changed: a trajectory differs from the baseline's"),
-    "broken": (FAILURE, "broken: the commit does not build or its kernels fail"),
-    "nondeterministic": (FAILURE, "nondeterministic: a kernel does not reproduce itself"),
     "error": (ACTION_REQUIRED, "optdrift error, not a verdict on the commit: retry the run"),
     "cancelled": (CANCELLED, "cancelled"),
 }
@@ -68,5 +66,5 @@ NO_BASELINE_ALLOWED = (NEUTRAL, "no baseline to compare with (allowed by the sub
 def conclusion_for(state: str, *, no_baseline_allowed: bool = False) -> Conclusion:
     if state not in _BY_STATE:
         raise ValueError(f"no GitHub conclusion for state {state!r}; known: {', '.join(STATES)}")
-    conclusion, title = NO_BASELINE_ALLOWED if state == "no-baseline" and no_baseline_allowed else _BY_STATE[state]
+    conclusion, title = NO_BASELINE_ALLOWED if state == outcomes.NO_BASELINE and no_baseline_allowed else _BY_STATE[state]
     return Conclusion(state=state, conclusion=conclusion, title=title)

@@ -4,7 +4,7 @@ how it is said, in one place, for `optdrift check`, the worker's run error and t
 Not the commit's fault (`broken`) nor optdrift's: an old release states in its build files that
 it does not support this CUDA, compiler or torch (worker/build/refusal.py finds the line). The
 run's error is the sentence `not buildable in <environment>: <the tree's line>`; the command exits
-EXIT_NOT_BUILDABLE (8, service/cli/exit_codes.py) for it: nothing was checked, so it is never a
+EXIT_NOT_BUILDABLE (8, service/core/outcomes.py) for it: nothing was checked, so it is never a
 silent pass, and a script sweeping releases tells it from a broken one.
 """
 

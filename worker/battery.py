@@ -384,9 +384,11 @@ def _standard() -> BatterySpec:
     })
 
 
-def _ci_case(optimizer: str, family: str, dtype: str, point: dict, gradient: dict, *, size: int, steps: int) -> dict:
+def _ci_case(optimizer: str, family: str, dtype: str, point: dict, gradient: dict, *, size: int | None = None,
+             layout: dict | None = None, steps: int) -> dict:
+    shape = {"sizes": [size]} if layout is None else {"layouts": [layout]}
     return {"optimizers": [optimizer], "families": [family], "param_dtypes": [dtype], "points": [point],
-            "gradients": [gradient], "sizes": [size], "steps": steps}
+            "gradients": [gradient], **shape, "steps": steps}
 
 
 # The smallest subset of the candidate pool (worker/sensitivity/batteries/pool.json) that catches every
@@ -397,7 +399,7 @@ def _ci_case(optimizer: str, family: str, dtype: str, point: dict, gradient: dic
 # the coverage rules (ci_selection.coverage_rules: a block-multiple 8-bit size, >= 5 steps of Adam and AdEMAMix).
 _CI_CASES = [
     _ci_case("adagrad", "32bit", "float32", {"lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=1, steps=4),
-    _ci_case("adam", "32bit", "float32", {"lr": 0.1, "weight_decay": 0.1}, {"kind": "open"}, size=1, steps=10),
+    _ci_case("adam", "32bit", "float32", {"lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=1, steps=4),
     _ci_case("adam", "8bit_blockwise", "float32", {"gnorm_scale": 0.5, "lr": 0.1, "skip_zeros": True, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.5}, size=257, steps=4),
     _ci_case("lion", "32bit", "bfloat16", {"gnorm_scale": 0.5, "lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=257, steps=4),
     _ci_case("momentum", "32bit", "bfloat16", {"gnorm_scale": 0.5, "lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=257, steps=4),
@@ -405,13 +407,18 @@ _CI_CASES = [
     _ci_case("adagrad", "8bit_blockwise", "float32", {"lr": 0.1, "weight_decay": 0.1}, {"kind": "open", "zero_fraction": 0.25}, size=512, steps=4),
     _ci_case("ademamix", "32bit", "float32", {"lr": 0.001, "weight_decay": 0.01}, {"kind": "closed"}, size=257, steps=8),
     _ci_case("lion", "8bit_blockwise", "bfloat16", {"lr": 0.1, "weight_decay": 0.0}, {"kind": "open", "zero_fraction": 0.25}, size=1031, steps=10),
+    # v3 (issue 45): one Adam over four tensors in two param groups catches every shared-state defect
+    # of the multi-tensor ops (the DeepSpeed 0.19.0 pattern from step 3) and meets the layout rule.
+    _ci_case("adam", "32bit", "bfloat16", {"lr": 0.1, "weight_decay": 0.1}, {"kind": "open"},
+             layout={"groups": [{"sizes": [1, 17, 17]}, {"sizes": [9], "point": {"lr": 0.01, "weight_decay": 0.0}}]},
+             steps=5),
 ]
 
 
 def _ci() -> BatterySpec:
     # CPU CI: a whole `optdrift check` in <= 15 s on 2 cores with warm builds (docs/ENGINE.md).
     return BatterySpec.model_validate({
-        "name": "ci", "version": 2,
+        "name": "ci", "version": 3,
         "description": "The fewest, cheapest cases that catch every defect of the mutation catalogue "
                        "(worker/sensitivity/catalogue): chosen from evidence, not by hand.",
         "groups": _CI_CASES,

@@ -181,7 +181,7 @@ def compare_case(commit: CaseResult, baseline: CaseResult | None,
     figures = _directions(commit, baseline, step)
     tensors = tensor_comparisons(commit, baseline)
     if tensors and not figures.get("message"):
-        figures["message"] = wording.tensor_summary(tensors)
+        figures["message"] = wording.tensor_summary(tensors, step)
     return CaseComparison(**base, verdict="changed", first_divergent_step=step,
                           max_abs_diff_per_step=max_abs_diff_per_step, **figures, tensors=tensors)
 

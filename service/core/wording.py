@@ -378,16 +378,23 @@ def looks_like_headline(calls: list[tuple[str, tuple[str, ...]]]) -> str | None:
                      for (kind, flags), n in counted.most_common())
 
 
-def tensor_summary(tensors: list) -> str:
+def tensor_summary(tensors: list, first_divergent_step: int | None = None) -> str:
     """A changed layout case's per-tensor rows (service.core.results.TensorComparison) in one line:
     which tensors changed, from which step, which way, and whether the guard elements between the
-    tensors were written (a kernel writing past a tensor's end)."""
+    tensors were written (a kernel writing past a tensor's end). A case whose digest changed
+    before any tensor's did (`first_divergent_step`) changed first in the optimizer's shared state
+    (step counters, bias-correction powers), which no tensor owns: said so."""
     changed = [t for t in tensors if t.index is not None and t.first_divergent_step is not None]
     same = [t for t in tensors if t.index is not None and t.first_divergent_step is None]
     guards = next((t for t in tensors if t.index is None), None)
     parts = [f"t{t.index} (group {t.group}, n={t.size}) from step {t.first_divergent_step}"
              + (f", {t.direction}" if t.direction else "") for t in changed]
-    text = f"{len(changed)} of {len(changed) + len(same)} tensors changed: " + "; ".join(parts)
+    text = f"{len(changed)} of {len(changed) + len(same)} tensors changed"
+    text += (": " + "; ".join(parts)) if parts else ""
+    firsts = [t.first_divergent_step for t in tensors if t.first_divergent_step is not None]
+    if first_divergent_step is not None and (not firsts or first_divergent_step < min(firsts)):
+        text += (f"; the optimizer's shared state (step counters, bias-correction powers) changed first, "
+                 f"from step {first_divergent_step}")
     if same:
         text += "; bit-identical: " + " ".join(f"t{t.index}" for t in same)
     if guards is not None and guards.first_divergent_step is not None:

@@ -14,9 +14,10 @@ it lands within a case or two of it, and the battery stays a readable list of si
 Set cover sees only the defects the catalogue has. Two classes it once missed (issue 37: an 8-bit
 tail count wrong only at sizes that are a multiple of the block, a one-ulp AdEMAMix bias
 correction that first shows at step 5) are kept covered by rule as well (`COVERAGE_RULES`): every
-blockwise family has a case whose size is a multiple of its block, and every optimizer with bias
-corrections a case run for at least `bias_correction_steps` of its betas. A rule the cover leaves
-unmet adds the pool's cheapest case that meets it.
+blockwise family has a case whose size is a multiple of its block, every optimizer with bias
+corrections a case run for at least `bias_correction_steps` of its betas, and (issue 45) an Adam
+layout case of two param groups, one with several tensors, run for at least 5 steps. A rule the
+cover leaves unmet adds the pool's cheapest case that meets it.
 
     python -m worker.sensitivity.ci_selection   # prints the ci battery's groups as JSON
 """
@@ -110,6 +111,12 @@ def coverage_rules() -> dict[str, Callable[[CaseSpec], bool]]:
         rules[f"{optimizer}: steps enough for every bias-correction term"] = \
             lambda c, optimizer=optimizer, names=names: c.optimizer == optimizer and \
             c.steps >= bias_correction_steps(tuple(float(c.hyper[n]) for n in names))
+    # Issue 45: shared state across tensors (step counters, bias-correction powers kept between the
+    # tensors of a step, one group's hyperparameters on another) exists only in a layout case; the
+    # DeepSpeed 0.19.0 pattern first differs at step 3, from the second tensor of a group on.
+    rules["a layout case: one Adam over several tensors in two param groups, >= 5 steps"] = \
+        lambda c: c.optimizer == "adam" and c.layout is not None and len(c.layout.groups) >= 2 \
+        and any(len(group.sizes) >= 2 for group in c.layout.groups) and c.steps >= 5
     return rules
 
 

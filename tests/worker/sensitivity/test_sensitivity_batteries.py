@@ -30,8 +30,9 @@ def _ids(battery: BatterySpec) -> set[str]:
 
 
 def _same_but_steps(case) -> str:  # noqa: ANN001
+    layout = case.layout.model_dump_json() if case.layout is not None else ""
     return f"{case.optimizer}|{case.family}|{case.param_dtype}|{sorted(case.hyper.items())}|" \
-           f"{case.gradient.model_dump_json()}|{case.seed}|{case.size}"
+           f"{case.gradient.model_dump_json()}|{case.seed}|{case.size}|{layout}"
 
 
 def _caught_by(battery: BatterySpec) -> tuple[int, int]:

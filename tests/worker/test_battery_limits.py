@@ -82,11 +82,14 @@ def test_verify_limits_are_lower_than_commit_limits() -> None:
 
 
 def test_the_declared_count_bounds_the_expansion_and_counts_duplicates() -> None:
-    """`standard` declares one combination twice (a case of two groups): the declared count is an upper
-    bound of len(expand()), which is what a limit on work before expansion can know."""
+    """The declared count is an upper bound of len(expand()), which is what a limit on work before
+    expansion can know: a combination declared twice (a case of two groups) counts twice."""
     spec = BUILTIN_BATTERIES["standard"]()
     load = measure_battery(spec.model_dump(mode="json"), battery="standard", limits=ROOMY)
-    assert load.cases == 1212 and len(spec.expand()) == 1211
+    assert load.cases == 1213 and len(spec.expand()) == 1213
+    twice = {"name": "twice", "version": 1, "groups": [{"optimizers": ["adam"], "sizes": [4], "steps": 2}] * 2}
+    assert measure_battery(twice, battery="twice", limits=ROOMY).cases == 2
+    assert len(BatterySpec.model_validate(twice).expand()) == 1
 
 
 # ----------------------------------------------------------------------------- properties
@@ -294,7 +297,7 @@ def test_without_limits_the_worker_expands_as_before(tmp_path) -> None:  # noqa:
     tree = tmp_path / "tree"
     tree.mkdir()
     job = pipeline.prepare(tree, requested_battery="ci")
-    assert len(job.cases) == 9
+    assert len(job.cases) == len(BUILTIN_BATTERIES["ci"]().expand()) == 10
 
 
 def test_a_layout_counts_as_its_flat_length_before_anything_is_built() -> None:

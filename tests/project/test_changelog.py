@@ -177,7 +177,7 @@ def test_the_changelogs_newest_entry_is_the_version_and_the_first_is_0_1_0() -> 
 def test_the_docs_pin_the_action_to_this_release() -> None:
     """The Action installs the client from its own tree: docs that show `uses:` name the release tag."""
     pins = []
-    for doc in [*sorted((REPO_ROOT / "docs").glob("*.md")), REPO_ROOT / "action.yml"]:
+    for doc in [*sorted((REPO_ROOT / "docs").glob("*.md")), REPO_ROOT / "action.yml", REPO_ROOT / "README.md"]:
         pins += [(doc.name, ref) for ref in re.findall(r"optdrift/optdrift@([\w.\-]+)", doc.read_text())]
     assert pins, "docs/RELEASES.md shows how to pin the Action"
     assert all(ref == f"v{VERSION}" for _, ref in pins), pins

@@ -26,6 +26,8 @@ and Redis (db 8), and a separate `optdrift worker`.
 
 from __future__ import annotations
 
+from service.core.case_names import case_name
+
 import json
 import os
 import shutil
@@ -347,8 +349,8 @@ def _assert_not_applicable_listed(run: dict, answer: subprocess.CompletedProcess
     assert set(listed) == NOT_APPLICABLE
     assert all(c["reason"] and c["reason"].startswith("capiopt has no ") for c in listed.values()), listed
     assert {i for i, c in _cases(run).items() if c["verdict"] == "not_applicable"} == NOT_APPLICABLE
-    for case_id in NOT_APPLICABLE:  # and the CLI lists them
-        assert case_id in answer.stdout, answer.stdout[-3000:]
+    for case_id in NOT_APPLICABLE:  # and the CLI lists them, by name (service/core/case_names.py)
+        assert case_name(case_id) in answer.stdout, answer.stdout[-3000:]
 
 
 def test_submit_base_is_no_baseline_with_its_not_applicable_cases(service, history):
@@ -534,7 +536,9 @@ def test_a_real_pypi_library_through_the_service(service, tmp_path_factory):
             page = http.get(f"/runs/{runs[name]['id']}").text  # the run page shows the stored describe()
         assert runs[name]["status"] == "done", _explain(answer, service)
         assert answer.returncode == {"comment": 0, "decay": 1}[name], _explain(answer, service)
-        assert "version: <code>lion-pytorch 0.2.5</code>" in page and "build/site/lion_pytorch</code>" in page
+        # the library by its last part: no worker path on a page (issue 47)
+        assert "version: <code>lion-pytorch 0.2.5</code>" in page and "library: <code>lion_pytorch</code>" in page
+        assert "build/site" not in page
     first, decay = runs["comment"]["verdict"], runs["decay"]["verdict"]
     assert first["outcome"] == "no-baseline" and first["counts"]["not_applicable"] == len(NOT_APPLICABLE)
     assert decay["outcome"] == "changed" and decay["baseline_run_id"] == runs["comment"]["id"]

@@ -14,6 +14,8 @@ commit, `optdrift submit --wait` until the worker's co-run has filled in every c
 
 from __future__ import annotations
 
+from service.core.case_names import case_name
+
 import os
 import subprocess
 import time
@@ -165,8 +167,10 @@ def _changed_rows(stdout: str, case_ids=CHANGED) -> dict[str, dict[str, str]]:  
     rows = {}
     for line in table:
         cells = [cell.strip() for cell in line.strip().strip("│").split("│")]
-        if len(cells) == len(columns) and (cells[1] in case_ids if case_ids else cells[2] == "changed"):
-            rows[cells[1]] = dict(zip(columns, cells))
+        # cases are shown by name (service/core/case_names.py); rows are keyed back by case id
+        names = {case_name(case_id): case_id for case_id in case_ids} if case_ids else {}
+        if len(cells) == len(columns) and (cells[1] in names if case_ids else cells[2] == "changed"):
+            rows[names.get(cells[1], cells[1])] = dict(zip(columns, cells))
     return rows
 
 

@@ -204,6 +204,8 @@ def prepare(cases: list[CaseSpec], device: torch.device, max_wave_elements: int,
     none were)."""
     from worker.engine.wave_plan import plan_wave_indices
 
+    # Only cases a wave holds: a layout case runs alone (run_case), making its own inputs.
+    cases = [case for case in cases if case.layout is None]
     queued: list[Future] = []
     spent = 0
     # The initial parameters and closed-loop constants first: a wave's setup needs them before its first step.

@@ -100,6 +100,10 @@ def test_one_ulp_change_is_flagged_at_the_predicted_step(tmp_path, csrc_under_te
         spec = specs[case["case_id"]]
         if spec["optimizer"] != "adam":
             assert case["verdict"] == "unchanged", case["case_id"]
+        elif spec.get("layout") is not None:
+            # A layout case's Adam bias corrections come from the multi-tensor op's running float32
+            # powers (docs/KERNELS.md), not make_adam_rule's: this change does not reach them.
+            assert case["verdict"] == "unchanged", case["case_id"]
         elif spec["family"] == "32bit" and spec["param_dtype"] == "float32" and spec["size"] >= 1000:
             # The step size moves by one float32 ulp at the steps numpy predicts; over >= 1000
             # elements some parameter rounds differently at the first of them.

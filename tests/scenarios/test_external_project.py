@@ -537,8 +537,8 @@ def test_a_real_pypi_library_through_the_service(service, tmp_path_factory):
         assert runs[name]["status"] == "done", _explain(answer, service)
         assert answer.returncode == {"comment": 0, "decay": 1}[name], _explain(answer, service)
         # the library by its last part: no worker path on a page (issue 47)
-        assert "version: <code>lion-pytorch 0.2.5</code>" in page and "library: <code>lion_pytorch</code>" in page
-        assert "build/site" not in page
+        assert "version: <code>lion-pytorch 0.2.5</code>" in page and "library: <code>…/lion_pytorch</code>" in page
+        assert "/build/site/lion_pytorch</code>" not in page  # (the tree's own build command may name build/site)
     first, decay = runs["comment"]["verdict"], runs["decay"]["verdict"]
     assert first["outcome"] == "no-baseline" and first["counts"]["not_applicable"] == len(NOT_APPLICABLE)
     assert decay["outcome"] == "changed" and decay["baseline_run_id"] == runs["comment"]["id"]

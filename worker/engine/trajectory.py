@@ -79,14 +79,16 @@ class _CaseDriver:
             self.views = None
             self.handle = lifecycle.open_case(family, case, param, device)
         else:
-            self.views = lifecycle.tensor_views(case, param)
+            # The slots once: a step takes the same slices of the flat gradient.
+            self.spans = [(slot.offset, slot.stop) for slot in case.tensor_slots()]
+            self.views = [param[start:stop] for start, stop in self.spans]
             self.handle = lifecycle.open_group_case(family, case, self.views, device)
 
     def step(self, grad: torch.Tensor, step: int) -> None:
         if self.views is None:
             self.family.step(self.handle, self.param, grad, step)
         else:
-            self.family.step_group(self.handle, self.views, lifecycle.tensor_views(self.case, grad), step)
+            self.family.step_group(self.handle, self.views, [grad[start:stop] for start, stop in self.spans], step)
 
     def close(self) -> None:
         lifecycle.close_all([(self.family, self.handle)])

@@ -87,10 +87,14 @@ def test_the_reference_is_torch_optim_with_the_same_param_groups_to_the_bit(opti
     # step), single-tensor and foreach paths: our reference over views of the flat vector must give
     # the same bits on the CPU (tolerance 0: the same torch ops on the same values), closed loop
     # included, so the reference is torch's own answer for the layout.
+    _assert_reference_is_torch_optim(optimizer, dtype, foreach, CPU)
+
+
+def _assert_reference_is_torch_optim(optimizer: str, dtype: torch.dtype, foreach: bool, device: torch.device) -> None:
     (case,) = _battery([optimizer], steps=15, gradients=({"kind": "closed"},)).expand()
-    init = initial_parameters(case.seed, case.size).to(dtype)
-    stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device=CPU, grad_dtype=dtype)
-    ours = LayoutReference(case, init)
+    init = initial_parameters(case.seed, case.size).to(dtype).to(device)
+    stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device=device, grad_dtype=dtype)
+    ours = LayoutReference(case, init, foreach=foreach)
     slots = case.tensor_slots()
     params = [torch.nn.Parameter(init[s.offset:s.stop].clone()) for s in slots]
     groups = []
@@ -108,10 +112,10 @@ def test_the_reference_is_torch_optim_with_the_same_param_groups_to_the_bit(opti
         theirs.step()
         for s, p in zip(slots, params):
             flat[s.offset:s.stop] = p.detach()
-        assert torch.equal(ours.param, flat), f"step {step}"
+        assert torch.equal(ours.param, flat), (optimizer, step)
     assert len(ours.optim.param_groups) == 2
     # The guards are never stepped.
-    covered = torch.zeros(case.size, dtype=torch.bool)
+    covered = torch.zeros(case.size, dtype=torch.bool, device=device)
     for s in slots:
         covered[s.offset:s.stop] = True
     assert torch.equal(ours.param[~covered], init[~covered])
@@ -242,30 +246,9 @@ def test_layout_cases_on_cuda_reproduce_themselves_and_agree_on_both_engines(ker
 @cuda
 @pytest.mark.parametrize("foreach", [False, True])
 def test_the_reference_on_cuda_is_torch_optim_with_the_same_param_groups_to_the_bit(foreach):
-    device = torch.device("cuda")
     for optimizer in ("adam", "momentum", "rmsprop", "adagrad"):
-        (case,) = _battery([optimizer], steps=15, gradients=({"kind": "closed"},)).expand()
-        init = initial_parameters(case.seed, case.size).to(device)
-        stream = GradientStream(case.gradient, seed=case.seed, size=case.size, device=device, grad_dtype=torch.float32)
-        ours = LayoutReference(case, init, foreach=foreach)
-        slots = case.tensor_slots()
-        params = [torch.nn.Parameter(init[s.offset:s.stop].clone()) for s in slots]
-        groups = []
-        for index in range(len(case.layout.groups)):
-            _, kwargs = torch_optim_class(optimizer, case.group_hyper(index), foreach=foreach)
-            groups.append({"params": [p for s, p in zip(slots, params) if s.group == index], **kwargs})
-        optim_class, defaults = torch_optim_class(optimizer, case.group_hyper(0), foreach=foreach)
-        theirs = optim_class(groups, **defaults)
-        flat = init.clone()
-        for step in range(1, case.steps + 1):
-            ours.step(step, stream.reference_gradient(step, ours.param))
-            grad = stream.reference_gradient(step, flat)
-            for s, p in zip(slots, params):
-                p.grad = grad[s.offset:s.stop].clone()
-            theirs.step()
-            for s, p in zip(slots, params):
-                flat[s.offset:s.stop] = p.detach()
-            assert torch.equal(ours.param, flat), (optimizer, step)
+        _assert_reference_is_torch_optim(optimizer, torch.float32, foreach, torch.device("cuda"))
+
 
 
 def test_check_prints_which_tensors_of_a_changed_layout_case_changed(kernels):

@@ -250,7 +250,6 @@ def test_the_reference_on_cuda_is_torch_optim_with_the_same_param_groups_to_the_
         _assert_reference_is_torch_optim(optimizer, torch.float32, foreach, torch.device("cuda"))
 
 
-
 def test_check_prints_which_tensors_of_a_changed_layout_case_changed(kernels):
     from rich.console import Console
 

@@ -10,6 +10,7 @@ from service.db import token_models  # noqa: F401
 from service.db import speed_models  # noqa: F401
 from service.db import notify_models  # noqa: F401
 from service.db import environment_models  # noqa: F401
+from service.db import training_models  # noqa: F401
 from service.db.base import Base
 from service.db.session import make_engine
 from service.settings import get_settings

@@ -28,13 +28,13 @@ from sqlalchemy.orm import Session
 
 from service.broker.queueing import send_run
 from service.core.archives import ArchiveLimits
-from service.core.results import CaseResult, RepeatCheck, RunComparison, RunResult
+from service.core.results import CaseResult, CaseSpec, RepeatCheck, RunComparison, RunResult
 from service.core.verdicts import compare_runs
 from service.db.environment_models import EnvironmentAttribution
 from service.db.models import CANCELLED, DONE, ERROR, FAILED, RUNNING, Project, Run, UnsteadyCase, Verdict
 from service.db.session import get_sessionmaker
 from service.domain import (
-    baselines, environment_attribution, kernel_speed, runs, trajectories, verdict_store, workers,
+    baselines, environment_attribution, kernel_speed, runs, training_impacts, trajectories, verdict_store, workers,
 )
 from service.domain.storage import archive_limits as _archive_limits
 from service.notify import hooks as notify
@@ -548,6 +548,68 @@ def finish_environment_attribution(attribution_id: int, *, detail: dict | None =
 def requeue_environment_attribution(attribution_id: int, *, session: Session | None = None) -> None:
     with _session(session) as session:
         environment_attribution.requeue(session=session, attribution_id=attribution_id)
+
+
+class TrainingJobInputs(BaseModel):
+    """What a training-impact job needs (worker/jobs/training.py): both runs, the cases that changed."""
+
+    job_id: int
+    run: RunFacts
+    baseline: RunFacts
+    project: ProjectFacts
+    model_set: str
+    changed: list[CaseSpec]
+
+
+def open_training_impact(run_id: int, *, model_set: str, session: Session | None = None) -> tuple[int, str] | None:
+    """After a changed run's co-run: its training-impact job against its baseline, opened queued;
+    (job id, the queue's environment), or None when nothing differs or it is already done or running."""
+    with _session(session) as session:
+        row = training_impacts.open_job(session=session, run_id=run_id, model_set=model_set)
+        return (row.id, row.environment) if row.status == training_impacts.TRAINING_QUEUED else None
+
+
+def claim_training_impact(job_id: int, *, worker: str, stale_after_s: float | None = None,
+                          session: Session | None = None) -> bool:
+    with _session(session) as session:
+        return training_impacts.claim(session=session, job_id=job_id, worker=worker, stale_after_s=stale_after_s)
+
+
+def training_impact_inputs(job_id: int, *, session: Session | None = None) -> TrainingJobInputs | None:
+    """Both runs and the changed cases; None when the row or a run is gone or no longer done."""
+    with _session(session) as session:
+        found = training_impacts.inputs(session=session, job_id=job_id)
+        if found is None:
+            return None
+        run, baseline = _run(session, found.run_id), _run(session, found.baseline_run_id)
+        return TrainingJobInputs(job_id=job_id, run=_run_facts(run), baseline=_run_facts(baseline),
+                                 project=_project_facts(session.get(Project, run.project_id)),
+                                 model_set=found.model_set, changed=found.changed)
+
+
+def training_impact_queue(job_id: int, *, session: Session | None = None) -> str | None:
+    with _session(session) as session:
+        row = session.get(training_impacts.TrainingImpactJob, job_id)
+        return None if row is None else row.environment
+
+
+def training_impact_progress(job_id: int, *, done: int, total: int, phase: str | None,
+                             session: Session | None = None) -> None:
+    with _session(session) as session:
+        training_impacts.progress(session=session, job_id=job_id, done=done, total=total, phase=phase)
+
+
+def finish_training_impact(job_id: int, *, results: list[dict] | None = None, error: str | None = None,
+                           device: str | None = None, seconds: float | None = None,
+                           session: Session | None = None) -> None:
+    with _session(session) as session:
+        training_impacts.finish(session=session, job_id=job_id, results=results, error=error, device=device,
+                                seconds=seconds)
+
+
+def requeue_training_impact(job_id: int, *, session: Session | None = None) -> None:
+    with _session(session) as session:
+        training_impacts.requeue(session=session, job_id=job_id)
 
 
 def store_timings(run_id: int, answer: dict, *, session: Session | None = None) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -74,6 +75,10 @@ class Settings(BaseSettings):
     # mostly importing torch, would otherwise be most of a warm run. None: on for a CUDA worker, off
     # for a CPU worker (where the spare's import would share the cores with the run's verdict).
     warm_host: bool | None = None
+    # Issue 46: after a changed run's co-run, train the reference models with the commit's and the
+    # baseline's optimizer (worker/jobs/training.py). "auto": the quick model set on a CPU worker,
+    # the standard one on a CUDA worker; "off": only on request (POST /api/v1/runs/{id}/training).
+    training_impact: Literal["auto", "quick", "standard", "off"] = "auto"
     # The kernels' own speed per commit (worker/speed, docs/PERFORMANCE.md): seconds a run may
     # spend timing its kernels after the battery. None: 120 on a CUDA worker, off on a CPU worker;
     # 0: off. A project turns it off with `kernel_speed = false` in its optdrift.toml [project].
@@ -159,6 +164,15 @@ class Settings(BaseSettings):
     @property
     def resolved_store_dir(self) -> Path:
         return self.store_dir or self.home / "store"
+
+    @property
+    def resolved_training_model_set(self) -> str | None:
+        """The model set of the automatic training-impact job, or None when it is off."""
+        if self.training_impact == "off":
+            return None
+        if self.training_impact == "auto":
+            return "quick" if self.worker_device == "cpu" else "standard"
+        return self.training_impact
 
     @property
     def resolved_build_cache_dir(self) -> Path:

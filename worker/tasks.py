@@ -29,7 +29,7 @@ from collections.abc import Callable
 from celery.signals import task_postrun, worker_process_init, worker_ready, worker_shutting_down
 
 from service.broker.queueing import (
-    CORUN_TASK_NAME, ENVIRONMENT_ATTRIBUTION_TASK_NAME, RUN_TASK_NAME, TIMING_TASK_NAME,
+    CORUN_TASK_NAME, ENVIRONMENT_ATTRIBUTION_TASK_NAME, RUN_TASK_NAME, TIMING_TASK_NAME, TRAINING_TASK_NAME,
 )
 from service import run_store
 from service.settings import get_settings
@@ -40,6 +40,7 @@ from worker.jobs.environment_attribution import attribute_and_store
 from worker.jobs.run import execute_run
 from worker.jobs import follow_ups, watchdog
 from worker.jobs.timing import time_or_yield
+from worker.jobs.training import train_and_store
 from worker.sandbox import log_tail, privilege
 from worker.speed.record import ANSWER_SLACK_S, budget_s as timing_budget_s
 
@@ -217,3 +218,14 @@ def attribute_environments_task(attribution_id: int) -> str:
                     send_again=lambda: follow_ups.send_later(
                         ENVIRONMENT_ATTRIBUTION_TASK_NAME, attribution_id, countdown=0,
                         environment=run_store.environment_attribution_queue(attribution_id)))
+
+
+@app.task(name=TRAINING_TASK_NAME, ignore_result=True)
+@gc_policy.collect_after  # a full collection after the task, none during it
+def training_impact_task(job_id: int) -> str:
+    """A changed run's optimizer trained on the reference models beside its baseline's
+    (worker/jobs/training.py); like the co-run it yields to waiting runs before it trains."""
+    settings = get_settings()
+    return _guarded(f"training impact {job_id}", _beside_runs_limit_s(), lambda: train_and_store(job_id, settings),
+                    send_again=lambda: follow_ups.send_later(TRAINING_TASK_NAME, job_id, countdown=0,
+                                                             environment=run_store.training_impact_queue(job_id)))

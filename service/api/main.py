@@ -13,14 +13,14 @@ from service.api.auth import install_error_handlers, read_access
 from service.api.request_guard import RequestGuard
 from service.api.routes import commits, health, projects, runs, sources, verify
 from service.api.routes import speed
-from service.api.routes import case_history, environments, releases
+from service.api.routes import case_history, environments, releases, training
 from service.api.routes import notify as notify_routes
 from service.dashboard.routes import install as install_dashboard
 from service.domain.errors import BadInputError, ConflictError, NotFoundError
 from service.settings import get_settings
 
 api_router = APIRouter(prefix="/api/v1")
-for module in (projects, commits, verify, runs, sources, speed, case_history, environments, releases):
+for module in (projects, commits, verify, runs, sources, speed, case_history, environments, releases, training):
     api_router.include_router(module.router)
 api_router.include_router(notify_routes.router)  # issue 16: GitHub and webhook settings
 api_router.include_router(notify_routes.events_router)  # issue 44: GitHub's deliveries (forks' PRs)

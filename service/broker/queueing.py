@@ -30,6 +30,11 @@ TIMING_TASK_NAME = "optdrift.time_kernels"
 ENVIRONMENT_ATTRIBUTION_TASK_NAME = "optdrift.attribute_environments"
 
 
+# A changed run's optimizer trained on reference models beside its baseline's (worker/jobs/training.py),
+# on the run's co-run queue: after the co-run, never in front of a run.
+TRAINING_TASK_NAME = "optdrift.training_impact"
+
+
 VERIFY_KIND = "verify"
 
 
@@ -149,3 +154,11 @@ def send_run(*, settings: Settings, run_id: int, environment: str, kind: str,
         retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5,
                        "interval_max": 0.5},
     )
+
+
+def send_training_impact(*, settings: Settings, job_id: int, environment: str) -> None:
+    """Hand a training-impact job to the broker, on the run's environment's co-run queue. Raises
+    if the broker does not take it."""
+    producer_app(settings).send_task(TRAINING_TASK_NAME, args=[job_id], queue=corun_queue_for(environment),
+                                     retry=True, retry_policy={"max_retries": 1, "interval_start": 0,
+                                                               "interval_step": 0.5, "interval_max": 0.5})

@@ -195,6 +195,8 @@ def record_and_tell(run_id: int, settings: Settings) -> str:
         if count or run_store.corun_is_final(run_store.verdict_detail(run_id)):
             # The check and PR comment gain max |Δ|, or the nondeterminism finding.
             run_store.run_changed(run_id, settings=settings)
+        if count:  # the changed cases reproduced: does the change matter for a model's loss?
+            follow_ups.send_training_impact(run_id, settings)
         return "stored"
     except CorunYielded as waiting:
         log.info("run %s: baseline co-run yields (%s); queued again", run_id, waiting)

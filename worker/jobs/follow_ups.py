@@ -1,8 +1,8 @@
 """What a run sends after its verdict, each a task of its own on the environment's co-run queue so
 the next run never waits behind it: the co-run (per-step |commit - baseline| of the changed cases,
-worker/jobs/corun.py), a build variant's attribution against its base environment
-(worker/jobs/environment_attribution.py) and the kernel timing (worker/jobs/timing.py), and which
-goes first.
+worker/jobs/corun.py) and after it the training impact (worker/jobs/training.py), a build variant's
+attribution against its base environment (worker/jobs/environment_attribution.py) and the kernel
+timing (worker/jobs/timing.py), and which goes first.
 
 Tasks are sent by name through the worker's Celery app (worker/tasks.py defines them), so the jobs
 never import the tasks that call them.
@@ -15,7 +15,7 @@ import time
 
 from service import run_store
 from service.broker.queueing import (
-    CORUN_TASK_NAME, ENVIRONMENT_ATTRIBUTION_TASK_NAME, TIMING_TASK_NAME, corun_queue_for,
+    CORUN_TASK_NAME, ENVIRONMENT_ATTRIBUTION_TASK_NAME, TIMING_TASK_NAME, TRAINING_TASK_NAME, corun_queue_for,
 )
 from service.run_store import corun_environment
 from service.settings import Settings
@@ -60,6 +60,27 @@ def send_environment_attributions(run_id: int) -> None:
         except Exception as error:  # noqa: BLE001
             log.exception("run %s: could not queue environment attribution %s", run_id, attribution_id)
             run_store.finish_environment_attribution(attribution_id, error=f"the broker did not take it: {error}")
+
+
+def send_training_impact(run_id: int, settings: Settings) -> None:
+    """After a changed run's co-run: its optimizer trained on the reference models beside the
+    baseline's (worker/jobs/training.py), unless this worker has it off. Never fails the run."""
+    model_set = settings.resolved_training_model_set
+    if model_set is None:
+        return
+    try:
+        opened = run_store.open_training_impact(run_id, model_set=model_set)
+    except Exception:  # noqa: BLE001  (the run and its verdict stand without it)
+        log.exception("run %s: could not open its training impact", run_id)
+        return
+    if opened is None:
+        return
+    job_id, environment = opened
+    try:
+        app.send_task(TRAINING_TASK_NAME, args=[job_id], queue=corun_queue_for(environment))
+    except Exception as error:  # noqa: BLE001
+        log.exception("run %s: could not queue training impact %s", run_id, job_id)
+        run_store.finish_training_impact(job_id, error=f"the broker did not take it: {error}")
 
 
 def corun_started(run_id: int) -> None:

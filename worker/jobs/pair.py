@@ -65,6 +65,7 @@ class BuildPair:
         self.spares = (host_reserve.spares(2, device=settings.worker_device, slot_root=self.slot_root)
                        if settings.resolved_warm_host else [None, None])
         self.libraries: dict[str, str] = {}
+        self.build_digests: dict[str, str] = {}
         # Each build's compile cache (worker.engine.compile_cache), as its run's host had it: the
         # co-run's and the attribution's hosts load what the run compiled. Held until the pair ends.
         self.caches: dict[str, object] = {}
@@ -92,6 +93,7 @@ class BuildPair:
             if not build.ok:
                 return f"the {side} no longer builds ({build.error})"
             self.libraries[side] = build.library_path
+            self.build_digests[side] = build.digest
             self.caches[side] = pipeline.compile_cache_for(build.digest, policies[side])
         self.adapter_paths = (jobs["commit"].adapter_folders, jobs["baseline"].adapter_folders)
         return None
@@ -106,20 +108,13 @@ class BuildPair:
         trajectories explain nothing), no diffs: `not_reproduced({side: {case id: NotReproduced}})`
         is called instead and its answer returned (the co-run job makes it a finding of the run),
         or without it, None."""
-        from worker.engine import host_reserve
         from worker.engine.corun import corun_battery
         from worker.engine.host import KernelHost
 
         settings = self.settings
         if between_cases:  # a run that came meanwhile gets the spares, still without a build
             between_cases()
-        with self.phases("adopt"):
-            hosts = tuple(host_reserve.adopted(spare, self.libraries[side], device=settings.worker_device,
-                                               adapter=adapter, adapter_paths=paths,
-                                               case_timeout_s=settings.case_timeout_s,
-                                               compile_cache=self.caches.get(side))
-                          for spare, side, paths in zip(self.spares, SIDES, self.adapter_paths))
-        self.spares = []  # theirs now: closed below, once the diffs are stored
+        hosts = self.adopt_hosts(adapter)  # closed below, once the diffs are stored
         timings: dict[str, float] = {}
         try:
             reruns = corun_battery(battery, self.libraries["commit"], self.libraries["baseline"],
@@ -143,6 +138,22 @@ class BuildPair:
             closing = time.monotonic()
             KernelHost.close_together(list(hosts))
             log.info("%s: the co-run's hosts closed in %.2f s", self.label, time.monotonic() - closing)
+
+    def adopt_hosts(self, adapter: str) -> tuple:
+        """The two sides' kernel hosts (commit, baseline) with their builds loaded: the spares
+        when they came up, else hosts that start on their first request. The caller closes them
+        (KernelHost.close_together)."""
+        from worker.engine import host_reserve
+
+        settings = self.settings
+        with self.phases("adopt"):
+            hosts = tuple(host_reserve.adopted(spare, self.libraries[side], device=settings.worker_device,
+                                               adapter=adapter, adapter_paths=paths,
+                                               case_timeout_s=settings.case_timeout_s,
+                                               compile_cache=self.caches.get(side))
+                          for spare, side, paths in zip(self.spares or [None, None], SIDES, self.adapter_paths))
+        self.spares = []  # the caller's now
+        return hosts
 
     def attribute(self, comparison: RunComparison, baseline: RunResult, cases: list[CaseSpec], adapter: str) -> dict:
         """case id -> attribution of the comparison's changed cases (worker/attribution/record.py),

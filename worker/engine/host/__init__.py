@@ -29,6 +29,9 @@ sandbox. Two processes, three modules:
        attribute to a case (the parent then runs the unanswered cases one by one)
     -> {"op": "time_kernels", "plan": {...}}   (worker/speed/timing.py: each kernel's step timed)
     <- {"timings": [...], "not_applicable": n, "not_timed": n, "seconds": s, "device": name, "restart": bool}
+    -> {"op": "train", "run": <TrainingRunSpec>}  (worker/training/loop.py: a reference model trained
+       with the build's optimizer, issue 46)
+    <- {"training": <TrainingRunAnswer>, "restart": bool} or {"training_error": "<error>", "restart": bool}
     -> {"op": "exit"}
 On start the host answers {"ready": true, "environment": <EnvironmentFingerprint>, "adapter":
 <the adapter's describe()>}, or, when the adapter cannot be imported or cannot load the build,

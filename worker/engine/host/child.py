@@ -208,6 +208,28 @@ def _answer_time_kernels(request: dict, device, protocol: TextIO, adapter, famil
     return not timed.get("restart")
 
 
+def _answer_train(request: dict, device, protocol: TextIO, families) -> bool:  # noqa: ANN001
+    """One training run (worker/training/loop.py): {"training": <TrainingRunAnswer>} or
+    {"training_error": <message>}; False when the host must exit (a CUDA error)."""
+    import torch
+
+    from service.core.training import TrainingRunSpec
+    from worker.engine.cuda_errors import context_lost
+    from worker.training.loop import train
+
+    spec = TrainingRunSpec.model_validate(request["run"])
+    restart = False
+    try:
+        answer = {"training": train(spec, families, device).model_dump(mode="json")}
+    except Exception as error:  # noqa: BLE001 - the run's answer; the job says which run
+        restart = context_lost(error, device)
+        answer = {"training_error": f"{type(error).__name__}: {error}"}
+    if device.type == "cuda" and not restart:
+        torch.cuda.synchronize(device)
+    protocol.write(plain_json_line({**answer, "restart": restart}))
+    return not restart
+
+
 def _serve(protocol: TextIO, device, adapter, families, *, spare_host: bool) -> int:  # noqa: ANN001
     """Answer requests until the parent says exit or closes stdin; the exit status."""
     for line in sys.stdin:
@@ -219,6 +241,8 @@ def _serve(protocol: TextIO, device, adapter, families, *, spare_host: bool) -> 
             going_on = _answer_run_many(request, device, protocol, adapter, families, spare_host=spare_host)
         elif op == "time_kernels":
             going_on = _answer_time_kernels(request, device, protocol, adapter, families)
+        elif op == "train":
+            going_on = _answer_train(request, device, protocol, families)
         else:
             going_on = _answer_case(request, device, protocol, adapter, families)
         if not going_on:

@@ -1,0 +1,165 @@
+"""A training-impact measurement: every run of a model set in two kernel hosts, and the verdicts.
+
+Per configuration and model, seeds 0..K-1 are trained three times: with the commit's optimizer
+(the commit's host), with the baseline's, and with the baseline's from the seed's parameters moved
+one ulp (both in the baseline's host). The two hosts work at once, each from its own thread (a
+host's request blocks on its pipe, not on the interpreter). The baseline's and the floor's runs
+depend only on the baseline build, the worker's environment and the spec: they are cached
+(BaselineRuns) so a baseline judged against many commits trains once.
+
+Each answer comes from a box and is checked (TrainingRunAnswer: lengths, digest text) before it
+counts; a run whose host fails or answers garbage fails the measurement with the run named.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from pydantic import ValidationError
+
+from service.core.training import (
+    ImpactFigures, LossCurves, ModelImpact, ModelSet, TrainingConfig, TrainingRunAnswer, TrainingRunSpec,
+)
+from service.core.verdicts import first_divergent_step
+from worker.training import stats
+
+# Part of every cache key: a change to the models, the data or the loop makes old entries unused.
+TRAINING_CODE_VERSION = 1
+SIDES = ("commit", "baseline")
+
+
+class TrainingFailed(RuntimeError):
+    """A run could not be trained or its answer is not one (the message names the run)."""
+
+
+@dataclass(frozen=True)
+class RunKey:
+    model: str
+    config_index: int
+    seed: int
+    kind: str             # "commit", "baseline" or "floor"
+
+
+class BaselineRuns:
+    """The baseline's (and the floor's) answers by (build digest, environment, spec), as JSON files
+    the worker writes (never the box) under `root`; a file that does not parse is trained again."""
+
+    def __init__(self, root: Path, *, build_digest: str, environment: str) -> None:
+        self.root, self.build_digest, self.environment = root, build_digest, environment
+
+    def _path(self, spec: TrainingRunSpec) -> Path:
+        body = json.dumps([TRAINING_CODE_VERSION, self.build_digest, self.environment,
+                           spec.model_dump(mode="json")], sort_keys=True)
+        return self.root / f"{hashlib.sha256(body.encode()).hexdigest()}.json"
+
+    def get(self, spec: TrainingRunSpec) -> TrainingRunAnswer | None:
+        try:
+            return TrainingRunAnswer.model_validate_json(self._path(spec).read_bytes()).check_length(spec.steps)
+        except (OSError, ValidationError, ValueError):
+            return None
+
+    def put(self, spec: TrainingRunSpec, answer: TrainingRunAnswer) -> None:
+        path = self._path(spec)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        temporary.write_text(answer.model_dump_json())
+        os.replace(temporary, path)
+
+
+def plan_runs(configs: list[TrainingConfig], model_set: ModelSet) -> dict[RunKey, TrainingRunSpec]:
+    runs = {}
+    for index, config in enumerate(configs):
+        for model in model_set.models:
+            for seed in range(model_set.seeds):
+                for kind in ("commit", "baseline", "floor"):
+                    runs[RunKey(model, index, seed, kind)] = TrainingRunSpec(
+                        model=model, config=config, seed=seed, steps=model_set.steps, perturb_ulp=kind == "floor")
+    return runs
+
+
+def ask_host(host, spec: TrainingRunSpec, timeout_s: float, label: str) -> TrainingRunAnswer:  # noqa: ANN001
+    """One run in `host` (a KernelHost), its answer checked."""
+    answer = host.ask({"op": "train", "run": spec.model_dump(mode="json")}, timeout_s)
+    if answer is None:
+        raise TrainingFailed(f"{label}: the kernel host died or missed its {timeout_s:.0f} s "
+                             f"({host.stderr_tail() if hasattr(host, 'stderr_tail') else ''})".rstrip(" ()"))
+    if "training_error" in answer:
+        raise TrainingFailed(f"{label}: {str(answer['training_error'])[:2000]}")
+    try:
+        return TrainingRunAnswer.model_validate(answer.get("training")).check_length(spec.steps)
+    except (ValidationError, ValueError) as error:
+        raise TrainingFailed(f"{label}: the kernel host's answer is not a training run ({error})"[:2000]) from None
+
+
+def measure(hosts: dict, configs: list[TrainingConfig], model_set: ModelSet, *, timeout_s: float,  # noqa: ANN001
+            cache: BaselineRuns | None = None,
+            on_progress: Callable[[int, int], None] | None = None) -> list[ModelImpact]:
+    """Every run of the model set over `configs` in `hosts` ({"commit": host, "baseline": host}),
+    then one ModelImpact per model x configuration. `on_progress(done, total)` after each run."""
+    runs = plan_runs(configs, model_set)
+    answers: dict[RunKey, TrainingRunAnswer] = {}
+    queues: dict[str, list[RunKey]] = {"commit": [], "baseline": []}
+    for key, spec in runs.items():
+        held = cache.get(spec) if cache is not None and key.kind != "commit" else None
+        if held is not None:
+            answers[key] = held
+        else:
+            queues["commit" if key.kind == "commit" else "baseline"].append(key)
+    total, lock = len(runs), threading.Lock()
+    done = [len(answers)]
+    if on_progress:
+        on_progress(done[0], total)
+
+    def drive(side: str) -> None:
+        for key in queues[side]:
+            spec = runs[key]
+            label = f"{key.model} · {spec.config.label} · seed {key.seed} · {key.kind}"
+            answer = ask_host(hosts[side], spec, timeout_s, label)
+            if cache is not None and key.kind != "commit":
+                cache.put(spec, answer)
+            with lock:
+                answers[key] = answer
+                done[0] += 1
+                if on_progress:
+                    on_progress(done[0], total)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for future in [pool.submit(drive, side) for side in SIDES]:
+            future.result()
+    return [_impact(model, index, config, model_set, answers)
+            for index, config in enumerate(configs) for model in model_set.models]
+
+
+def _impact(model: str, index: int, config: TrainingConfig, model_set: ModelSet,
+            answers: dict[RunKey, TrainingRunAnswer]) -> ModelImpact:
+    series = {kind: [answers[RunKey(model, index, seed, kind)] for seed in range(model_set.seeds)]
+              for kind in ("commit", "baseline", "floor")}
+    losses = {kind: np.array([a.losses for a in runs], dtype=np.float64) for kind, runs in series.items()}
+    figures = stats.judge(losses["commit"], losses["baseline"], losses["floor"]).as_json()
+    first = _first_step(series["commit"], series["baseline"])
+    if figures["verdict"] == "identical" and first is not None:
+        # Equal losses at every step of every seed, yet the parameters differ: the models moved
+        # less than any loss can show, which is no more than the floor.
+        figures = {**figures, "verdict": "within_floor",
+                   "reason": f"the parameters differ from step {first} but no step's loss does"}
+    return ModelImpact(
+        model=model, config=config, figures=ImpactFigures.model_validate(figures),
+        first_divergent_step=first,
+        floor_first_divergent_step=_first_step(series["floor"], series["baseline"]),
+        curves=LossCurves(**{kind: [list(a.losses) for a in runs] for kind, runs in series.items()}),
+        seconds=sum(a.seconds for runs in series.values() for a in runs))
+
+
+def _first_step(ours: list[TrainingRunAnswer], theirs: list[TrainingRunAnswer]) -> int | None:
+    """The first step (1-based) where any seed's parameter digests differ; None: never."""
+    steps = [first_divergent_step(a.digests, b.digests) for a, b in zip(ours, theirs)]
+    found = [step for step in steps if step is not None]
+    return min(found) if found else None

@@ -28,6 +28,16 @@ class BatteryChoice(BaseModel):
     requested: list[str] = Field(description="the battery names the submissions asked for, where they differ")
 
 
+class ReleaseTraining(BaseModel):
+    """The training impact of a release's run (issue 46): its latest job's state and, once done, the
+    most severe verdict over its models x configurations (GET /api/v1/runs/{run_id}/training has them all)."""
+
+    status: Literal["queued", "running", "done", "failed", "not_needed"]
+    worst_verdict: str | None = Field(description="identical | within_floor | within_noise | beyond_noise | "
+                                                  "diverged | not_judged (service.core.training.worst_verdict); "
+                                                  "None until the job is done")
+
+
 class ReleaseColumn(BaseModel):
     tag: str = Field(description="the release tag, whole")
     sha: str
@@ -38,6 +48,8 @@ class ReleaseColumn(BaseModel):
     build_change: str | None = Field(description="what differs in the build from `compared_with`'s (flags "
                                                  "added / removed, compilers); None: the same, or not recorded")
     no_data: str | None = Field(description="why the column is empty; None where it has data")
+    training: ReleaseTraining | None = Field(None, description="the run's training impact; None: the run has "
+                                                               "none (no run, or none measured)")
 
 
 class CaseLine(BaseModel):

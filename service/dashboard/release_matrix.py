@@ -14,6 +14,8 @@ previous release (service/api/release_schemas.py says what each field is; the pa
   differ.
 * Colour is the size of the change within the row's scale; an unchanged cell is neutral, whatever
   its distance (an 8-bit row's distance to float64 is its quantization error, by design).
+* A column's run carries its training impact (issue 46): the latest job's state and the most severe
+  verdict over its models, linking to the run page's section.
 * The battery is the one that ran (the run's recorded battery; the tree's optdrift.toml may name its
   own), not the name a submission asked for.
 
@@ -35,13 +37,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service.api.release_schemas import (
-    BatteryChoice, CaseLine, ReleaseCell, ReleaseColumn, ReleaseMatrix, ReleaseRow,
+    BatteryChoice, CaseLine, ReleaseCell, ReleaseColumn, ReleaseMatrix, ReleaseRow, ReleaseTraining,
 )
 from service.core import attribution_view, environment_attribution
 from service.core.case_names import case_name
 from service.core.results import QUANTIZED_FAMILY_PREFIX
 from service.core.wording import first_line, number, ratio
 from service.db.models import CANCELLED, DONE, ERROR, FAILED, Commit, Run, Trajectory, Verdict
+from service.domain import training_impacts
 from service.domain.dashboard_queries import get_project
 
 GroupKey = tuple[str, str, str]  # optimizer, family, param dtype
@@ -263,6 +266,7 @@ def build(*, session: Session, project_name: str, environment: str | None = None
         if index in chosen:
             last = index
 
+    training = _training(session, [run.id for run in chosen.values()])
     columns = []
     for index, release in enumerate(releases):
         run, previous = chosen.get(index), previous_of[index]
@@ -274,7 +278,8 @@ def build(*, session: Session, project_name: str, environment: str | None = None
             run_id=run.id if run else None,
             compared_with=releases[previous].tag if run is not None and previous is not None else None,
             build_change=build_change,
-            no_data=None if run else _no_data_reason(release, runs, environment, battery)))
+            no_data=None if run else _no_data_reason(release, runs, environment, battery),
+            training=training.get(run.id) if run else None))
 
     points = _points(session, {run.id: index for index, run in chosen.items()})
     attributions = _attributions(session, chosen, previous_of)
@@ -285,6 +290,13 @@ def build(*, session: Session, project_name: str, environment: str | None = None
                   "Releases in ancestry order (not every tag reads as a version), then by submission time")
     return ReleaseMatrix(project=project.name, environment=environment, battery=battery, order=order,
                          order_text=order_text, choices=choices, releases=columns, rows=rows)
+
+
+def _training(session: Session, run_ids: list[int]) -> dict[int, ReleaseTraining]:
+    """Per run, its latest training impact's state and worst verdict (one query for the columns)."""
+    return {run_id: ReleaseTraining(status=job.status, worst_verdict=job.worst if job.status == "done" else None)
+            for run_id, row in training_impacts.for_runs(session=session, run_ids=run_ids).items()
+            for job in [training_impacts.view(row, curves=False)]}
 
 
 def _no_data_reason(release: _Release, runs: list[_RunInfo], environment: str | None, battery: str | None) -> str:

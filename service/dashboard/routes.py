@@ -20,12 +20,12 @@ from fastapi.templating import Jinja2Templates
 
 from service.api.deps import SessionDep, SettingsDep
 from service.api.params import Page, RunIdPath, RunIdQuery
-from service.dashboard import release_matrix, speed_pages, wording
+from service.dashboard import release_matrix, speed_pages, training_panel, wording
 from service.dashboard import commit_page as commit_page_figures  # the route below is also named commit_page
 from service.db.models import FINAL_STATUSES
 from service.core import attribution_view
 from service.core.case_names import case_name
-from service.domain import environment_matrix, project_configuration, workers
+from service.domain import environment_matrix, project_configuration, training_impacts, workers
 from service.domain import dashboard_queries as queries
 from service.domain.errors import NotFoundError
 
@@ -41,6 +41,7 @@ templates.env.filters["case_name"] = case_name
 templates.env.globals["not_judged"] = wording.not_judged
 templates.env.globals["group_label"] = release_matrix.group_label
 templates.env.globals["sparkline"] = release_matrix.sparkline_points
+templates.env.globals["training_badge"] = training_panel.verdict_badge
 
 router = APIRouter(tags=["dashboard"], include_in_schema=False)
 
@@ -107,6 +108,9 @@ def _run_page(request: Request, session: SessionDep, run_id: int, cases_page: in
                  # why a queued run is not starting (no live worker serves its environment), as the API says
                  waiting_for=workers.waiting_for(session=session, run=data.run),
                  figures=commit_page_figures.headline_figures(data.run),
+                 training=training_panel.section(
+                     training_impacts.latest_for_run(session=session, run_id=data.run.id),
+                     changed=data.verdict is not None and data.figures.changed > 0),
                  next_cases_url=_cases_page_url(request, cases_page + 1) if data.more_cases else None,
                  previous_cases_url=_cases_page_url(request, cases_page - 1) if cases_page > 1 else None)
 

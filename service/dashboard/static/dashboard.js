@@ -62,6 +62,10 @@ const optdrift = (() => {
     if (head && head.dataset.final !== "true") pollRun(head.dataset.runId);
     const panels = document.getElementById("divergence-data");
     if (panels) smallMultiples(JSON.parse(panels.textContent));
+    const training = document.getElementById("training-data");
+    if (training) trainingPanels(JSON.parse(training.textContent));
+    const trainingJob = document.querySelector("[data-poll-training]");
+    if (trainingJob) pollTraining(trainingJob.dataset.pollTraining);
     const plot = document.getElementById("ref-plot");
     if (plot) plotCase(plot.dataset.case);
     for (const button of document.querySelectorAll(".plot-button")) {
@@ -153,6 +157,67 @@ const optdrift = (() => {
         .then(() => { target.dataset.plotted = String(traces.length); });
     }));
     document.getElementById("divergence-panels").dataset.plotted = "true";
+  }
+
+  // Training impact (service/dashboard/training_panel.py computed the bands): one panel per model x
+  // configuration, the commit's and the baseline's mean loss over the seeds, the seed spread and the
+  // one-ulp floor shaded around the baseline's mean, the first step the parameters differ dotted.
+  // The page's key names each trace once (a legend in every small panel would crowd it); the hover
+  // names the line. The payload holds numbers only: no stored string reaches plotly.
+  const TRAINING_COLOURS = { commit: "#cf222e", baseline: "#0969da", spread: "rgba(9, 105, 218, 0.18)",
+                             floor: "rgba(188, 76, 0, 0.40)", firstStep: "#57606a" };
+  async function trainingPanels(panels) {
+    await Promise.all(panels.filter((p) => p.steps).map((p) => {
+      const target = document.getElementById(`training-plot-${p.panel}`);
+      // A band is two traces: its lower edge (no line, no legend), then its upper edge filled down to it.
+      const band = (low, high, name, colour) => [
+        { name: `${name}: lower edge`, x: p.steps, y: low, mode: "lines", line: { width: 0 }, hoverinfo: "skip",
+          connectgaps: false },
+        { name, x: p.steps, y: high, mode: "lines", line: { width: 0 }, fill: "tonexty", fillcolor: colour,
+          hoverinfo: "skip", connectgaps: false },
+      ];
+      const mean = (values, name, colour, dash) => ({
+        name, x: p.steps, y: values, mode: "lines", connectgaps: false, customdata: numbers(values),
+        hovertemplate: `${name}<br>step %{x}: %{customdata}<extra></extra>`, line: { color: colour, width: 1.5, dash },
+      });
+      const traces = [
+        ...band(p.spread_low, p.spread_high, "seed spread: baseline ± 1 sample std", TRAINING_COLOURS.spread),
+        ...band(p.floor_low, p.floor_high, "one-ulp floor: baseline ± RMS(floor − baseline)", TRAINING_COLOURS.floor),
+        mean(p.baseline_mean, `baseline: mean of ${p.seeds} seeds`, TRAINING_COLOURS.baseline, "dash"),
+        mean(p.commit_mean, `this commit: mean of ${p.seeds} seeds`, TRAINING_COLOURS.commit, "solid"),
+      ];
+      const step = p.first_divergent_step;
+      const shapes = step ? [{ type: "line", xref: "x", yref: "paper", x0: step, x1: step, y0: 0, y1: 1,
+                               line: { color: TRAINING_COLOURS.firstStep, dash: "dot", width: 1 } }] : [];
+      const figure = {
+        margin: { l: 52, r: 8, t: 6, b: 30 }, showlegend: false, autosize: true, height: 200, shapes,
+        xaxis: { title: { text: "step", standoff: 2 }, automargin: true },
+        yaxis: { title: { text: "loss", standoff: 2 }, automargin: true },
+      };
+      return Plotly.react(target, traces, figure, { ...config, displayModeBar: false })
+        .then(() => { target.dataset.plotted = String(traces.length); });
+    }));
+    document.getElementById("training-panels").dataset.plotted = "true";
+  }
+
+  // A queued or running training impact: its progress from the API; when it is over, reload.
+  function pollTraining(runId) {
+    const tick = async () => {
+      try {
+        const job = await getJSON(`/api/v1/runs/${runId}/training?curves=false`);
+        const p = job.progress;
+        const bar = document.getElementById("training-progress-bar");
+        if (bar) { bar.max = p.runs_total || 1; bar.value = p.runs_done; }
+        const text = document.getElementById("training-progress-text");
+        if (text) {
+          text.textContent = `${job.status}: ${p.runs_done}/${p.runs_total} training runs done`
+            + (p.phase ? ` · phase: ${p.phase}` : "") + (job.status === "queued" ? " · waiting for a worker" : "");
+        }
+        if (job.status !== "queued" && job.status !== "running") { window.location.reload(); return; }
+      } catch (error) { console.warn(error.message); }
+      setTimeout(tick, POLL_MS);
+    };
+    setTimeout(tick, POLL_MS);
   }
 
   // Release drift: one line per case of the chosen family across releases.

@@ -29,7 +29,6 @@ from service.core.training import (
     ImpactFigures, LossCurves, ModelImpact, ModelSet, TrainingConfig, TrainingRunAnswer, TrainingRunSpec,
 )
 from service.core.verdicts import first_divergent_step
-from worker.training import stats
 
 # Part of every cache key: a change to the models, the data or the loop makes old entries unused.
 TRAINING_CODE_VERSION = 1
@@ -99,11 +98,12 @@ def ask_host(host, spec: TrainingRunSpec, timeout_s: float, label: str) -> Train
         raise TrainingFailed(f"{label}: the kernel host's answer is not a training run ({error})"[:2000]) from None
 
 
-def measure(hosts: dict, configs: list[TrainingConfig], model_set: ModelSet, *, timeout_s: float,  # noqa: ANN001
-            cache: BaselineRuns | None = None,
-            on_progress: Callable[[int, int], None] | None = None) -> list[ModelImpact]:
+def train_all(hosts: dict, configs: list[TrainingConfig], model_set: ModelSet, *, timeout_s: float,  # noqa: ANN001
+              cache: BaselineRuns | None = None,
+              on_progress: Callable[[int, int], None] | None = None) -> dict[RunKey, TrainingRunAnswer]:
     """Every run of the model set over `configs` in `hosts` ({"commit": host, "baseline": host}),
-    then one ModelImpact per model x configuration. `on_progress(done, total)` after each run."""
+    the baseline's and the floor's from `cache` where it holds them. `on_progress(done, total)`
+    after each run."""
     runs = plan_runs(configs, model_set)
     answers: dict[RunKey, TrainingRunAnswer] = {}
     queues: dict[str, list[RunKey]] = {"commit": [], "baseline": []}
@@ -134,28 +134,53 @@ def measure(hosts: dict, configs: list[TrainingConfig], model_set: ModelSet, *, 
     with ThreadPoolExecutor(max_workers=2) as pool:
         for future in [pool.submit(drive, side) for side in SIDES]:
             future.result()
-    return [_impact(model, index, config, model_set, answers)
+    return answers
+
+
+def measure(hosts: dict, configs: list[TrainingConfig], model_set: ModelSet, *, timeout_s: float,  # noqa: ANN001
+            cache: BaselineRuns | None = None,
+            on_progress: Callable[[int, int], None] | None = None) -> list[ModelImpact]:
+    """train_all, then one ModelImpact per model x configuration."""
+    answers = train_all(hosts, configs, model_set, timeout_s=timeout_s, cache=cache, on_progress=on_progress)
+    return [impact(model, config, series_of(answers, model, index, model_set.seeds))
             for index, config in enumerate(configs) for model in model_set.models]
 
 
-def _impact(model: str, index: int, config: TrainingConfig, model_set: ModelSet,
-            answers: dict[RunKey, TrainingRunAnswer]) -> ModelImpact:
-    series = {kind: [answers[RunKey(model, index, seed, kind)] for seed in range(model_set.seeds)]
-              for kind in ("commit", "baseline", "floor")}
-    losses = {kind: np.array([a.losses for a in runs], dtype=np.float64) for kind, runs in series.items()}
+@dataclass(frozen=True)
+class Series:
+    """One model x configuration's runs, reduced to what the verdict reads: every run's losses per
+    kind (seeds x steps), the first steps where the parameters differ, the runs' seconds."""
+
+    losses: dict[str, list[list[float]]]
+    first_divergent_step: int | None
+    floor_first_divergent_step: int | None
+    seconds: float
+
+
+def series_of(answers: dict[RunKey, TrainingRunAnswer], model: str, index: int, seeds: int) -> Series:
+    runs = {kind: [answers[RunKey(model, index, seed, kind)] for seed in range(seeds)]
+            for kind in ("commit", "baseline", "floor")}
+    return Series(losses={kind: [list(a.losses) for a in answered] for kind, answered in runs.items()},
+                  first_divergent_step=_first_step(runs["commit"], runs["baseline"]),
+                  floor_first_divergent_step=_first_step(runs["floor"], runs["baseline"]),
+                  seconds=sum(a.seconds for answered in runs.values() for a in answered))
+
+
+def impact(model: str, config: TrainingConfig, series: Series) -> ModelImpact:
+    """The verdict and figures of one model x configuration (worker/training/stats.py)."""
+    from worker.training import stats  # scipy: only where verdicts are made, not where models train
+
+    losses = {kind: np.array(rows, dtype=np.float64) for kind, rows in series.losses.items()}
     figures = stats.judge(losses["commit"], losses["baseline"], losses["floor"]).as_json()
-    first = _first_step(series["commit"], series["baseline"])
+    first = series.first_divergent_step
     if figures["verdict"] == "identical" and first is not None:
         # Equal losses at every step of every seed, yet the parameters differ: the models moved
         # less than any loss can show, which is no more than the floor.
         figures = {**figures, "verdict": "within_floor",
                    "reason": f"the parameters differ from step {first} but no step's loss does"}
-    return ModelImpact(
-        model=model, config=config, figures=ImpactFigures.model_validate(figures),
-        first_divergent_step=first,
-        floor_first_divergent_step=_first_step(series["floor"], series["baseline"]),
-        curves=LossCurves(**{kind: [list(a.losses) for a in runs] for kind, runs in series.items()}),
-        seconds=sum(a.seconds for runs in series.values() for a in runs))
+    return ModelImpact(model=model, config=config, figures=ImpactFigures.model_validate(figures),
+                       first_divergent_step=first, floor_first_divergent_step=series.floor_first_divergent_step,
+                       curves=LossCurves(**series.losses), seconds=series.seconds)
 
 
 def _first_step(ours: list[TrainingRunAnswer], theirs: list[TrainingRunAnswer]) -> int | None:

@@ -162,42 +162,66 @@ const optdrift = (() => {
   // Training impact (service/dashboard/training_panel.py computed the bands): one panel per model x
   // configuration, the commit's and the baseline's mean loss over the seeds, the seed spread and the
   // one-ulp floor shaded around the baseline's mean, the first step the parameters differ dotted.
-  // The page's key names each trace once (a legend in every small panel would crowd it); the hover
-  // names the line. The payload holds numbers only: no stored string reaches plotly.
-  const TRAINING_COLOURS = { commit: "#cf222e", baseline: "#0969da", spread: "rgba(9, 105, 218, 0.18)",
-                             floor: "rgba(188, 76, 0, 0.40)", firstStep: "#57606a" };
-  async function trainingPanels(panels) {
+  // "difference" (the page's default) draws the same with the baseline's mean taken away from each
+  // (the bands about zero): a change far smaller than the loss's fall is visible there. The page's key names each
+  // trace once (a legend in every small panel would crowd it); the hover names the line. The
+  // payload holds numbers only: no stored string reaches plotly.
+  const TRAINING_COLOURS = { commit: "#cf222e", baseline: "#0969da", spread: "rgba(9, 105, 218, 0.22)",
+                             floor: "rgba(188, 76, 0, 0.45)", firstStep: "#57606a" };
+  const minus = (values, base) => values.map((v, i) => (v === null || base[i] === null ? null : v - base[i]));
+
+  function trainingTraces(p, difference) {
+    const zero = p.baseline_mean.map((v) => (v === null ? null : 0));
+    const y = (values) => (difference ? minus(values, p.baseline_mean) : values);
+    // A band is two traces: its lower edge (no line), then its upper edge filled down to it.
+    const band = (low, high, name, colour) => [
+      { name: `${name}: lower edge`, x: p.steps, y: y(low), mode: "lines", line: { width: 0 }, hoverinfo: "skip",
+        connectgaps: false },
+      { name, x: p.steps, y: y(high), mode: "lines", line: { width: 0 }, fill: "tonexty", fillcolor: colour,
+        hoverinfo: "skip", connectgaps: false },
+    ];
+    const mean = (values, name, colour, dash) => ({
+      name, x: p.steps, y: values, mode: "lines", connectgaps: false, customdata: numbers(values),
+      hovertemplate: `${name}<br>step %{x}: %{customdata}<extra></extra>`, line: { color: colour, width: 1.5, dash },
+    });
+    return [
+      ...band(p.spread_low, p.spread_high, "seed spread: baseline ± 1 sample std", TRAINING_COLOURS.spread),
+      ...band(p.floor_low, p.floor_high, "one-ulp floor: baseline ± RMS(floor − baseline)", TRAINING_COLOURS.floor),
+      mean(difference ? zero : p.baseline_mean, `baseline: mean of ${p.seeds} seeds`, TRAINING_COLOURS.baseline, "dash"),
+      mean(difference ? minus(p.commit_mean, p.baseline_mean) : p.commit_mean,
+           difference ? "this commit − baseline (means)" : `this commit: mean of ${p.seeds} seeds`,
+           TRAINING_COLOURS.commit, "solid"),
+    ];
+  }
+
+  async function drawTraining(panels, difference) {
     await Promise.all(panels.filter((p) => p.steps).map((p) => {
       const target = document.getElementById(`training-plot-${p.panel}`);
-      // A band is two traces: its lower edge (no line, no legend), then its upper edge filled down to it.
-      const band = (low, high, name, colour) => [
-        { name: `${name}: lower edge`, x: p.steps, y: low, mode: "lines", line: { width: 0 }, hoverinfo: "skip",
-          connectgaps: false },
-        { name, x: p.steps, y: high, mode: "lines", line: { width: 0 }, fill: "tonexty", fillcolor: colour,
-          hoverinfo: "skip", connectgaps: false },
-      ];
-      const mean = (values, name, colour, dash) => ({
-        name, x: p.steps, y: values, mode: "lines", connectgaps: false, customdata: numbers(values),
-        hovertemplate: `${name}<br>step %{x}: %{customdata}<extra></extra>`, line: { color: colour, width: 1.5, dash },
-      });
-      const traces = [
-        ...band(p.spread_low, p.spread_high, "seed spread: baseline ± 1 sample std", TRAINING_COLOURS.spread),
-        ...band(p.floor_low, p.floor_high, "one-ulp floor: baseline ± RMS(floor − baseline)", TRAINING_COLOURS.floor),
-        mean(p.baseline_mean, `baseline: mean of ${p.seeds} seeds`, TRAINING_COLOURS.baseline, "dash"),
-        mean(p.commit_mean, `this commit: mean of ${p.seeds} seeds`, TRAINING_COLOURS.commit, "solid"),
-      ];
+      const traces = trainingTraces(p, difference);
       const step = p.first_divergent_step;
       const shapes = step ? [{ type: "line", xref: "x", yref: "paper", x0: step, x1: step, y0: 0, y1: 1,
                                line: { color: TRAINING_COLOURS.firstStep, dash: "dot", width: 1 } }] : [];
       const figure = {
         margin: { l: 52, r: 8, t: 6, b: 30 }, showlegend: false, autosize: true, height: 200, shapes,
-        xaxis: { title: { text: "step", standoff: 2 }, automargin: true },
-        yaxis: { title: { text: "loss", standoff: 2 }, automargin: true },
+        // From step 0, so a line at the first step stands clear of the axis.
+        xaxis: { title: { text: "step", standoff: 2 }, automargin: true, range: [0, p.steps.length + 1] },
+        yaxis: { title: { text: difference ? "Δ loss vs baseline" : "loss", standoff: 2 }, automargin: true,
+                 exponentformat: "e" },
       };
       return Plotly.react(target, traces, figure, { ...config, displayModeBar: false })
         .then(() => { target.dataset.plotted = String(traces.length); });
     }));
-    document.getElementById("training-panels").dataset.plotted = "true";
+    const holder = document.getElementById("training-panels");
+    holder.dataset.view = difference ? "difference" : "loss";
+    holder.dataset.plotted = "true";
+  }
+
+  function trainingPanels(panels) {
+    const chosen = () => document.querySelector("input[name=training-y]:checked")?.value === "difference";
+    for (const input of document.querySelectorAll("input[name=training-y]")) {
+      input.addEventListener("change", () => drawTraining(panels, chosen()));
+    }
+    return drawTraining(panels, chosen());
   }
 
   // A queued or running training impact: its progress from the API; when it is over, reload.

@@ -44,8 +44,8 @@ def loss_curves(*, seed: int, shift: float, floor_wobble: float) -> LossCurves:
     draw = random.Random(seed)
     commit, baseline, floor = [], [], []
     for s in range(SEEDS):
-        offset, phase = draw.uniform(-0.04, 0.04), draw.uniform(0, math.pi)
-        base = [0.45 + offset + 2.0 * math.exp(-t / 12) + 0.02 * math.sin(0.5 * t + phase) for t in range(STEPS)]
+        offset, phase = draw.uniform(-0.01, 0.01), draw.uniform(0, math.pi)
+        base = [0.45 + offset + 2.0 * math.exp(-t / 12) + 0.005 * math.sin(0.5 * t + phase) for t in range(STEPS)]
         baseline.append(base)
         commit.append([b * (1 + shift * t / (STEPS - 1)) + draw.gauss(0, floor_wobble) for t, b in enumerate(base)])
         floor.append([b + draw.gauss(0, floor_wobble) for b in base])
@@ -56,7 +56,7 @@ def model_impact(model: str, config: TrainingConfig, verdict: str, *, shift: flo
                  reason: str | None = None, first_step: int | None = 1) -> ModelImpact:
     ci = Interval(low=shift - 0.01, high=shift + 0.01)
     figures = ImpactFigures(verdict=verdict, seeds=SEEDS, window=10, baseline_mean=0.47, shift=0.47 * shift,
-                            relative_shift=shift, relative_ci=ci, seed_spread=0.03, floor_rms=1e-4,
+                            relative_shift=shift, relative_ci=ci, seed_spread=0.01, floor_rms=2e-4,
                             change_rms=abs(shift) * 0.47, reason=reason)
     return ModelImpact(model=model, config=config, figures=figures, first_divergent_step=first_step,
                        floor_first_divergent_step=1, seconds=1.5,

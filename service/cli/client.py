@@ -15,6 +15,11 @@ import httpx
 from service.core.archives import pack_directory
 
 FINAL = {"done", "failed", "cancelled", "error"}
+# A training-impact job's final statuses (service.core.training.JobStatus): nothing more comes.
+TRAINING_FINAL = {"done", "failed", "not_needed"}
+# The worker opens a run's training-impact job right after its co-run stores the detail; none this
+# long after that means none comes (the worker has it off).
+TRAINING_OPENS_WITHIN_S = 30.0
 # Final without a verdict: cancelled, or `error` (optdrift failed, not the commit).
 FINAL_WITHOUT_VERDICT = {"cancelled", "error"}
 # The header a verify answer carries when a patch was sent: which layout of it applied.
@@ -57,6 +62,14 @@ def corun_detail(run: dict) -> CorunDetail | None:
                        with_diffs=sum(1 for case in changed if case.get("max_abs_diff_per_step")),
                        attributed="attribution" in detail,
                        final_state=final_state if final_state in ("not_reproducible", "given_up") else None)
+
+
+def training_expected(run: dict) -> bool:
+    """Whether the worker opens a training-impact job for the run on its own: a changed run whose
+    co-run reproduced its changed cases (worker/jobs/corun.py record_and_tell) — unless the worker
+    has it off (OPTDRIFT_TRAINING_IMPACT=off), which a client cannot see."""
+    state = corun_detail(run)
+    return state is not None and state.final_state is None and state.changed > 0
 
 
 def _complete_verdict(verdict: dict, cases: list[dict], stored_attribution: dict) -> None:
@@ -247,6 +260,63 @@ class OptdriftClient:
     def speed(self, run_id: int) -> dict:
         """The run's kernel speed against its baseline (service/api/routes/speed.py)."""
         return self._check(self.http.get(f"/api/v1/runs/{run_id}/speed"))
+
+    def training(self, run_id: int, curves: bool = False) -> dict | None:
+        """The run's latest training-impact job (service/api/routes/training.py: the verdict per
+        model x configuration and its figures; `curves`: every run's loss at every step too), or
+        None when the run has none yet."""
+        response = self.http.get(f"/api/v1/runs/{run_id}/training", params={"curves": str(curves).lower()})
+        if response.status_code == 404:
+            # No job yet, or no such run: the run's own answer tells them apart (its 404 is raised).
+            self._check(self.http.get(f"/api/v1/runs/{run_id}"))
+            return None
+        return self._check(response)
+
+    def training_job(self, job_id: int, curves: bool = False) -> dict:
+        """One training-impact job by its id (what `request_training` answered)."""
+        return self._check(self.http.get(f"/api/v1/training/{job_id}", params={"curves": str(curves).lower()}))
+
+    def request_training(self, run_id: int, baseline_run_id: int | None = None, model_set: str = "quick") -> dict:
+        """Ask for the run's training impact against `baseline_run_id` (default: its verdict's
+        baseline) with `model_set` (quick or standard): the job, queued, or as it is when the pair
+        has one (a failed one is queued again; not_needed when no trajectory differs)."""
+        body = {"baseline_run_id": baseline_run_id, "model_set": model_set}
+        return self._check(self.http.post(f"/api/v1/runs/{run_id}/training", json=body))
+
+    def wait_for_training(self, runs: list[dict], *, on_update: Callable[[dict], None] | None = None,
+                          poll_s: float = 1.0, timeout_s: float = 900.0,
+                          opens_within_s: float | None = None) -> tuple[dict[int, dict | None], list[int]]:
+        """Poll the runs the worker measures a training impact for (`training_expected`) until each
+        one's job is final, for at most `timeout_s`. A job opens right after the run's co-run stores
+        its detail; a run with none `opens_within_s` (TRAINING_OPENS_WITHIN_S) after that has none
+        coming (the worker has it off). `on_update` sees {run id: its job, or None while none exists}. Returns the jobs as last
+        read and the ids of the runs whose job is still going (the verdict stands without it)."""
+        deadline = time.monotonic() + timeout_s
+        opens_within_s = TRAINING_OPENS_WITHIN_S if opens_within_s is None else opens_within_s
+        waiting = {run["id"]: run for run in runs if training_expected(run)}
+        jobs: dict[int, dict | None] = {run_id: None for run_id in waiting}
+        opens_by: dict[int, float] = {}
+        while True:
+            now = time.monotonic()
+            for run_id in list(waiting):
+                job = jobs[run_id] = self.training(run_id)
+                if job is not None:
+                    if job["status"] in TRAINING_FINAL:
+                        del waiting[run_id]
+                    continue
+                state = corun_detail(waiting[run_id])
+                if state is None or state.final_state is not None:
+                    del waiting[run_id]  # the co-run reproduced nothing: no job comes
+                elif state.complete:
+                    if now > opens_by.setdefault(run_id, now + opens_within_s):
+                        del waiting[run_id]  # none came: the worker has it off
+                else:  # the co-run is still going: read the run again to see it end
+                    waiting[run_id] = self.run(run_id)
+            if on_update:
+                on_update(dict(jobs))
+            if not waiting or time.monotonic() > deadline:
+                return jobs, list(waiting)
+            time.sleep(poll_s)
 
     def wait(self, run_ids: list[int], *, on_update: Callable[[list[dict]], None] | None = None,
              poll_s: float = 1.0, timeout_s: float = 3600.0) -> list[dict]:

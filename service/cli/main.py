@@ -8,6 +8,7 @@ migrate  alembic upgrade head.
 submit   CI: post a commit and its source; `--wait` shows progress, the verdict and exits with it.
 verify   a contributor's tree or patch against a known commit.
 retry    re-queue a run that ended in `error` (optdrift's failure, not the commit's).
+training a run's training impact: reference models trained with its optimizer and its baseline's.
 demo     submit the demo commits to a running service.
 token    create (shown once) / list / revoke API tokens; clients read theirs from OPTDRIFT_TOKEN,
          OPTDRIFT_TOKEN_FILE or ~/.config/optdrift/token, never from a command-line argument.
@@ -63,6 +64,17 @@ DetailTimeoutOption = Annotated[float, typer.Option(
     "--detail-timeout", min=0, help="seconds to wait for the co-run detail after the verdict; past it the "
                                     "verdict is reported and the detail follows on the run page")]
 DEFAULT_DETAIL_TIMEOUT_S = 600.0
+# After the co-run of a changed run the worker trains reference models with both optimizers
+# (issue 46): --wait waits for that verdict too, after the trajectory verdict's tables.
+TrainingOption = Annotated[bool, typer.Option(
+    "--training/--no-training",
+    help="with a changed verdict, also wait for its training impact (reference models trained with the "
+         "commit's and the baseline's optimizer) and print a line per model and configuration after the "
+         "verdict; it never changes the exit code. --no-training skips the wait")]
+TrainingTimeoutOption = Annotated[float, typer.Option(
+    "--training-timeout", min=0, help="seconds to wait for the training impact after the verdict; past it "
+                                      "the command ends and `optdrift training RUN_ID` shows it later")]
+DEFAULT_TRAINING_TIMEOUT_S = 900.0
 # The verdict tables fit the terminal (service/core/terminal_tables.py): at a narrow one the columns
 # of least use are left out, and their caption names them; --wide shows them all.
 WideOption = Annotated[bool, typer.Option(
@@ -508,10 +520,14 @@ def run_exit_code(run: dict) -> int:
 
 
 def wait_and_report(client, run_ids: list[int], *, output: str = "text", detail: bool = True,  # noqa: ANN001
-                    detail_timeout_s: float = DEFAULT_DETAIL_TIMEOUT_S, wide: bool = False) -> int:
+                    detail_timeout_s: float = DEFAULT_DETAIL_TIMEOUT_S, wide: bool = False,
+                    training: bool = False, training_timeout_s: float = DEFAULT_TRAINING_TIMEOUT_S) -> int:
     """Progress while the runs go (a bar at a terminal, lines in a log, stderr for `--format
     json`); with `detail`, then the co-run detail of changed verdicts (at most `detail_timeout_s`);
-    then the verdict tables or the JSON document. Returns the exit code (the detail never changes it)."""
+    then the verdict tables or the JSON document; with `training`, the training impact of changed
+    runs after the tables (service/cli/training.py; in the JSON document as `training`). Returns the
+    exit code (neither the detail nor the training impact changes it)."""
+    from service.cli.training import wait_and_print as wait_for_training_impact
     from service.cli.report import (detail_still_coming, json_report, print_report, wait_for_detail_with_progress,
                                     wait_with_progress)
 
@@ -524,8 +540,11 @@ def wait_and_report(client, run_ids: list[int], *, output: str = "text", detail:
     codes = {run["id"]: run_exit_code(run) for run in final}
     exit_code = next(code for code in _EXIT_PRECEDENCE if code in codes.values())
     if output == "json":
+        impacts = wait_for_training_impact(client, final, console=console, progress_console=progress_console,
+                                           timeout_s=training_timeout_s, output=output) if training else {}
         print(json_report(final, exit_code, detail_still_coming=pending,
-                          dashboard_urls={run["id"]: client.dashboard_url(run["id"]) for run in final}))
+                          dashboard_urls={run["id"]: client.dashboard_url(run["id"]) for run in final},
+                          **({"training": {str(run_id): job for run_id, job in impacts.items()}} if training else {})))
     else:
         print_report(console, final, wide=wide)
     for run in final:
@@ -540,6 +559,9 @@ def wait_and_report(client, run_ids: list[int], *, output: str = "text", detail:
             print(f"error: run {run['id']} failed in optdrift, not in the commit: "
                   f"{' '.join((run.get('error') or 'no detail').split())}; "
                   f"`optdrift retry {run['id']}` runs it again", file=sys.stderr)
+    if training and output == "text":  # after the verdict it reads beside: the tables are not held back for it
+        wait_for_training_impact(client, final, console=console, progress_console=progress_console,
+                                 timeout_s=training_timeout_s, output=output)
     return exit_code
 
 
@@ -559,6 +581,8 @@ def submit(
     detail: DetailOption = True,
     detail_timeout: DetailTimeoutOption = DEFAULT_DETAIL_TIMEOUT_S,
     wide: WideOption = False,
+    training: TrainingOption = True,
+    training_timeout: TrainingTimeoutOption = DEFAULT_TRAINING_TIMEOUT_S,
     allow_no_baseline: Annotated[bool, typer.Option(
         "--allow-no-baseline", help="accept having nothing to compare with (a project's first commit): a "
                                     "no-baseline verdict then exits 0 (neutral on GitHub) instead of 6")] = False,
@@ -567,7 +591,8 @@ def submit(
                                          "from the clone holding --source) so the service compares with the "
                                          "nearest one it has a finished run of")] = True,
 ) -> None:
-    """CI: submit a commit. With --wait, show progress and exit with the verdict's code."""
+    """CI: submit a commit. With --wait, show progress and exit with the verdict's code; a changed
+    verdict's training impact follows it (--no-training skips it) and never changes the exit code."""
     from service.cli.client import OptdriftClient
     from service.core.archives import ArchiveError
 
@@ -592,7 +617,8 @@ def submit(
             say(f"run {run_id}: {client.dashboard_url(run_id)}")
         if wait:
             raise typer.Exit(wait_and_report(client, run_ids, output=output, detail=detail,
-                                             detail_timeout_s=detail_timeout, wide=wide))
+                                             detail_timeout_s=detail_timeout, wide=wide, training=training,
+                                             training_timeout_s=training_timeout))
         if output == "json":
             from service.cli.report import json_report
 
@@ -641,6 +667,8 @@ def verify(
     detail: DetailOption = True,
     detail_timeout: DetailTimeoutOption = DEFAULT_DETAIL_TIMEOUT_S,
     wide: WideOption = False,
+    training: TrainingOption = True,
+    training_timeout: TrainingTimeoutOption = DEFAULT_TRAINING_TIMEOUT_S,
 ) -> None:
     """A contributor without a GPU: run your tree (or patch) on the service's workers against --base."""
     from service.cli.client import OptdriftClient
@@ -665,7 +693,8 @@ def verify(
         say(f"verify run {run['id']}: {client.dashboard_url(run['id'])}")
         if wait:
             raise typer.Exit(wait_and_report(client, [run["id"]], output=output, detail=detail,
-                                             detail_timeout_s=detail_timeout, wide=wide))
+                                             detail_timeout_s=detail_timeout, wide=wide, training=training,
+                                             training_timeout_s=training_timeout))
         if output == "json":
             from service.cli.report import json_report
 
@@ -787,3 +816,7 @@ app.add_typer(cli_project.project_app, name="project")
 from service.cli import compare as cli_compare  # noqa: E402  (`optdrift compare`: one commit in two environments)
 
 app.command("compare", epilog=cli_compare.EXIT_CODES)(cli_compare.compare)
+
+from service.cli import training as cli_training  # noqa: E402  (`optdrift training`: a run's training impact)
+
+app.command("training", epilog=cli_training.EXIT_CODES)(cli_training.training)

@@ -44,8 +44,6 @@ def _case(case_id: str, digests: list[str]) -> CaseResult:
 def make_project(session, name: str, environments: tuple[str, ...] = ("cpu",)) -> Project:  # noqa: ANN001
     project = Project(name=name, environments=list(environments))
     session.add(project)
-    if session.get(SourceArchive, SOURCE) is None:
-        session.add(SourceArchive(digest=SOURCE, size_bytes=1, member_count=1))
     session.flush()
     return project
 
@@ -53,6 +51,9 @@ def make_project(session, name: str, environments: tuple[str, ...] = ("cpu",)) -
 def add_run(session, project: Project, sha: str, moved: list[str], *, environment: str = "cpu",  # noqa: ANN001
             status: str = DONE) -> Run:
     """A run of commit `sha` as a worker leaves it: two adam cases, the second with digests `moved`."""
+    if session.get(SourceArchive, SOURCE) is None:
+        session.add(SourceArchive(digest=SOURCE, size_bytes=1, member_count=1))
+        session.flush()
     commit = Commit(project_id=project.id, sha=sha, parents=[], source_digest=SOURCE)
     session.add(commit)
     session.flush()
@@ -61,10 +62,15 @@ def add_run(session, project: Project, sha: str, moved: list[str], *, environmen
               environment_detail={"battery_version": 1})
     session.add(run)
     session.flush()
-    trajectories.store_case_results(session=session, run_id=run.id,
+    store_cases(session, run.id, moved)
+    return run
+
+
+def store_cases(session, run_id: int, moved: list[str]) -> None:  # noqa: ANN001
+    """The run's two adam cases as a worker stores them: `adam-same`, and `adam-moved` with digests `moved`."""
+    trajectories.store_case_results(session=session, run_id=run_id,
                                     results=[(0, _case("adam-same", ["a", "b", "c"])), (1, _case("adam-moved", moved))])
     session.flush()
-    return run
 
 
 def add_verdict(session, run: Run, baseline: Run) -> Verdict:  # noqa: ANN001

@@ -271,7 +271,7 @@ OTHER_COMMANDS = {
     "verify": ["verify", "--project", "p", "--base", "b", "--source", "."],
     "retry": ["retry", "1"], "ack": ["ack", "1", "--note", "intended"], "speed": ["speed", "1"],
     "notify": ["notify", "deliveries", "--project", "p", "--webhook", "1"],
-    "project": ["project", "show", "p"],
+    "project": ["project", "show", "p"], "training": ["training", "1"],
     "compare": ["compare", "--project", "p", "--commit", "c", "--env", "cpu", "--env", "gpu.sm90"],
 }
 

@@ -612,6 +612,21 @@ def requeue_training_impact(job_id: int, *, session: Session | None = None) -> N
         training_impacts.requeue(session=session, job_id=job_id)
 
 
+def training_impact_finished(job_id: int, settings: Settings, *, session: Session | None = None) -> None:
+    """The job stored its results or its failure: tell the notifier about its run, whose check run
+    and PR comment gain the training impact (service.notify.hooks, in a thread of its own; never
+    raises, as run_changed: the job's results are stored whatever becomes of the notification)."""
+    try:
+        with _session(session) as session:
+            row = session.get(training_impacts.TrainingImpactJob, job_id)
+            run_id = None if row is None else row.run_id
+    except Exception:  # noqa: BLE001
+        log.exception("training impact %s: could not find its run to notify", job_id)
+        return
+    if run_id is not None:
+        run_changed(run_id, settings=settings)
+
+
 def store_timings(run_id: int, answer: dict, *, session: Session | None = None) -> int:
     """The kernel host's `time_kernels` answer stored with the run (service.domain.kernel_speed);
     how many timings. Nothing is stored if it raises."""

@@ -25,6 +25,8 @@ from sqlalchemy.orm import Session
 
 from service.db.models import ACTIVE_STATUSES, Run, Verdict
 from service.db.notify_models import GitHubCheckRun, GitHubIntegration, GitHubPullRequestRun, Webhook
+from service.core.training import TrainingImpact
+from service.domain import training_impacts
 from service.domain.dashboard_queries import run_page
 from service.domain.redaction import clip, scrub
 from service.notify import github, report
@@ -238,11 +240,13 @@ def _send_github(*, session: Session, gh, run: Run, row: GitHubCheckRun, state: 
         return
     page = run_page(session=session, run_id=run.id)
     sized = sum(1 for case in page.changed if case.max_abs_diff is not None)
-    sent_state = f"{state}|changed={len(page.changed)}|sized={sized}|allowed={bool(run.allow_no_baseline)}"
+    training = training_of(session=session, run_id=run.id)
+    sent_state = (f"{state}|changed={len(page.changed)}|sized={sized}|allowed={bool(run.allow_no_baseline)}"
+                  f"{_training_state(training)}")
     if row.sent_state == sent_state and row.error is None:
         return
     conclusion = conclusion_for(state, no_baseline_allowed=bool(run.allow_no_baseline))
-    output = report.check_output(page=page, conclusion=conclusion, run_url=run_url)
+    output = report.check_output(page=page, conclusion=conclusion, run_url=run_url, training=training)
     try:
         if row.check_run_id is None:
             row.check_run_id = github.create_check_run(
@@ -263,6 +267,22 @@ def _send_github(*, session: Session, gh, run: Run, row: GitHubCheckRun, state: 
     row.sent_state = sent_state
 
 
+def training_of(*, session: Session, run_id: int) -> TrainingImpact | None:
+    """The run's latest training-impact job without its loss curves (the text needs its figures)."""
+    row = training_impacts.latest_for_run(session=session, run_id=run_id)
+    return None if row is None else training_impacts.view(row, curves=False)
+
+
+def _training_state(training: TrainingImpact | None) -> str:
+    """What of the training impact the check and comment show, for sent_state: a job that finishes
+    (or moves on while shown as measuring) is sent again, an unchanged one is not."""
+    if training is None:
+        return ""
+    counted = f":{training.progress.runs_done}/{training.progress.runs_total}" \
+        if training.status in ("queued", "running") else ""
+    return f"|training={training.id}:{training.status}{counted}"
+
+
 def _update_pr_comments(*, session: Session, gh, run: Run, target: GitHubTarget, owner: str,  # noqa: ANN001
                         repo: str, base: str) -> list[int]:
     numbers = target.pull_numbers
@@ -278,8 +298,8 @@ def _update_pr_comments(*, session: Session, gh, run: Run, target: GitHubTarget,
         page = run_page(session=session, run_id=sibling_id)
         state = _state(page.run)
         conclusion = conclusion_for(state, no_baseline_allowed=bool(page.run.allow_no_baseline)) if state else None
-        items.append(report.CommentRun(page=page, conclusion=conclusion,
-                                       run_url=_run_url(base, sibling_id)))
+        items.append(report.CommentRun(page=page, conclusion=conclusion, run_url=_run_url(base, sibling_id),
+                                       training=training_of(session=session, run_id=sibling_id)))
     body = report.pr_comment(project=run.project.name, sha=target.head_sha, runs=items)
     marker = report.comment_marker(run.project.name)
     return [github.upsert_comment(gh, owner=owner, repo=repo, number=number, marker=marker, body=body)

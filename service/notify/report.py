@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from service.core.training import IMPACT_VERDICTS, ModelImpact, TrainingImpact, impact_sentence
 from service.core.wording import number
 from service.domain.dashboard_queries import ChangedCase, RunPage
 from service.notify.conclusions import Conclusion
@@ -98,8 +99,37 @@ def compared_with(page: RunPage) -> str:
     return f"`{sha}` (run {baseline.id}, {baseline.environment}, battery {baseline.battery}{distance})"
 
 
-def check_output(*, page: RunPage, conclusion: Conclusion, run_url: str) -> dict[str, str]:
-    """The check run's `output` object: title, summary, and the changed cases as text."""
+def _worst_first(results: list[ModelImpact]) -> list[ModelImpact]:
+    """Most severe verdict first (IMPACT_VERDICTS' order; not_judged, with no figure, last)."""
+    def rank(result: ModelImpact) -> int:
+        verdict = result.figures.verdict
+        return 1 if verdict == "not_judged" else -IMPACT_VERDICTS.index(verdict)
+
+    return sorted(results, key=rank)
+
+
+def training_lines(training: TrainingImpact | None) -> list[str]:
+    """The run's training impact (issue 46), a Markdown list item per line: per model x
+    configuration its verdict and sentence, worst first, once the job is done; how far it has come
+    while it is queued or running; why there is none when it failed. Nothing without a job, or
+    when it was not needed (no trajectory differs)."""
+    if training is None or training.status == "not_needed":
+        return []
+    if training.status in ("queued", "running"):
+        progress = training.progress
+        counted = f" ({progress.runs_done}/{progress.runs_total} runs)" if progress.runs_total else ""
+        return [f"- Training impact: measuring{counted}"]
+    if training.status == "failed":
+        return [f"- Training impact: not measured: {_cell(training.error or 'the job failed')[:300]}"]
+    return [f"- Training impact · {result.label}: {impact_sentence(result)}"
+            for result in _worst_first(training.results)]
+
+
+def check_output(*, page: RunPage, conclusion: Conclusion, run_url: str,
+                 training: TrainingImpact | None = None) -> dict[str, str]:
+    """The check run's `output` object: title, summary (with the training impact's lines), and the
+    changed cases as text."""
+    impact = training_lines(training)
     summary = "\n".join([
         f"**{conclusion.title}**", "",
         page.summary.strip() or "(no summary)", "",
@@ -108,6 +138,7 @@ def check_output(*, page: RunPage, conclusion: Conclusion, run_url: str) -> dict
            f"{' '.join((page.verdict.acknowledgement_note or '').split())}"]
           if page.verdict is not None and page.verdict.acknowledged else []),
         f"Cases: {_counts_line(page)}. Not applicable on this device: {len(page.not_applicable)}.",
+        *(["", *impact, ""] if impact else []),
         f"Run {page.run.id} ({page.run.environment}, battery {page.run.battery}): {run_url}",
     ])
     output = {"title": f"optdrift: {conclusion.title}", "summary": _clip(summary)}
@@ -126,6 +157,7 @@ class CommentRun:
     page: RunPage
     conclusion: Conclusion | None
     run_url: str
+    training: TrainingImpact | None = None
 
 
 def pr_comment(*, project: str, sha: str, runs: list[CommentRun]) -> str:
@@ -145,6 +177,11 @@ def pr_comment(*, project: str, sha: str, runs: list[CommentRun]) -> str:
         if item.page.changed:
             lines += [f"#### {item.page.run.environment}: changed cases", "",
                       changed_tables(item.page, item.run_url)]
+        impact = training_lines(item.training)
+        if impact:  # does the change matter for a model's loss (issue 46)
+            if not item.page.changed:
+                lines += [f"#### {item.page.run.environment}: training impact", ""]
+            lines += [*impact, ""]
     lines.append("<sub>Updated in place on every run of this pull request's head commit. A change "
                  "you meant: `optdrift ack RUN --note \"why\"`.</sub>")
     return _clip("\n".join(lines))

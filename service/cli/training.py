@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from service.cli.exit_codes import EXIT_OK, EXIT_OPTDRIFT_ERROR, EXIT_USAGE
 from service.cli.report import LINE_INTERVAL_S
 from service.core.training import IMPACT_VERDICTS, ModelImpact, impact_sentence
 
@@ -26,7 +27,6 @@ EXIT_CODES = ("Exit codes: 0 shown or asked for (whatever the training verdict: 
               "code); 2 bad input or a refused request (no such run, no baseline, a pair that cannot be "
               "compared, a token without submit or verify rights); 4 optdrift or service error (the job "
               "failed, or --wait ran out of time).")
-EXIT_OK, EXIT_USAGE, EXIT_OPTDRIFT_ERROR = 0, 2, 4
 DEFAULT_TIMEOUT_S = 1800.0
 
 
@@ -55,26 +55,31 @@ def job_phase(job: dict | None) -> str:
     return status.replace("_", " ")
 
 
+def _command(run_id: int, *options: str) -> str:
+    return f"`{' '.join(['optdrift training', str(run_id), *options])}`"
+
+
 def impact_lines(run_id: int, job: dict | None, *, still_going: bool = False) -> list[str]:
     """The training-impact block of one run: a line per model x configuration (worst first) with
     its verdict and sentence, or what became of the job and what to do."""
+    from service.cli.client import TRAINING_FINAL
+
     prefix = f"run {run_id}: training impact"
-    ask = f"`optdrift training {run_id}`"
     if job is None and still_going:
         return [f"{prefix}: not opened yet (the worker opens it after the run's co-run); the verdict above "
-                f"stands. Follow it with {ask[:-1]} --wait` or on the run page"]
+                f"stands. Follow it with {_command(run_id, '--wait')} or on the run page"]
     if job is None:
         return [f"{prefix}: none was opened (the worker measures it after the co-run of a changed run "
-                f"unless OPTDRIFT_TRAINING_IMPACT=off); ask for one with {ask}"]
+                f"unless OPTDRIFT_TRAINING_IMPACT=off); ask for one with {_command(run_id)}"]
     status = job["status"]
-    if still_going and status not in ("done", "failed", "not_needed"):
+    if still_going and status not in TRAINING_FINAL:
         return [f"{prefix}: still measuring ({job_phase(job)}); the verdict above stands. "
-                f"Follow it with {ask[:-1]} --wait` or on the run page"]
+                f"Follow it with {_command(run_id, '--wait')} or on the run page"]
     if status == "not_needed":
         return [f"{prefix}: not needed: {job.get('error') or 'no trajectory differs'}"]
     if status == "failed":
         return [f"{prefix}: failed: {' '.join((job.get('error') or 'no reason given').split())}; "
-                f"ask again with {ask[:-1]} --model-set {job['model_set']}`"]
+                f"ask again with {_command(run_id, '--model-set', job['model_set'])}"]
     if status != "done":
         return [f"{prefix}: {job_phase(job)}"]
     where = f" on {job['device']}" if job.get("device") else ""
@@ -166,7 +171,7 @@ def training(
 
     Shows the run's latest job. Asks for one (with a submit or verify token) when the run has none,
     or for the pair and model set that --baseline and --model-set name."""
-    from service.cli.client import OptdriftClient
+    from service.cli.client import TRAINING_FINAL, OptdriftClient
     from service.cli.common import check_format, console, expected_failures, fail
     from service.cli.report import make_console
 
@@ -182,7 +187,7 @@ def training(
             say.print(f"run {run_id}: asked for its training impact against run {job['baseline_run_id']} "
                       f"({job['model_set']} model set): {job['status'].replace('_', ' ')}",
                       markup=False, highlight=False, soft_wrap=True)
-        if wait and job["status"] not in ("done", "failed", "not_needed"):
+        if wait and job["status"] not in TRAINING_FINAL:
             job = _follow_job(client, job, say, timeout_s=timeout)
         if curves and output == "json":
             job = client.training_job(job["id"], curves=True)
@@ -196,6 +201,8 @@ def training(
 
 def _follow_job(client, job: dict, console: Console, *, timeout_s: float, poll_s: float = 1.0) -> dict:  # noqa: ANN001
     """Poll one job until final, with the same progress as `follow`; TimeoutError past `timeout_s`."""
+    from service.cli.client import TRAINING_FINAL
+
     deadline = time.monotonic() + timeout_s
     lines = _Lines(console)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -208,7 +215,7 @@ def _follow_job(client, job: dict, console: Console, *, timeout_s: float, poll_s
                                 description=f"run {job['run_id']} training impact: {job_phase(job)}")
             else:
                 lines.update({job["run_id"]: job})
-            if job["status"] in ("done", "failed", "not_needed"):
+            if job["status"] in TRAINING_FINAL:
                 return job
             if time.monotonic() > deadline:
                 raise TimeoutError(f"run {job['run_id']}'s training impact is still {job_phase(job)} after "

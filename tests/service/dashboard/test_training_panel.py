@@ -204,12 +204,12 @@ def test_bands_are_the_seed_mean_and_std_and_the_floors_rms() -> None:
     assert bands.commit_mean == [2.0, 6.0]
     assert bands.baseline_mean == [2.0, None]
     # Baseline [1, 2, 3]: mean 2, sample std 1.
-    assert bands.spread_low == [pytest.approx(1.0, rel=1e-15), None]
-    assert bands.spread_high == [pytest.approx(3.0, rel=1e-15), None]
+    assert bands.spread_low == [pytest.approx(1.0, rel=1e-15, abs=0), None]
+    assert bands.spread_high == [pytest.approx(3.0, rel=1e-15, abs=0), None]
     # floor − baseline = [0.5, −0.5, 0]: RMS sqrt(0.5 / 3).
     rms = math.sqrt(0.5 / 3)
-    assert bands.floor_low[0] == pytest.approx(2.0 - rms, rel=1e-15)
-    assert bands.floor_high[0] == pytest.approx(2.0 + rms, rel=1e-15)
+    assert bands.floor_low[0] == pytest.approx(2.0 - rms, rel=1e-15, abs=0)
+    assert bands.floor_high[0] == pytest.approx(2.0 + rms, rel=1e-15, abs=0)
     assert bands.floor_low[1] is None and bands.floor_high[1] is None
 
 

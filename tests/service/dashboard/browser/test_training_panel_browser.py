@@ -107,3 +107,26 @@ def test_the_difference_view_first_then_the_loss(training_page) -> None:  # noqa
         assert panel["ys"] == [bands.spread_low, bands.spread_high, bands.floor_low, bands.floor_high,
                                bands.baseline_mean, bands.commit_mean]
     assert errors == []
+
+
+def test_a_running_job_updates_its_progress_from_the_api(live_api, db_session, browser) -> None:  # noqa: ANN001
+    """The page polls GET /api/v1/runs/{id}/training?curves=false and writes what it answers (here
+    a later progress, served by the route below) as text: the phase never becomes markup."""
+    from tests.service.dashboard.test_training_panel import HOSTILE
+
+    seeded = seed(db_session)
+    run_id = seeded.run_ids["running"]
+    context = browser.new_context(viewport={"width": WIDTH, "height": HEIGHT})
+    page = context.new_page()
+    later = {"id": 1, "run_id": run_id, "baseline_run_id": seeded.run_ids["base"], "status": "running",
+             "model_set": "quick", "progress": {"runs_done": 30, "runs_total": 72, "phase": HOSTILE},
+             "results": [], "error": None, "seconds": None, "device": None}
+    page.route(f"**/api/v1/runs/{run_id}/training?curves=false", lambda route: route.fulfill(json=later))
+    response = page.goto(f"{live_api}/projects/{PROJECT}/commits/running", wait_until="domcontentloaded")
+    assert response is not None and response.status == 200
+    assert page.locator("#training-progress-text").inner_text() == "running: 12/72 training runs done · phase: baseline"
+    page.wait_for_function("document.getElementById('training-progress-text').textContent.includes('30/72')")
+    assert page.locator("#training-progress-text").inner_text() == f"running: 30/72 training runs done · phase: {HOSTILE}"
+    assert page.locator("#training-progress-bar").evaluate("bar => [bar.value, bar.max]") == [30, 72]
+    assert page.locator("#training img").count() == 0
+    context.close()

@@ -101,22 +101,29 @@ def run(args: argparse.Namespace) -> list[dict]:
                                          environment=args.device)
     rows = []
     for name in chosen:
-        hosts = {"commit": KernelHost(builds[name].library_path, device=args.device, case_timeout_s=600),
-                 "baseline": KernelHost(builds["base"].library_path, device=args.device, case_timeout_s=600)}
+        libraries = {"commit": builds[name].library_path, "baseline": builds["base"].library_path}
+
+        def host(side: str) -> KernelHost:
+            return KernelHost(libraries[side], device=args.device, case_timeout_s=600)
+
+        pool = runner.HostPool({side: host(side) for side in libraries}, size=args.hosts, make=host)
         try:
-            KernelHost.start_together(list(hosts.values()))
-            device_name = hosts["commit"].environment.device_name if hosts["commit"].environment else args.device
+            # As the job: the first pair started before, the pool's others when the runs are known.
+            KernelHost.start_together(pool.all())
+            first = pool.hosts["commit"][0]
+            device_name = first.environment.device_name if first.environment else args.device
             started = time.monotonic()
-            answers = runner.train_all(hosts, SCENARIOS[name][1], model_set, timeout_s=600, cache=baseline_cache)
+            answers = runner.train_all(pool, SCENARIOS[name][1], model_set, timeout_s=600, cache=baseline_cache,
+                                       start=KernelHost.start_together)
             seconds = time.monotonic() - started
         finally:
-            KernelHost.close_together(list(hosts.values()))
+            KernelHost.close_together(pool.all())
         series = [{"model": model, "config": config.model_dump(mode="json"),
                    "series": asdict(runner.series_of(answers, model, index, model_set.seeds))}
                   for index, config in enumerate(SCENARIOS[name][1]) for model in model_set.models]
         rows.append({"scenario": name, "mutant": SCENARIOS[name][0], "device": device_name, "seconds": seconds,
                      "model_set": args.model_set, "series": series})
-        print(f"{name}: {len(answers)} runs in {seconds:.1f} s on {device_name}", flush=True)
+        print(f"{name}: {len(answers)} runs in {seconds:.1f} s on {device_name}, {len(pool.all())} hosts", flush=True)
         if JUDGE:
             print(table([rows[-1]]), flush=True)
         if args.raw:  # after each scenario: a call cut short still brings back what it measured
@@ -158,12 +165,15 @@ def main() -> int:
     parser.add_argument("--model-set", default="quick", choices=sorted(MODEL_SETS))
     parser.add_argument("--scenarios", default=None, help=f"comma-separated, of: {', '.join(SCENARIOS)}")
     parser.add_argument("--build-cache", default=None)
+    parser.add_argument("--hosts", type=int, default=None, help="kernel hosts in all (default: the worker's, "
+                                                                 "2 on the CPU, 8 on CUDA)")
     parser.add_argument("--raw", default=None, help="write every run's losses and the figures here (JSON)")
     parser.add_argument("--table", default=None, help="print the table of a raw file and stop")
     args = parser.parse_args()
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
         return 0
+    args.hosts = args.hosts or (2 if args.device == "cpu" else 8)
     rows = run(args)
     if args.raw:
         Path(args.raw).write_text(json.dumps(rows))

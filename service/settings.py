@@ -79,6 +79,10 @@ class Settings(BaseSettings):
     # baseline's optimizer (worker/jobs/training.py). "auto": the quick model set on a CPU worker,
     # the standard one on a CUDA worker; "off": only on request (POST /api/v1/runs/{id}/training).
     training_impact: Literal["auto", "quick", "standard", "off"] = "auto"
+    # Kernel hosts a training-impact job trains in, both builds together (worker/training/runner.py
+    # HostPool). None: 2 on a CPU worker (one per side), 8 on a CUDA worker, whose small-model steps
+    # are bound by each host's kernel launches on its CPU core, not by the GPU.
+    training_hosts: int | None = Field(None, ge=2, le=32)
     # The kernels' own speed per commit (worker/speed, docs/PERFORMANCE.md): seconds a run may
     # spend timing its kernels after the battery. None: 120 on a CUDA worker, off on a CPU worker;
     # 0: off. A project turns it off with `kernel_speed = false` in its optdrift.toml [project].
@@ -173,6 +177,12 @@ class Settings(BaseSettings):
         if self.training_impact == "auto":
             return "quick" if self.worker_device == "cpu" else "standard"
         return self.training_impact
+
+    @property
+    def resolved_training_hosts(self) -> int:
+        if self.training_hosts is not None:
+            return self.training_hosts
+        return 2 if self.worker_device == "cpu" else 8
 
     @property
     def resolved_build_cache_dir(self) -> Path:

@@ -81,6 +81,15 @@ def measure_training_impact(*, job_id: int, settings: Settings, between_phases=N
                 last[0] = now
                 run_store.training_impact_progress(job_id, done=done, total=total, phase="training")
 
+        adapter, paths = job.config.adapter, dict(zip(("commit", "baseline"), pair.adapter_paths))
+
+        def another_host(side: str) -> KernelHost:
+            return KernelHost(pair.libraries[side], device=settings.worker_device, adapter=adapter,
+                              adapter_paths=paths[side], case_timeout_s=settings.case_timeout_s,
+                              compile_cache=pair.caches.get(side))
+
+        pool = runner.HostPool({"commit": hosts[0], "baseline": hosts[1]}, size=settings.resolved_training_hosts,
+                               make=another_host)
         try:
             with phases("train"):
                 # From this thread, which outlives the runner's (a host dies with the thread that
@@ -89,11 +98,11 @@ def measure_training_impact(*, job_id: int, settings: Settings, between_phases=N
                 cache = runner.BaselineRuns(settings.resolved_build_cache_dir / "training-runs",
                                             build_digest=pair.build_digests["baseline"],
                                             environment=_environment_key(hosts[1]))
-                results = runner.measure({"commit": hosts[0], "baseline": hosts[1]}, configs, model_set,
-                                         timeout_s=settings.case_timeout_s, cache=cache, on_progress=progress)
+                results = runner.measure(pool, configs, model_set, timeout_s=settings.case_timeout_s, cache=cache,
+                                         on_progress=progress, start=KernelHost.start_together)
             device = hosts[0].environment.device_name if hosts[0].environment is not None else None
         finally:
-            KernelHost.close_together(list(hosts))
+            KernelHost.close_together(pool.all())
     return {"results": [result.model_dump(mode="json") for result in results], "device": device,
             "phases": dict(phases.seconds)}
 

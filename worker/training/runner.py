@@ -1,9 +1,10 @@
-"""A training-impact measurement: every run of a model set in two kernel hosts, and the verdicts.
+"""A training-impact measurement: every run of a model set in kernel hosts of the two builds, and
+the verdicts.
 
 Per configuration and model, seeds 0..K-1 are trained three times: with the commit's optimizer
-(the commit's host), with the baseline's, and with the baseline's from the seed's parameters moved
-one ulp (both in the baseline's host). The two hosts work at once, each from its own thread (a
-host's request blocks on its pipe, not on the interpreter). The baseline's and the floor's runs
+(a commit host), with the baseline's, and with the baseline's from the seed's parameters moved one
+ulp (baseline hosts). The hosts work at once, each from its own thread (a host's request blocks on
+its pipe, not on the interpreter); a GPU worker runs several per side (HostPool). The baseline's and the floor's runs
 depend only on the baseline build, the worker's environment and the spec: they are cached
 (BaselineRuns) so a baseline judged against many commits trains once.
 
@@ -98,12 +99,43 @@ def ask_host(host, spec: TrainingRunSpec, timeout_s: float, label: str) -> Train
         raise TrainingFailed(f"{label}: the kernel host's answer is not a training run ({error})"[:2000]) from None
 
 
-def train_all(hosts: dict, configs: list[TrainingConfig], model_set: ModelSet, *, timeout_s: float,  # noqa: ANN001
-              cache: BaselineRuns | None = None,
-              on_progress: Callable[[int, int], None] | None = None) -> dict[RunKey, TrainingRunAnswer]:
-    """Every run of the model set over `configs` in `hosts` ({"commit": host, "baseline": host}),
-    the baseline's and the floor's from `cache` where it holds them. `on_progress(done, total)`
-    after each run."""
+class HostPool:
+    """The kernel hosts a measurement trains in: one per side to begin with (the job's adopted
+    pair), and up to `size` in all when `make(side)` can start more. A GPU host spends most of a
+    small model's step launching kernels on its CPU core, so several hosts train at once on one
+    GPU (the worker's cores, not the GPU, bound the speed); a CPU worker keeps one per side."""
+
+    def __init__(self, first: dict, *, size: int = 2, make: Callable[[str], object] | None = None) -> None:
+        self.hosts: dict[str, list] = {side: [host] for side, host in first.items()}
+        self.size, self.make = max(size, len(first)), make
+
+    def grow(self, queued: dict[str, int]) -> list:
+        """Hosts added so each side has a share of `size` in proportion to its queued runs (at
+        least one where runs wait); the new ones, for the caller to start from its own thread."""
+        made = []
+        total = sum(queued.values())
+        if self.make is None or total == 0:
+            return made
+        for side, count in queued.items():
+            want = max(1, round(self.size * count / total)) if count else 0
+            while len(self.hosts[side]) < want:
+                host = self.make(side)
+                self.hosts[side].append(host)
+                made.append(host)
+        return made
+
+    def all(self) -> list:
+        return [host for hosts in self.hosts.values() for host in hosts]
+
+
+def train_all(hosts: "HostPool | dict", configs: list[TrainingConfig], model_set: ModelSet, *, timeout_s: float,
+              cache: BaselineRuns | None = None, on_progress: Callable[[int, int], None] | None = None,
+              start: Callable[[list], None] | None = None) -> dict[RunKey, TrainingRunAnswer]:
+    """Every run of the model set over `configs` in the pool's hosts (or {"commit": host,
+    "baseline": host}), the baseline's and the floor's from `cache` where it holds them; hosts the
+    pool adds are started with `start(hosts)` from this thread. `on_progress(done, total)` after
+    each run. Each side's runs go to its hosts from one queue, a thread per host."""
+    pool = hosts if isinstance(hosts, HostPool) else HostPool(hosts)
     runs = plan_runs(configs, model_set)
     answers: dict[RunKey, TrainingRunAnswer] = {}
     queues: dict[str, list[RunKey]] = {"commit": [], "baseline": []}
@@ -113,16 +145,24 @@ def train_all(hosts: dict, configs: list[TrainingConfig], model_set: ModelSet, *
             answers[key] = held
         else:
             queues["commit" if key.kind == "commit" else "baseline"].append(key)
+    added = pool.grow({side: len(keys) for side, keys in queues.items()})
+    if added and start is not None:
+        start(added)
     total, lock = len(runs), threading.Lock()
     done = [len(answers)]
     if on_progress:
         on_progress(done[0], total)
+    pending = {side: list(keys) for side, keys in queues.items()}
 
-    def drive(side: str) -> None:
-        for key in queues[side]:
+    def drive(side: str, host) -> None:  # noqa: ANN001
+        while True:
+            with lock:
+                if not pending[side]:
+                    return
+                key = pending[side].pop(0)
             spec = runs[key]
             label = f"{key.model} · {spec.config.label} · seed {key.seed} · {key.kind}"
-            answer = ask_host(hosts[side], spec, timeout_s, label)
+            answer = ask_host(host, spec, timeout_s, label)
             if cache is not None and key.kind != "commit":
                 cache.put(spec, answer)
             with lock:
@@ -131,17 +171,20 @@ def train_all(hosts: dict, configs: list[TrainingConfig], model_set: ModelSet, *
                 if on_progress:
                     on_progress(done[0], total)
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        for future in [pool.submit(drive, side) for side in SIDES]:
+    workers = [(side, host) for side in SIDES for host in pool.hosts[side] if queues[side]]
+    with ThreadPoolExecutor(max_workers=max(1, len(workers))) as executor:
+        futures = [executor.submit(drive, side, host) for side, host in workers]
+        for future in futures:
             future.result()
     return answers
 
 
-def measure(hosts: dict, configs: list[TrainingConfig], model_set: ModelSet, *, timeout_s: float,  # noqa: ANN001
-            cache: BaselineRuns | None = None,
-            on_progress: Callable[[int, int], None] | None = None) -> list[ModelImpact]:
+def measure(hosts: "HostPool | dict", configs: list[TrainingConfig], model_set: ModelSet, *, timeout_s: float,
+            cache: BaselineRuns | None = None, on_progress: Callable[[int, int], None] | None = None,
+            start: Callable[[list], None] | None = None) -> list[ModelImpact]:
     """train_all, then one ModelImpact per model x configuration."""
-    answers = train_all(hosts, configs, model_set, timeout_s=timeout_s, cache=cache, on_progress=on_progress)
+    answers = train_all(hosts, configs, model_set, timeout_s=timeout_s, cache=cache, on_progress=on_progress,
+                        start=start)
     return [impact(model, config, series_of(answers, model, index, model_set.seeds))
             for index, config in enumerate(configs) for model in model_set.models]
 

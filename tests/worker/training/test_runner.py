@@ -99,3 +99,16 @@ def test_a_host_that_answers_garbage_fails_the_measurement_naming_the_run() -> N
         with pytest.raises(TrainingFailed) as raised:
             ask_host(Liar(answer), spec, 5, "mlp · seed 1 · commit")
         assert "mlp · seed 1 · commit" in str(raised.value) and says in str(raised.value), raised.value
+
+
+def test_the_host_pool_shares_its_hosts_by_the_runs_each_side_waits_for() -> None:
+    from worker.training.runner import HostPool
+
+    made = []
+    pool = HostPool({"commit": "c0", "baseline": "b0"}, size=8, make=lambda side: made.append(side) or side)
+    assert pool.grow({"commit": 16, "baseline": 32}) == ["commit"] * 2 + ["baseline"] * 4
+    assert [len(pool.hosts[s]) for s in ("commit", "baseline")] == [3, 5]
+    cached = HostPool({"commit": "c0", "baseline": "b0"}, size=8, make=lambda side: side)
+    cached.grow({"commit": 16, "baseline": 0})     # the baseline's runs all cached: the commit's side gets them
+    assert len(cached.hosts["commit"]) == 8 and len(cached.hosts["baseline"]) == 1
+    assert HostPool({"commit": "c0", "baseline": "b0"}).grow({"commit": 5, "baseline": 10}) == []

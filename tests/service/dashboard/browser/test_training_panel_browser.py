@@ -130,3 +130,19 @@ def test_a_running_job_updates_its_progress_from_the_api(live_api, db_session, b
     assert page.locator("#training-progress-bar").evaluate("bar => [bar.value, bar.max]") == [30, 72]
     assert page.locator("#training img").count() == 0
     context.close()
+
+
+def test_on_a_phone_the_cards_stack_inside_the_page(live_api, db_session, browser) -> None:  # noqa: ANN001
+    """At 390 px a card takes the page's width, its verdict under its plot: still nothing wider than its box."""
+    seed(db_session)
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    page = context.new_page()
+    response = page.goto(f"{live_api}/projects/{PROJECT}/commits/trained", wait_until="networkidle")
+    assert response is not None and response.status == 200
+    page.wait_for_function("document.getElementById('training-panels')?.dataset.plotted === 'true'")
+    assert page.evaluate(OVERFLOWING) == []
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    plot = page.locator("#training-plot-1").bounding_box()
+    verdict = page.locator("#training-1 .training-verdict").bounding_box()
+    assert verdict["y"] >= plot["y"] + plot["height"], (plot, verdict)
+    context.close()

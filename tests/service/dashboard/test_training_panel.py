@@ -226,6 +226,10 @@ def test_a_done_job_shows_each_verdict_its_sentence_and_its_curves(api, seeded, 
     assert len(cards) == len(results)
     worst = _text(re.search(r'<span class="badge[^"]*" id="training-worst".*?</span>', section, re.S).group(0))
     assert worst == "beyond seed noise"
+    # And beside the run's verdict, above the fold, a link to the section.
+    verdict_line = re.search(r'<p class="verdict-line">.*?</p>', page, re.S).group(0)
+    assert _text(re.search(r'<a class="side-note training-link".*?</a>', verdict_line, re.S).group(0)) == \
+        "training: beyond seed noise"
     # The most severe card first; each card: its model, configuration label, verdict words and sentence.
     expected = sorted(results, key=lambda r: ["within_floor", "within_noise", "beyond_noise"].index(
         r.figures.verdict), reverse=True)

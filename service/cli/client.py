@@ -66,10 +66,12 @@ def corun_detail(run: dict) -> CorunDetail | None:
 
 def training_expected(run: dict) -> bool:
     """Whether the worker opens a training-impact job for the run on its own: a changed run whose
-    co-run reproduced its changed cases (worker/jobs/corun.py record_and_tell) — unless the worker
-    has it off (OPTDRIFT_TRAINING_IMPACT=off), which a client cannot see."""
+    co-run reproduced its changed cases (worker/jobs/corun.py record_and_tell), unless the worker
+    that co-ran it has it off (it says so in the co-run's detail: `training_impact` "off")."""
     state = corun_detail(run)
-    return state is not None and state.final_state is None and state.changed > 0
+    detail = (run.get("verdict") or {}).get("detail") or {}
+    return (state is not None and state.final_state is None and state.changed > 0
+            and detail.get("training_impact") != "off")
 
 
 def _complete_verdict(verdict: dict, cases: list[dict], stored_attribution: dict) -> None:

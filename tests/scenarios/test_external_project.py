@@ -324,7 +324,7 @@ def submit(service: Service, history: History, name: str, *, wait: bool = True) 
     else:  # the project's first commit: nothing to compare with, accepted (issue 44: else exit 7)
         args += ["--allow-no-baseline"]
     # A run of this battery takes seconds; minutes mean a lost task, not a slow one.
-    answer = optdrift(*args, "--wait" if wait else "--no-wait", env={"OPTDRIFT_TOKEN": service.token},
+    answer = optdrift(*args, *(("--wait", "--no-training") if wait else ("--no-wait",)), env={"OPTDRIFT_TOKEN": service.token},
                       timeout_s=240)
     if wait:
         service.exits[name] = answer.returncode
@@ -527,7 +527,7 @@ def test_a_real_pypi_library_through_the_service(service, tmp_path_factory):
     runs = {}
     for name, parent in (("comment", None), ("decay", "comment")):
         args = ["submit", "--project", "lion-pytorch", "--commit", lion[name].sha, "--source", str(lion[name].tree),
-                "--message", name, "--url", service.url, "--wait"]
+                "--message", name, "--url", service.url, "--wait", "--no-training"]
         answer = optdrift(*args, *(["--parent", lion[parent].sha] if parent else ["--allow-no-baseline"]),
                           env={"OPTDRIFT_TOKEN": service.token}, timeout_s=240)
         with service.http() as http:

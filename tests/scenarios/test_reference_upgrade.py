@@ -96,7 +96,7 @@ def _submit(sha: str, parents: list[str], tree: Path, url: str, env: dict[str, s
     # The project's first commit has nothing to compare with: allowed explicitly (issue 44: else exit 7).
     first = [] if parents else ["--allow-no-baseline"]
     command = [sys.executable, "-m", "service.cli", "submit", "--project", "refs", "--commit", sha, "--source",
-               str(tree), "--wait", "--url", url, *(arg for parent in parents for arg in ("--parent", parent)), *first]
+               str(tree), "--wait", "--no-training", "--url", url, *(arg for parent in parents for arg in ("--parent", parent)), *first]
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=600)
 
 

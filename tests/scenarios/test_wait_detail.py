@@ -145,7 +145,7 @@ def _submit_waiting(server: dict, project: str, tmp_path: Path, *extra: str) -> 
     env.update({"OPTDRIFT_HOME": str(server["home"]), "COLUMNS": "260"})
     source = write_tree(tmp_path / "child", {**SOURCE, "variant.cpp": "decay after update"})
     waiting = subprocess.Popen([str(OPTDRIFT), "submit", "--project", project, "--commit", "child", "--parent",
-                                "parent", "--source", str(source), "--url", server["url"], "--wait", *extra],
+                                "parent", "--source", str(source), "--url", server["url"], "--wait", "--no-training", *extra],
                                cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while True:
@@ -249,7 +249,7 @@ def test_submit_wait_of_the_decay_commit_through_a_real_worker_fills_every_chang
         cli_env = {k: v for k, v in os.environ.items() if not k.startswith("OPTDRIFT_")}
         cli_env.update({"OPTDRIFT_HOME": str(home), "COLUMNS": "400"})
         result = subprocess.run([str(OPTDRIFT), "submit", "--project", "e2e", "--commit", "buggy", "--parent", "base",
-                                 "--source", str(buggy), "--url", url, "--wait"], cwd=REPO_ROOT, env=cli_env,
+                                 "--source", str(buggy), "--url", url, "--wait", "--no-training"], cwd=REPO_ROOT, env=cli_env,
                                 capture_output=True, text=True, timeout=1200)
         assert result.returncode == 1, (result.stdout, result.stderr)
         assert "still coming" not in result.stderr, result.stderr

@@ -93,7 +93,8 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
             stored_diffs.update(diffs)
             return _store(run_id=run_id, commit_result=commit_result, baseline_result=baseline_result,
                           diffs=diffs, started=started, started_at=started_at, phases=phases,
-                          kernels_split=pair.kernels_split, worker=worker_name())
+                          kernels_split=pair.kernels_split, worker=worker_name(),
+                          training=settings.resolved_training_model_set or "off")
 
         def not_reproducible(found: dict[str, dict[str, NotReproduced]]) -> None:
             _store_not_reproducible(run_id=run_id, project_id=run.project_id, baseline_id=baseline.id,
@@ -118,7 +119,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
 
 def _store(*, run_id: int, commit_result: RunResult, baseline_result: RunResult, diffs: dict[str, list[float]],
            started: float, started_at: datetime, phases: Phases, kernels_split: dict[str, float],
-           worker: str) -> RunComparison | None:
+           worker: str, training: str = "off") -> RunComparison | None:
     """The verdict recomputed with the diffs, stored with the co-run's time; the comparison, or None
     when it would change the stored outcome (it cannot: the same stored results)."""
     with phases("compare"):
@@ -127,8 +128,10 @@ def _store(*, run_id: int, commit_result: RunResult, baseline_result: RunResult,
     # corun_window: when and on which worker it ran (several workers share a queue: issue 19).
     window = {"worker": worker, "started_at": started_at.isoformat(),
               "finished_at": datetime.now(timezone.utc).isoformat()}
+    # training_impact: the model set of the training-impact job this worker opens next (issue 46),
+    # or "off": `submit --wait` then knows none comes.
     extra = {"corun_seconds": time.monotonic() - started, "corun_window": window,
-             "corun_phases": dict(phases.seconds), "corun_kernels": kernels_split}
+             "corun_phases": dict(phases.seconds), "corun_kernels": kernels_split, "training_impact": training}
     if not run_store.store_corun_diffs(run_id, comparison=comparison, extra=extra):
         return None
     return comparison

@@ -133,9 +133,11 @@ def train_and_store(job_id: int, settings: Settings) -> str:
         run_store.finish_training_impact(job_id, error=str(error)[:4000] if isinstance(error, NotTrained)
                                          else f"{type(error).__name__}: {error}"[:4000],
                                          seconds=time.monotonic() - started)
+        run_store.training_impact_finished(job_id, settings)  # the PR comment says it was not measured
         return "failed"
     run_store.finish_training_impact(job_id, results=answer["results"], device=answer["device"],
                                      seconds=time.monotonic() - started)
+    run_store.training_impact_finished(job_id, settings)  # the check run and PR comment gain the verdicts
     log.info("training impact %s: %d model x configuration verdicts in %.1f s", job_id, len(answer["results"]),
              time.monotonic() - started)
     return "stored"

@@ -56,6 +56,10 @@ POLICY: dict[tuple[str, str], set[str] | str] = {
     ("GET", "/api/v1/runs/{run_id}/trajectories"): PUBLIC,
     ("GET", "/api/v1/runs/{run_id}/trajectories.csv"): PUBLIC,
     ("GET", "/api/v1/runs/{run_id}/trajectories/{case_id}"): PUBLIC,
+    # training impact (issue 46): read like a run's results; asked for by who may submit or verify
+    ("GET", "/api/v1/runs/{run_id}/training"): PUBLIC,
+    ("POST", "/api/v1/runs/{run_id}/training"): {"admin", "submit", "verify"},
+    ("GET", "/api/v1/training/{job_id}"): PUBLIC,
     # uploading to the store: any submit token (the digest is then used in a project's commit)
     ("POST", "/api/v1/sources"): {"admin", "submit", "submit-other"},
     # source code is more private than results: workers only, even with public reads
@@ -148,11 +152,13 @@ def _request(client, method: str, template: str, context: dict, token: str | Non
         path = path.replace("{" + key + "}", context[key])
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     archive = ("s.tar.gz", make_archive({"ops.cpp": f"// change {serial}\n"}), "application/gzip")
-    path = path.replace("{webhook_id}", "1")
+    path = path.replace("{webhook_id}", "1").replace("{job_id}", "1")
     if method == "GET":
         return client.get(path, headers=headers)
     if template == "/api/v1/projects":
         return client.post(path, headers=headers, json={"name": f"new-{serial}"})
+    if template.endswith("/training"):
+        return client.post(path, headers=headers, json={})
     if template.endswith("/acknowledge"):
         return client.post(path, headers=headers, json={"note": "intended", "by": "test"})
     if template.endswith("/commits"):

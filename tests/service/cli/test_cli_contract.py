@@ -235,7 +235,7 @@ def test_submit_wait_exits_with_the_runs_code(server: dict, tmp_path: Path, stat
     env.update({"OPTDRIFT_HOME": str(server["home"]), "COLUMNS": "200"})
     # The CLI waits on the queued run (no worker here); the run then ends as a worker would end it.
     waiting = subprocess.Popen([str(OPTDRIFT), "submit", "--project", project, "--commit", "c1", "--source",
-                                str(source), "--url", server["url"], "--wait", *options], cwd=REPO_ROOT, env=env,
+                                str(source), "--url", server["url"], "--wait", "--no-training", *options], cwd=REPO_ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while True:
@@ -410,7 +410,7 @@ def test_a_worker_started_apart_fetches_from_serves_port(tmp_path: Path) -> None
         source = write_tree(tmp_path / "src", {"cpu/broken.cpp": "int optdrift_broken( { return 0; }\n"})
         _project({"url": f"http://127.0.0.1:{port}", "home": home}, "apart")
         result = optdrift(home, "submit", "--project", "apart", "--commit", "c1", "--source", str(source),
-                          "--wait", "--url", f"http://127.0.0.1:{port}", timeout=600)
+                          "--wait", "--no-training", "--url", f"http://127.0.0.1:{port}", timeout=600)
         assert result.returncode == 3, (result.stdout, result.stderr, (tmp_path / "worker.log").read_text()[-3000:])
     finally:
         for process in reversed(processes):

@@ -6,7 +6,9 @@ Skipped cleanly where /usr/bin/chromium or the playwright package is absent.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pickle
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,10 +43,25 @@ class Dashboard:
 
 
 @pytest.fixture(scope="session")
-def engine_run(build_cache_dir: Path):
+def engine_run(build_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The seed's engine run, made once per test run: under pytest-xdist the browser files land on
+    both workers, and each worker's session would otherwise make it again (the broken tree's failed
+    build, which no cache keeps, and the co-run of the quick battery on two builds). The workers of
+    one run share it through a file in the run's temporary folder, keyed by the run's id, so no
+    later run (another checkout, other code) can read it."""
     from tests.service.dashboard.browser.engine_seed import run_engine
 
-    return run_engine(build_cache_dir)
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id is None:  # one process: nothing to share
+        return run_engine(build_cache_dir)
+    shared = tmp_path_factory.getbasetemp().parent / f"engine-run-{run_id}.pickle"
+    with open(shared.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other worker waits here while the first makes it
+        if shared.exists():
+            return pickle.loads(shared.read_bytes())
+        made = run_engine(build_cache_dir)
+        shared.write_bytes(pickle.dumps(made))
+        return made
 
 
 @pytest.fixture(scope="session")

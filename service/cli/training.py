@@ -21,7 +21,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from service.cli.exit_codes import EXIT_OK, EXIT_OPTDRIFT_ERROR, EXIT_USAGE
 from service.cli.report import LINE_INTERVAL_S
-from service.core.training import IMPACT_VERDICTS, ModelImpact, impact_sentence
+from service.core.training import ModelImpact, impact_sentence
+from service.core.training import worst_first as ordered_worst_first
 
 EXIT_CODES = ("Exit codes: 0 shown or asked for (whatever the training verdict: it never changes an exit "
               "code); 2 bad input or a refused request (no such run, no baseline, a pair that cannot be "
@@ -30,15 +31,9 @@ EXIT_CODES = ("Exit codes: 0 shown or asked for (whatever the training verdict: 
 DEFAULT_TIMEOUT_S = 1800.0
 
 
-def _severity(verdict: str) -> int:
-    """Worst first: IMPACT_VERDICTS' order, not_judged (no figure to rank) after every judged one."""
-    return -1 if verdict == "not_judged" else IMPACT_VERDICTS.index(verdict)
-
-
 def worst_first(job: dict) -> list[ModelImpact]:
     """The job's model x configuration results, most severe verdict first (stable otherwise)."""
-    results = [ModelImpact.model_validate(result) for result in job.get("results") or []]
-    return sorted(results, key=lambda result: -_severity(result.figures.verdict))
+    return ordered_worst_first([ModelImpact.model_validate(result) for result in job.get("results") or []])
 
 
 def job_phase(job: dict | None) -> str:

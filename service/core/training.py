@@ -19,18 +19,22 @@ beyond the floor but within seed noise, beyond seed noise, diverged, or not judg
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from service.core.results import CaseSpec, OptimizerName, KernelFamily, ParamDtype
+from service.core.results import CaseSpec, KernelFamily, OptimizerName, ParamDtype
+from service.core.wording import percent
 
 ModelName = Literal["mlp", "transformer"]
 ModelSetName = Literal["quick", "standard"]
 # Most to least reassuring; a job's headline is its most severe model verdict.
 IMPACT_VERDICTS = ("identical", "within_floor", "within_noise", "beyond_noise", "diverged", "not_judged")
+# The words every surface shows for a verdict (badges, the sentence, the CLI, the PR comment).
+IMPACT_WORDS = {"identical": "identical", "within_floor": "within the one-ulp floor",
+                "within_noise": "within seed noise", "beyond_noise": "beyond seed noise",
+                "diverged": "diverged", "not_judged": "not judged"}
 ImpactVerdict = Literal["identical", "within_floor", "within_noise", "beyond_noise", "diverged", "not_judged"]
 JobStatus = Literal["queued", "running", "done", "failed", "not_needed"]
 # A digest the host answers is the engine's od2 text ("od2:" + 32 hex digits); anything longer is
@@ -125,22 +129,25 @@ class TrainingRunAnswer(_Model):
 def configs_from_cases(cases: list[CaseSpec], limit: int) -> list[TrainingConfig]:
     """The configurations a job trains: one per changed (optimizer, family, hyperparameter point),
     its float32 case where one changed (a model's loss in a low precision is a question of its own),
-    ordered so that the first `limit` cover every optimizer before a second point of any. A layout
-    case contributes its first group's hyperparameters."""
+    ordered so that the first `limit` cover every changed hyperparameter point (lr, weight decay)
+    before a second optimizer at any (whether a change matters depends on the point first: the
+    decay reorder is within the floor at lr 0.1 / wd 0.1 and beyond it at lr 1e-3 / wd 1e-2). A
+    layout case contributes its first group's hyperparameters."""
     chosen: dict[tuple, CaseSpec] = {}
     for case in cases:
         key = (case.optimizer, case.family, tuple(sorted(case.hyper.items())))
         held = chosen.get(key)
         if held is None or (held.param_dtype != "float32" and case.param_dtype == "float32"):
             chosen[key] = case
-    by_optimizer: dict[str, list[CaseSpec]] = {}
-    for key in sorted(chosen, key=lambda k: (k[0], k[1] != "32bit", k[1],
-                                             -float(dict(k[2]).get("weight_decay", 0.0)),
-                                             -float(dict(k[2]).get("lr", 0.0)))):
-        by_optimizer.setdefault(key[0], []).append(chosen[key])
+    by_point: dict[tuple, list[CaseSpec]] = {}
+    for key in sorted(chosen, key=lambda k: (k[1] != "32bit", k[1], k[0], k[2])):
+        hyper = dict(key[2])
+        point = (-float(hyper.get("weight_decay", 0.0)), -float(hyper.get("lr", 0.0)))
+        by_point.setdefault(point, []).append(chosen[key])
     ordered: list[CaseSpec] = []
-    while any(by_optimizer.values()):
-        for queue in by_optimizer.values():
+    queues = [by_point[point] for point in sorted(by_point)]
+    while any(queues):
+        for queue in queues:
             if queue:
                 ordered.append(queue.pop(0))
     return [TrainingConfig(optimizer=c.optimizer, family=c.family, param_dtype=c.param_dtype, hyper=dict(c.hyper))
@@ -231,10 +238,12 @@ def worst_verdict(verdicts: list[str]) -> str | None:
     return max(judged, key=IMPACT_VERDICTS.index)
 
 
-def _percent(fraction: float | None) -> str:
-    if fraction is None or not math.isfinite(fraction):
-        return "?"
-    return f"{fraction * 100:+.3g} %"
+def worst_first(results: list[ModelImpact]) -> list[ModelImpact]:
+    """The results most severe first (IMPACT_VERDICTS' order; not judged last), stable otherwise."""
+    def rank(result: ModelImpact) -> int:
+        verdict = result.figures.verdict
+        return -1 if verdict == "not_judged" else IMPACT_VERDICTS.index(verdict)
+    return sorted(results, key=rank, reverse=True)
 
 
 def impact_sentence(result: ModelImpact) -> str:
@@ -246,11 +255,10 @@ def impact_sentence(result: ModelImpact) -> str:
     if figures.verdict == "identical":
         return "identical: the parameters never differ"
     if figures.verdict in ("diverged", "not_judged"):
-        return f"{figures.verdict.replace('_', ' ')}: {figures.reason or 'no reason given'}{step}"
+        return f"{IMPACT_WORDS[figures.verdict]}: {figures.reason or 'no reason given'}{step}"
     ci = figures.relative_ci
-    shift = f"final loss {_percent(figures.relative_shift)}" + (
-        f" (95 % CI {_percent(ci.low)} … {_percent(ci.high)})" if ci is not None else "")
-    words = {"within_floor": "within the one-ulp floor",
-             "within_noise": "beyond the floor, within seed noise",
-             "beyond_noise": "beyond seed noise"}[figures.verdict]
+    # "final loss": the mean loss of the last `window` steps (worker/training/stats.py window_for)
+    shift = f"final loss {percent(figures.relative_shift)}" + (
+        f" (95 % CI {percent(ci.low)} … {percent(ci.high)})" if ci is not None else "")
+    words = "beyond the floor, within seed noise" if figures.verdict == "within_noise" else IMPACT_WORDS[figures.verdict]
     return f"{words}: {shift} over {figures.seeds} seeds{step}"

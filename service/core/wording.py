@@ -58,6 +58,16 @@ def compact_number(value: float | int | None, missing: str = MISSING) -> str:
     return f"{mantissa}e{int(exponent):+d}"
 
 
+def percent(fraction: float | None, missing: str = MISSING) -> str:
+    """A relative change as a signed percentage in 3 significant digits: +0.714 %, -3.4 %, +1.59e-04 %
+    (a training impact's shift of the loss: service/core/training.py)."""
+    if fraction is None:
+        return missing
+    if not math.isfinite(fraction):
+        return number(fraction, missing=missing)
+    return f"{fraction * 100:+.3g} %"
+
+
 def ratio(value: float | None, digits: int = SIGNIFICANT_DIGITS, missing: str = MISSING) -> str:
     """A factor: ×1.440e+03."""
     return missing if value is None else "×" + number(value, digits)

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 
 from service.core.training import (
-    IMPACT_VERDICTS, LossCurves, ModelImpact, TrainingImpact, impact_sentence, worst_verdict,
+    IMPACT_VERDICTS, IMPACT_WORDS, LossCurves, ModelImpact, TrainingImpact, impact_sentence, worst_verdict,
 )
 from service.db.training_models import (
     TRAINING_FAILED, TRAINING_NOT_NEEDED, TRAINING_QUEUED, TRAINING_RUNNING, TrainingImpactJob,
@@ -38,13 +38,7 @@ MAX_PANELS = 8
 # repeats the words: green where nothing beyond a one-ulp change happened, amber within seed noise,
 # red beyond it, black for a diverged model, grey where no verdict was reached.
 VERDICT_BADGES: dict[str, tuple[str, str]] = {
-    "identical": ("identical", "impact-identical"),
-    "within_floor": ("within the one-ulp floor", "impact-within-floor"),
-    "within_noise": ("within seed noise", "impact-within-noise"),
-    "beyond_noise": ("beyond seed noise", "impact-beyond-noise"),
-    "diverged": ("diverged", "impact-diverged"),
-    "not_judged": ("not judged", "impact-not-judged"),
-}
+    verdict: (IMPACT_WORDS[verdict], f"impact-{verdict.replace('_', '-')}") for verdict in IMPACT_VERDICTS}
 assert set(VERDICT_BADGES) == set(IMPACT_VERDICTS), "a verdict without a badge"
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from service.core.training import IMPACT_VERDICTS, ModelImpact, TrainingImpact, impact_sentence
+from service.core.training import TrainingImpact, impact_sentence, worst_first
 from service.core.wording import number
 from service.domain.dashboard_queries import ChangedCase, RunPage
 from service.notify.conclusions import Conclusion
@@ -99,15 +99,6 @@ def compared_with(page: RunPage) -> str:
     return f"`{sha}` (run {baseline.id}, {baseline.environment}, battery {baseline.battery}{distance})"
 
 
-def _worst_first(results: list[ModelImpact]) -> list[ModelImpact]:
-    """Most severe verdict first (IMPACT_VERDICTS' order; not_judged, with no figure, last)."""
-    def rank(result: ModelImpact) -> int:
-        verdict = result.figures.verdict
-        return 1 if verdict == "not_judged" else -IMPACT_VERDICTS.index(verdict)
-
-    return sorted(results, key=rank)
-
-
 def training_lines(training: TrainingImpact | None) -> list[str]:
     """The run's training impact (issue 46), a Markdown list item per line: per model x
     configuration its verdict and sentence, worst first, once the job is done; how far it has come
@@ -122,7 +113,7 @@ def training_lines(training: TrainingImpact | None) -> list[str]:
     if training.status == "failed":
         return [f"- Training impact: not measured: {_cell(training.error or 'the job failed')[:300]}"]
     return [f"- Training impact · {result.label}: {impact_sentence(result)}"
-            for result in _worst_first(training.results)]
+            for result in worst_first(training.results)]
 
 
 def check_output(*, page: RunPage, conclusion: Conclusion, run_url: str,

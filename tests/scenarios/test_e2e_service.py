@@ -29,7 +29,7 @@ from worker.mutations import DECAY_AFTER_UPDATE_OPTIMIZERS, comment_only, copy_t
 pytestmark = pytest.mark.slow
 
 
-def three_commit_scenario(url: str, home: Path) -> None:
+def three_commit_scenario(url: str, home: Path, *, training: bool = False) -> None:
     # `serve` wrote an admin token on its first start; the embedded default is never open.
     token_file = home / "admin-token"
     assert token_file.stat().st_mode & 0o777 == 0o600
@@ -113,7 +113,33 @@ def three_commit_scenario(url: str, home: Path) -> None:
     # The per-step arrays are served at full precision and as CSV.
     csv_text = client.http.get(f"/api/v1/runs/{ids['buggy']}/trajectories.csv").text
     assert csv_text.splitlines()[0].startswith("case_id,status,step,ref64_max_abs")
+    if training:
+        training_impact(client, url, ids)
     client.close()
+
+
+def training_impact(client: OptdriftClient, url: str, ids: dict[str, int]) -> None:
+    """Issue 46: after the reorder's co-run the worker trains the reference models with both builds
+    (worker/jobs/training.py, the quick set on this CPU worker): Adam at both changed points, every
+    model's parameters different from step 1; at lr 1e-3 / wd 1e-2 the change is beyond the one-ulp
+    floor (docs/TRAINING.md: +0.0004 % in every seed, far inside seed noise). The unchanged commit
+    gets no job."""
+    jobs, going = client.wait_for_training([client.run(ids["buggy"])], timeout_s=600)
+    job = client.training(ids["buggy"], curves=True)
+    assert not going and job["status"] == "done", (job["status"], job.get("error"))
+    assert job["model_set"] == "quick" and job["baseline_run_id"] == ids["base"]
+    results = job["results"]
+    points = {(r["config"]["hyper"]["lr"], r["config"]["hyper"]["weight_decay"]) for r in results}
+    assert points == {(0.1, 0.1), (1e-3, 1e-2)} and {r["model"] for r in results} == {"mlp", "transformer"}
+    for result in results:
+        assert result["first_divergent_step"] == 1, result["figures"]
+        assert len(result["curves"]["commit"]) == 6 and len(result["curves"]["commit"][0]) == 150
+    typical = [r for r in results if r["config"]["hyper"]["lr"] == 1e-3]
+    assert all(r["figures"]["verdict"] in ("within_noise", "beyond_noise") for r in typical), \
+        [r["figures"] for r in typical]
+    assert client.training(ids["commented"]) is None
+    page = httpx.get(f"{url}/runs/{ids['buggy']}").text
+    assert "Training impact" in page and "within the one-ulp floor" in page
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -136,7 +162,7 @@ def test_end_to_end_postgres_redis_celery(tmp_path: Path) -> None:
     try:
         wait_http(f"http://127.0.0.1:{port}/readyz", timeout_s=90)
         worker = start_process(["worker", "--loglevel", "INFO"], env, tmp_path / "worker.log")
-        three_commit_scenario(f"http://127.0.0.1:{port}", tmp_path / "home")
+        three_commit_scenario(f"http://127.0.0.1:{port}", tmp_path / "home", training=True)
     finally:
         for process in (worker, api):
             if process is not None:
@@ -149,7 +175,8 @@ def test_end_to_end_postgres_redis_celery(tmp_path: Path) -> None:
 
 def test_end_to_end_embedded_default(tmp_path: Path) -> None:
     port = free_port()
-    env = _env(OPTDRIFT_HOME=str(tmp_path / "home"))
+    # The training impact is tested through the production path above; here it would only load the cores.
+    env = _env(OPTDRIFT_HOME=str(tmp_path / "home"), OPTDRIFT_TRAINING_IMPACT="off")
     for key in ("OPTDRIFT_DATABASE_URL", "OPTDRIFT_BROKER_URL", "OPTDRIFT_PUBLIC_URL"):
         env[key] = ""
     server = start_process(["serve", "--port", str(port)], env, tmp_path / "serve.log")

@@ -140,7 +140,14 @@ def configs_from_cases(cases: list[CaseSpec], limit: int) -> list[TrainingConfig
         if held is None or (held.param_dtype != "float32" and case.param_dtype == "float32"):
             chosen[key] = case
     by_point: dict[tuple, list[CaseSpec]] = {}
-    for key in sorted(chosen, key=lambda k: (k[1] != "32bit", k[1], k[0], k[2])):
+    # Within a point: the 32-bit family, float32, then the plainest case (gradient scaling and
+    # skip-zeros are cases' probes of a kernel's corners, not how a model is trained).
+    def order(key: tuple) -> tuple:
+        hyper, case = dict(key[2]), chosen[key]
+        unusual = (float(hyper.get("gnorm_scale", 1.0)) != 1.0) + bool(hyper.get("skip_zeros", False))
+        return (key[1] != "32bit", key[1], case.param_dtype != "float32", unusual, key[0], key[2])
+
+    for key in sorted(chosen, key=order):
         hyper = dict(key[2])
         point = (-float(hyper.get("weight_decay", 0.0)), -float(hyper.get("lr", 0.0)))
         by_point.setdefault(point, []).append(chosen[key])

@@ -30,8 +30,11 @@ def test_every_changed_point_before_a_second_optimizer_and_float32_first() -> No
                     if c.param_dtype == "float32"}
     for config, key in zip(everything, keys):
         assert config.param_dtype == "float32" or key not in float32_keys, config
-    # 32-bit families before the quantized ones at the same point.
-    assert everything[0].family == "32bit"
+    # 32-bit families before the quantized ones at the same point; the plain float32 case first
+    # (not a gradient-scaling or skip-zeros probe in float16).
+    for config in quick:
+        assert (config.family, config.param_dtype) == ("32bit", "float32"), config
+        assert config.hyper["gnorm_scale"] == 1.0 and not config.hyper.get("skip_zeros"), config
 
 
 def test_nothing_changed_trains_nothing() -> None:

@@ -6,6 +6,7 @@ Scenarios (the bundled csrc changed by a catalogue patch, worker/sensitivity/cat
   comment-only        refactor/comment_ops                  (no code change)
   decay reorder       decay/after_update (PR 2040)          at lr 0.1/wd 0.1 and lr 1e-3/wd 1e-2
   eps inside sqrt     eps/adam_inside_sqrt
+  1-beta2 in m        beta/adam_one_minus_beta2_in_first    (the first moment 100x too small)
   no bias correction  bias_correction/adam_bc1_missing
   reassociated update precision/adam_reassociated_update   (a rounding-level change)
 
@@ -53,6 +54,7 @@ SCENARIOS = {
     "comment-only": ("refactor/comment_ops", [TYPICAL]),
     "decay reorder": ("decay/after_update", DECAY_CONFIGS),
     "eps inside sqrt": ("eps/adam_inside_sqrt", [TYPICAL]),
+    "1-beta2 in first moment": ("beta/adam_one_minus_beta2_in_first", [TYPICAL]),
     "no bias correction": ("bias_correction/adam_bc1_missing", [TYPICAL]),
     "reassociated update": ("precision/adam_reassociated_update", [TYPICAL]),
 }

@@ -518,3 +518,12 @@ def test_a_shallow_checkout_is_deepened_so_the_client_sends_the_first_parent_lin
                      github={"GITHUB_SHA": origin.sha["B0"], "GITHUB_REF": "refs/heads/main", "GITHUB_REF_NAME": "main"},
                      inputs={"allow-no-baseline": "true"})
     assert "--allow-no-baseline" in json.loads((first / "submitted.json").read_text())["argv"], run.log
+    # Issue 46: the step does not wait for the training impact unless asked (the PR comment gains it).
+    assert "--no-training" in json.loads((tmp_path / "submitted.json").read_text())["argv"]
+    again = tmp_path / "again"
+    again.mkdir()
+    checkout(origin, again / "workspace", origin.sha["B0"], "refs/remotes/origin/main", depth=1)
+    run = run_action(again, again / "workspace", event_name="workflow_dispatch", payload={},
+                     github={"GITHUB_SHA": origin.sha["B0"], "GITHUB_REF": "refs/heads/main", "GITHUB_REF_NAME": "main"},
+                     inputs={"allow-no-baseline": "true", "wait-for-training": "true"})
+    assert "--no-training" not in json.loads((again / "submitted.json").read_text())["argv"], run.log

@@ -25,6 +25,8 @@ from service.db.training_models import (  # noqa: F401 - the statuses: run_store
     TRAINING_DONE, TRAINING_FAILED, TRAINING_NOT_NEEDED, TRAINING_QUEUED, TRAINING_RUNNING, TrainingImpactJob,
 )
 from service.domain import trajectories
+from service.db.token_models import TokenRun
+from service.domain.auth import ScopeDenied
 from service.domain.errors import BadInputError, NotFoundError
 
 
@@ -97,6 +99,20 @@ def open_job(*, session: Session, run_id: int, baseline_run_id: int | None = Non
         return find(session=session, run_id=run_id, baseline_run_id=baseline_run_id, model_set=model_set)
     session.commit()
     return row
+
+
+def check_verify_request(*, session: Session, token_id: int, run_id: int, baseline_run_id: int | None) -> None:
+    """A verify-scoped token may ask for the training impact of a verify run it submitted, against
+    that run's baseline; anything else is refused (ScopeDenied: 403) saying what it may ask."""
+    owned = session.scalar(select(TokenRun.id).where(TokenRun.token_id == token_id, TokenRun.run_id == run_id))
+    if owned is None:
+        raise ScopeDenied(f"a verify token asks for the training impact of its own verify runs; run {run_id} "
+                          f"is not one of them (a submit token may ask for any run of the project)")
+    if baseline_run_id is not None:
+        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
+        if verdict is None or verdict.baseline_run_id != baseline_run_id:
+            raise ScopeDenied(f"a verify token compares its run with the run's own baseline; leave baseline_run_id "
+                              f"out (a submit token may name another run)")
 
 
 def _runs_total(changed: list[CaseSpec], model_set: str) -> int:

@@ -50,6 +50,11 @@ def request_run_training(run_id: RunIdPath, body: TrainingRequest, session: Sess
     """Queue a training impact of the run against `baseline_run_id` (or its baseline); an existing job
     of the same pair and model set is returned as it is (a failed one is queued again)."""
     principal.require(SUBMIT, VERIFY, project=runs.get(session=session, run_id=run_id).project.name)
+    if principal.scope == VERIFY:
+        # A contributor's token asks about its own verify runs against their baselines: a job is
+        # minutes of a worker, and a verify token's runs are what its daily quota bounds.
+        training_impacts.check_verify_request(session=session, token_id=principal.token_id, run_id=run_id,
+                                              baseline_run_id=body.baseline_run_id)
     row = training_impacts.open_job(session=session, run_id=run_id, baseline_run_id=body.baseline_run_id,
                                     model_set=body.model_set, requested_by=principal.name or "api")
     if row.status == TRAINING_QUEUED:

@@ -2,7 +2,7 @@
 to get one when there is none; POST queues a job on the broker for two finished runs whose
 trajectories differ, answers not_needed for identical ones, refuses a pair that cannot be compared
 (another project or environment, an unfinished run, the run itself) with the reason, refuses a
-verify token of another project, returns the one job of a pair when asked twice and queues a
+verify token of another project or of runs it did not submit, returns the one job of a pair when asked twice and queues a
 failed one again; GET ?curves=false leaves the per-step losses out.
 
 Against the real PostgreSQL (the test's rolled-back transaction) and the test settings' real Redis
@@ -199,15 +199,28 @@ def test_pairs_that_cannot_be_compared_are_refused_with_the_reason(api, db_sessi
     assert _queued_jobs(api_settings) == []
 
 
-def test_a_verify_token_of_another_project_is_refused(api, db_session, api_settings) -> None:  # noqa: ANN001
-    _, run = changed_pair(db_session)
+def test_a_verify_token_asks_only_about_its_own_runs_against_their_baselines(api, db_session,  # noqa: ANN001
+                                                                             api_settings) -> None:
+    """A job is minutes of a worker: a contributor's verify token may ask for its own verify runs
+    (what its daily quota bounds) against their baselines, never for any pair of the project."""
+    from service.db.token_models import TokenRun
+
+    baseline, run = changed_pair(db_session)
     _, other = create_token(session=db_session, name="contributor", scope="verify", project="elsewhere")
     answer = api.post(f"/api/v1/runs/{run.id}/training", json={}, headers={"Authorization": f"Bearer {other}"})
     assert answer.status_code == 403
     assert "'trained'" in answer.json()["detail"]
-    _, own = create_token(session=db_session, name="contributor-here", scope="verify", project="trained")
-    assert api.post(f"/api/v1/runs/{run.id}/training", json={},
-                    headers={"Authorization": f"Bearer {own}"}).status_code == 202
+    row, own = create_token(session=db_session, name="contributor-here", scope="verify", project="trained")
+    headers = {"Authorization": f"Bearer {own}"}
+    answer = api.post(f"/api/v1/runs/{run.id}/training", json={}, headers=headers)
+    assert answer.status_code == 403 and "its own verify runs" in answer.json()["detail"]
+    db_session.add(TokenRun(token_id=row.id, run_id=run.id))
+    db_session.flush()
+    elsewhere = api.post(f"/api/v1/runs/{run.id}/training", json={"baseline_run_id": run.id + 1000}, headers=headers)
+    assert elsewhere.status_code == 403 and "own baseline" in elsewhere.json()["detail"]
+    assert api.post(f"/api/v1/runs/{run.id}/training", json={"baseline_run_id": baseline.id},
+                    headers=headers).status_code == 202
+    assert api.post(f"/api/v1/runs/{run.id}/training", json={}, headers=headers).status_code == 202
     assert api.post(f"/api/v1/runs/{run.id}/training", json={},
                     headers={"Authorization": "Bearer nope"}).status_code == 401
 

@@ -107,14 +107,21 @@ def kernels(kernels_build):
     return bundled_ops
 
 
-# The files that take longest (minutes: whole services, the mutation catalogue, nvcc), run first.
-# .ci/run spreads the suite over two pytest-xdist workers by file (--dist loadfile), which hands
-# files out in collection order: a long file started last would leave one worker alone at the end.
+# The files that take longest (minutes: the mutation catalogue, whole services, builds of every
+# kernel unit with other flags or another compiler), longest first. .ci/run spreads the suite over
+# two pytest-xdist workers by file (--dist loadfile), which hands files out in collection order: a
+# long file started last leaves the other worker idle until it ends, so every file of a minute or
+# more is named here, and the files left for the end are short. The first two start at once, one on
+# each worker: the CI gate (every CPU mutant of the catalogue built and judged) and the build
+# variants (the kernels built three more times, with other flags and with clang, through a service).
 LONGEST_FIRST = (
-    "test_real_library_torchao.py", "test_sensitivity_ci_catalogue.py", "test_e2e_service.py", "test_faults.py", "test_scale_out_cpu.py",
-    "test_kernel_speed_e2e.py", "test_hostile_corpus.py", "test_cuda_compiles.py", "test_external_project.py",
-    "test_case_history_browser.py", "test_engine_host.py", "test_build.py", "test_sensitivity.py",
-    "test_bisect_service.py", "test_sensitivity_catalogue.py", "test_build_ccache.py",
+    "test_sensitivity_ci_catalogue.py", "test_environment_variants.py", "test_real_library_torchao.py",
+    "test_e2e_service.py", "test_faults.py", "test_scale_out_cpu.py", "test_kernel_speed_e2e.py",
+    "test_hostile_corpus.py", "test_cuda_compiles.py", "test_external_project.py",
+    "test_attribution_reads_the_build.py", "test_multi_tensor_catalogue.py", "test_case_history_browser.py",
+    "test_engine_host.py", "test_build.py", "test_sensitivity.py", "test_bisect_service.py",
+    "test_sensitivity_catalogue.py", "test_build_ccache.py", "test_corun_nondeterminism.py",
+    "test_wedged_worker.py", "test_sensitivity_attribution.py",
 )
 
 

@@ -18,7 +18,12 @@ from pydantic import BaseModel, Field
 # How strongly a cell is coloured: 0 neutral (unchanged, first release, no data), 1..5 by the size
 # of the change within the row's scale (service/dashboard/release_matrix.py, INTENSITY_STEPS).
 Intensity = Literal[0, 1, 2, 3, 4, 5]
-CellState = Literal["no-data", "no-cases", "first", "unchanged", "changed", "broken"]
+CellState = Literal["no-data", "not-buildable", "no-cases", "first", "unchanged", "changed", "broken"]
+# A column with a done run ("data"); one without ("no_data", `no_data` says why); one whose tree
+# refuses this environment's toolchain ("not_buildable", `reason` is the tree's line): an old release
+# that does not support the worker's CUDA, compiler or torch is neither broken nor missing
+# (service/core/not_buildable.py).
+ColumnStatus = Literal["data", "no_data", "not_buildable"]
 Scale = Literal["ratio", "quantization-steps"]
 
 
@@ -48,6 +53,10 @@ class ReleaseColumn(BaseModel):
     build_change: str | None = Field(description="what differs in the build from `compared_with`'s (flags "
                                                  "added / removed, compilers); None: the same, or not recorded")
     no_data: str | None = Field(description="why the column is empty; None where it has data")
+    status: ColumnStatus = Field("data", description="data | no_data | not_buildable (the release's tree refuses "
+                                                     "this environment's toolchain: not broken, nothing checked)")
+    reason: str | None = Field(None, description="not_buildable: the tree's own line refusing the toolchain "
+                                                 "(its first line, as the build log has it); None otherwise")
     training: ReleaseTraining | None = Field(None, description="the run's training impact; None: the run has "
                                                                "none (no run, or none measured)")
 
@@ -82,7 +91,8 @@ class ReleaseCell(BaseModel):
     case_name: str | None
     distance: float | None = Field(description="the row's largest final distance to the float64 reference")
     distance_text: str
-    note: str | None = Field(description="why the cell is empty")
+    note: str | None = Field(description="why the cell is empty (a not-buildable release: 'not buildable here: "
+                                         "<the tree's line>')")
 
 
 class ReleaseRow(BaseModel):

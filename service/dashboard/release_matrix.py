@@ -14,6 +14,9 @@ previous release (service/api/release_schemas.py says what each field is; the pa
   differ.
 * Colour is the size of the change within the row's scale; an unchanged cell is neutral, whatever
   its distance (an 8-bit row's distance to float64 is its quantization error, by design).
+* A release whose tree refuses the environment's toolchain (its latest run there failed with
+  service.core.not_buildable's sentence: bitsandbytes 0.47.0 refusing CUDA 13) is its own column
+  status, `not_buildable` with the tree's line: not broken, and not an unexplained "no data".
 * A column's run carries its training impact (issue 46): the latest job's state and the most severe
   verdict over its models, linking to the run page's section.
 * The battery is the one that ran (the run's recorded battery; the tree's optdrift.toml may name its
@@ -39,7 +42,7 @@ from sqlalchemy.orm import Session
 from service.api.release_schemas import (
     BatteryChoice, CaseLine, ReleaseCell, ReleaseColumn, ReleaseMatrix, ReleaseRow, ReleaseTraining,
 )
-from service.core import attribution_view, environment_attribution
+from service.core import attribution_view, environment_attribution, not_buildable
 from service.core.case_names import case_name
 from service.core.results import QUANTIZED_FAMILY_PREFIX
 from service.core.wording import first_line, number, ratio
@@ -254,6 +257,11 @@ def build(*, session: Session, project_name: str, environment: str | None = None
             _n, (default_env, default_battery) = max(candidates, key=lambda item: (item[0], item[1]))
             environment, battery = environment or default_env, battery or default_battery
 
+    if environment is None and not pairs and runs:
+        # No release has data anywhere (every one refused the toolchain, say): the environment most
+        # runs asked for, so each column still says why it is empty.
+        environment = Counter(run.environment for run in runs).most_common(1)[0][0]
+
     chosen: dict[int, _RunInfo] = {}   # release index -> its run
     for index, release in enumerate(releases):
         for run in done:
@@ -273,12 +281,16 @@ def build(*, session: Session, project_name: str, environment: str | None = None
         build_change = None
         if run is not None and previous is not None:
             build_change = build_change_text(chosen[previous].detail, run.detail)
+        refused = None if run else not_buildable_reason(release.commit_id, runs, environment)
+        status = "data" if run else ("not_buildable" if refused is not None else "no_data")
         columns.append(ReleaseColumn(
             tag=release.tag, sha=release.sha, version=str(v) if (v := tag_version(release.tag)) else None,
             run_id=run.id if run else None,
             compared_with=releases[previous].tag if run is not None and previous is not None else None,
             build_change=build_change,
-            no_data=None if run else _no_data_reason(release, runs, environment, battery),
+            no_data=(NOT_BUILDABLE_HERE + refused if refused is not None else
+                     None if run else _no_data_reason(release, runs, environment, battery)),
+            status=status, reason=refused,
             training=training.get(run.id) if run else None))
 
     points = _points(session, {run.id: index for index, run in chosen.items()})
@@ -297,6 +309,25 @@ def _training(session: Session, run_ids: list[int]) -> dict[int, ReleaseTraining
     return {run_id: ReleaseTraining(status=job.status, worst_verdict=job.worst if job.status == "done" else None)
             for run_id, row in training_impacts.for_runs(session=session, run_ids=run_ids).items()
             for job in [training_impacts.view(row, curves=False)]}
+
+
+NOT_BUILDABLE_HERE = "not buildable here: "
+
+
+def not_buildable_reason(commit_id: int, runs: list[_RunInfo], environment: str | None) -> str | None:
+    """The tree's line refusing the toolchain (its first line), when the release's latest run in
+    `environment` failed because its tree does not support the toolchain there; else None. A build
+    refusal does not depend on the battery: any battery's run of the release counts."""
+    own = [run for run in runs if run.commit_id == commit_id and run.environment == environment]
+    if not own or own[-1].status != FAILED:
+        return None
+    refusal = not_buildable.refusal_in(own[-1].error)
+    if refusal is None:
+        return None
+    # 'not buildable in <environment>: <line>' (service.core.not_buildable.sentence): the line.
+    said = not_buildable.sentence(environment or "", "")
+    line = refusal.removeprefix(said) if refusal.startswith(said) else refusal.partition(": ")[2]
+    return first_line(line.strip()) or first_line(refusal)
 
 
 def _no_data_reason(release: _Release, runs: list[_RunInfo], environment: str | None, battery: str | None) -> str:
@@ -398,6 +429,8 @@ def _cell(index: int, column: ReleaseColumn, case_ids: list[str], points: dict, 
     empty = dict(cases=0, changed=0, compared=0, broken=0, not_applicable=0, change=None, change_text="",
                  intensity=0, kind=None, kind_text=None, first_divergent_step=None, first_step_ulps=None,
                  case_id=None, case_name=None, distance=None, distance_text="")
+    if column.status == "not_buildable":
+        return ReleaseCell(release=column.tag, state="not-buildable", note=column.no_data, **empty), None
     if column.run_id is None:
         return ReleaseCell(release=column.tag, state="no-data", note=column.no_data, **empty), None
     here = [(cid, points[cid][index][1]) for cid in case_ids if index in points[cid]]

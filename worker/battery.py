@@ -370,7 +370,7 @@ def _standard() -> BatterySpec:
             *_EIGHT_BIT_STANDARD,
             # v2: the ci battery's cases at 100 steps, so standard catches every catalogued defect on the
             # recorded evidence (a trajectory's first steps do not depend on how many follow);
-            # docs/ENGINE.md "Battery sensitivity".
+            # docs/SENSITIVITY.md.
             *({**case, "steps": 100} for case in _CI_CASES),
             # v4 (issue 45): layout cases, every optimizer and dtype, small and large layouts (chunk
             # lists spanning tensors on the GPU), and the bundled 8-bit family's per-tensor loop.
@@ -393,7 +393,7 @@ def _ci_case(optimizer: str, family: str, dtype: str, point: dict, gradient: dic
 
 # The smallest subset of the candidate pool (worker/sensitivity/batteries/pool.json) that catches every
 # defect of the mutation catalogue: chosen by worker/sensitivity/ci_selection.py from the recorded
-# catalogue run (worker/sensitivity/recorded/cpu_pool.json); docs/ENGINE.md "Battery sensitivity".
+# catalogue run (worker/sensitivity/recorded/cpu_pool.json); docs/SENSITIVITY.md.
 # Regenerate both when the catalogue or the kernels change; tests/worker/sensitivity/test_sensitivity_batteries.py checks it.
 # v2 (issue 37): the catalogue's block-multiple tail count and AdEMAMix's float32 1/(1 - beta1^t), and
 # the coverage rules (ci_selection.coverage_rules: a block-multiple 8-bit size, >= 5 steps of Adam and AdEMAMix).
@@ -416,7 +416,7 @@ _CI_CASES = [
 
 
 def _ci() -> BatterySpec:
-    # CPU CI: a whole `optdrift check` in <= 15 s on 2 cores with warm builds (docs/ENGINE.md).
+    # CPU CI: a whole `optdrift check` in <= 15 s on 2 cores with warm builds (docs/SENSITIVITY.md).
     return BatterySpec.model_validate({
         "name": "ci", "version": 3,
         "description": "The fewest, cheapest cases that catch every defect of the mutation catalogue "

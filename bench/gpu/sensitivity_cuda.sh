@@ -8,7 +8,7 @@
 # worker.build needs, into the git-excluded .tools/).
 #
 # The CUDA mutants on the ci battery (14 mutants of csrc/cuda/, one call; 469 s with one build at a
-# time on 2026-12-01, docs/ENGINE.md):
+# time on 2026-12-01, docs/perf-log/2026-12-06-engine-history.md):
 #     run(command="bash bench/gpu/sensitivity_cuda.sh", carry=[".whl", ".tools"], timeout_s=600)
 #
 # EVERY mutant reaching the CUDA build (72: 58 of the shared headers, 14 of csrc/cuda/) on the
@@ -33,7 +33,7 @@
 #
 # The attribution table on the H200 (issue 17): the 29 defects whose attribution the catalogue
 # states (MUTANTS=attributed; a variant or rounding-level), each caught defect's changed cases
-# sampled 6 at a time, on the quick battery. Measured 2026-12-01 (docs/ENGINE.md): 28 mutants in a
+# sampled 6 at a time, on the quick battery. Measured 2026-12-01 (docs/perf-log/2026-12-06-engine-history.md): 28 mutants in a
 # first call of 505 s (exit 124), the last one with RESUME as above (sensitivity_cuda_quick.json):
 #     run(command="BATTERY=quick MUTANTS=attributed ATTRIBUTE=6 bash bench/gpu/sensitivity_cuda.sh",
 #         carry=[".whl", ".tools"], timeout_s=600, kind="nvidia-h200")

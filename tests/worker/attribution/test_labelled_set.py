@@ -1,4 +1,4 @@
-"""Issue 37's targets on the low-bit labelled set (docs/ENGINE.md, bench/attribution_lowbit.py): at
+"""Issue 37's targets on the low-bit labelled set (docs/ATTRIBUTION.md, bench/attribution_lowbit.py): at
 least 95 % of the changed cases in the right class and no real change called rounding-level. The
 fixture's four mutants are attributed here, live, with their states; the csrc catalogue's defects
 come from their attribution record (worker/sensitivity/recorded/cpu_quick_attribution.json, made by

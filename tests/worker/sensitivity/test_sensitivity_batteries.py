@@ -75,7 +75,7 @@ def test_the_ci_battery_catches_every_catalogued_defect_and_is_small():
     assert ci_ids <= _ids(POOL_BATTERY)  # its cases are the recorded ones
     missed = [mutant for mutant, caught in SETS.items() if not caught & ci_ids]
     assert not missed, f"the ci battery misses {missed}"
-    # Small enough for a whole `optdrift check` in <= 15 s on 2 cores (measured: docs/ENGINE.md).
+    # Small enough for a whole `optdrift check` in <= 15 s on 2 cores (measured: docs/SENSITIVITY.md, "A check with the ci battery").
     cases = ci.expand()
     assert len(cases) <= 16 and sum(c.size * c.steps for c in cases) <= 20_000
     # No case can go: each one is the only catch of some defect (the selection's pruning pass), or

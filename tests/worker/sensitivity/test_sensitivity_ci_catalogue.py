@@ -20,8 +20,9 @@ from worker.sensitivity.catalogue import load_catalogue
 from worker.sensitivity.results import CaseCatch, MutantOutcome, SensitivityReport
 
 REPO = Path(__file__).resolve().parents[3]
-# The CLI run's own limit: 363 s from an empty build cache on an idle 2-core machine (docs/ENGINE.md,
-# "In CI"), with room for the suite's other worker beside it and a slower machine.
+# The CLI run's own limit: 363 s from an empty build cache on an idle 2-core machine (measured:
+# docs/perf-log/2026-12-06-engine-history.md, 2026-12-03), with room for the suite's other worker
+# beside it and a slower machine.
 RUN_TIMEOUT_S = 1800
 
 
@@ -82,7 +83,7 @@ def test_the_ci_battery_catches_every_cpu_defect_of_the_catalogue_and_flags_no_r
         assert outcomes[mutant.id].status in expected, (mutant.id, outcomes[mutant.id].status)
     on_cpu = [m for m in catalogue if "cpu" in m.reaches]
     assert report.catch_rate() == (sum(m.kind == "defect" for m in on_cpu),) * 2
-    assert len(on_cpu) >= 68 and any("cpu" not in m.reaches for m in catalogue)  # the catalogue of docs/ENGINE.md
+    assert len(on_cpu) >= 68 and any("cpu" not in m.reaches for m in catalogue)  # the catalogue of docs/SENSITIVITY.md
 
     # A catch in detail: Adam's states swapped on the CPU can only show in Adam 32-bit cases (the
     # 8-bit kernels pass their own states), from a definite step; every catching case is in a group.

@@ -28,21 +28,14 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 from service.core.battery_limits import (
     BatteryLimitError, BatteryLimits, BatteryLoad, check_battery_bytes, measure_battery,
 )
+from service.core.optimizers import OPTIMIZER_NAMES, OPTIMIZERS, names_where
 from service.core.results import (MAX_LAYOUT_GROUPS, MAX_LAYOUT_TENSORS, CaseSpec, GradientStreamSpec, KernelFamily,
                                   OptimizerName, ParamDtype, ParamLayout, TensorGroupSpec)
 
 # The kernel schema's float/bool arguments per optimizer (csrc/ops.cpp), with the defaults a case
-# gets when its point does not set them. Defaults follow torch.optim / the papers.
+# gets when its point does not set them: service.core.optimizers' table (torch.optim / the papers).
 OPTIMIZER_HYPER_DEFAULTS: dict[str, dict[str, float | bool]] = {
-    "adam": {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0,
-             "gnorm_scale": 1.0, "skip_zeros": False},
-    "ademamix": {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "beta3": 0.9999, "alpha": 5.0,
-                 "eps": 1e-8, "weight_decay": 0.0, "gnorm_scale": 1.0},
-    "lion": {"lr": 1e-4, "beta1": 0.9, "beta2": 0.99, "weight_decay": 0.0, "gnorm_scale": 1.0},
-    "momentum": {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.0, "gnorm_scale": 1.0},
-    "rmsprop": {"lr": 1e-2, "alpha": 0.99, "eps": 1e-8, "weight_decay": 0.0, "gnorm_scale": 1.0},
-    "adagrad": {"lr": 1e-2, "eps": 1e-10, "weight_decay": 0.0, "gnorm_scale": 1.0},
-}
+    name: dict(row.hyper) for name, row in OPTIMIZERS.items()}
 
 DEFAULT_MAX_CASE_SIZE = 1 << 24
 _DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
@@ -270,9 +263,9 @@ def make_case(*, optimizer: str, family: str, param_dtype: str, hyper: dict[str,
 
 
 # ----------------------------------------------------------------------------- built-ins
-_ALL = ["adam", "ademamix", "lion", "momentum", "rmsprop", "adagrad"]
-_TWO_STATE = ["adam", "ademamix"]
-_ONE_STATE = ["lion", "momentum", "rmsprop", "adagrad"]
+_ALL = list(OPTIMIZER_NAMES)
+_TWO_STATE = list(names_where(kernel_group="two_state"))
+_ONE_STATE = list(names_where(kernel_group="one_state"))
 _OPEN = {"kind": "open"}
 _CLOSED = {"kind": "closed"}
 _DISCRIMINATING = {"lr": 0.1, "weight_decay": 0.1}   # ordering gap ~ lr²·wd is far above fp32 noise

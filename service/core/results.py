@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
+# The optimizers of service.core.optimizers.OPTIMIZERS, in its order (equal to its OPTIMIZER_NAMES:
+# tests/service/core/test_optimizers.py). Stored rows keep these names.
 OptimizerName = Literal["adam", "ademamix", "lion", "momentum", "rmsprop", "adagrad"]
 # The state families of service.core.families.FAMILIES (its table says what each is; equal to its
 # FAMILY_NAMES: tests/service/core/test_families.py). Stored rows keep these names.

@@ -18,18 +18,14 @@ from pathlib import Path
 
 import torch
 
+from service.core.optimizers import OPTIMIZERS, names_where
+
 NAMESPACE = "optdrift"
 
 # Each optimizer's state tensors (float32, shaped like the parameter, zero-initialised) in the
-# order the op's schema takes them, so an engine can allocate and pass them generically.
-OPTIMIZER_STATES: dict[str, tuple[str, ...]] = {
-    "adam": ("exp_avg", "exp_avg_sq"),
-    "ademamix": ("exp_avg_fast", "exp_avg_slow", "exp_avg_sq"),
-    "lion": ("exp_avg",),
-    "momentum": ("momentum_buffer",),
-    "rmsprop": ("square_avg",),
-    "adagrad": ("state_sum",),
-}
+# order the op's schema takes them, so an engine can allocate and pass them generically
+# (service.core.optimizers' table).
+OPTIMIZER_STATES: dict[str, tuple[str, ...]] = {name: row.state_names for name, row in OPTIMIZERS.items()}
 
 _SUPPORTED_PARAM_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -216,7 +212,7 @@ _WRAPPERS = {
 }
 
 # Optimizers whose update depends on the step number (bias correction, first-step buffer).
-STEP_DEPENDENT = frozenset({"adam", "ademamix", "momentum"})
+STEP_DEPENDENT = frozenset(names_where(takes_step=True))
 
 
 def step(optimizer: str, param: torch.Tensor, grad: torch.Tensor,
@@ -321,13 +317,7 @@ from worker.references import quant_map as _quant_map  # noqa: E402  (the 8-bit 
 
 # State names per optimizer (as OPTIMIZER_STATES) and whether each is quantized with the signed map.
 STATE_SIGNED_8BIT: dict[str, tuple[bool, ...]] = {
-    "adam": (True, False),
-    "ademamix": (True, True, False),
-    "lion": (True,),
-    "momentum": (True,),
-    "rmsprop": (False,),
-    "adagrad": (False,),
-}
+    name: tuple(state.signed for state in row.states) for name, row in OPTIMIZERS.items()}
 
 
 def _check_8bit_fake(op: str, param, grad, states: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
@@ -434,17 +424,10 @@ def step_8bit(optimizer: str, param: torch.Tensor, grad: torch.Tensor,
                    unsigned_map=unsigned_map)(step)
 
 
-# Scalars in schema order (csrc/ops.cpp), and the maps each 8-bit op takes.
-_SCALAR_ORDER_8BIT = {
-    "adam": ("step", "lr", "beta1", "beta2", "eps", "weight_decay", "gnorm_scale", "skip_zeros"),
-    "ademamix": ("step", "lr", "beta1", "beta2", "beta3", "alpha", "eps", "weight_decay", "gnorm_scale"),
-    "lion": ("lr", "beta1", "beta2", "weight_decay", "gnorm_scale"),
-    "momentum": ("step", "lr", "momentum", "weight_decay", "gnorm_scale"),
-    "rmsprop": ("lr", "alpha", "eps", "weight_decay", "gnorm_scale"),
-    "adagrad": ("lr", "eps", "weight_decay", "gnorm_scale"),
-}
-_MAPS_8BIT = {"adam": ("signed", "unsigned"), "ademamix": ("signed", "unsigned"), "lion": ("signed",),
-              "momentum": ("signed",), "rmsprop": ("unsigned",), "adagrad": ("unsigned",)}
+# Scalars in schema order (csrc/ops.cpp), and the maps each 8-bit op takes (the table's; its test
+# holds them to the schemas: tests/service/core/test_optimizers.py).
+_SCALAR_ORDER_8BIT = {name: row.scalar_order for name, row in OPTIMIZERS.items()}
+_MAPS_8BIT = {name: row.state_maps for name, row in OPTIMIZERS.items()}
 
 
 def bind_step_8bit(optimizer: str, param: torch.Tensor, grad: torch.Tensor,
@@ -479,7 +462,7 @@ def bind_step_8bit(optimizer: str, param: torch.Tensor, grad: torch.Tensor,
 # =============================================================================================
 
 # Optimizers whose multi-tensor op keeps per-group beta powers (float32 [groups, 3]).
-MULTI_BETA_POWERS = frozenset({"adam", "ademamix"})
+MULTI_BETA_POWERS = frozenset(names_where(bias_corrected=True))
 BETA_POWER_COLUMNS = 3  # per group: the step the row was made for, beta1^t, beta2^t
 
 

@@ -19,12 +19,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from service.core.optimizers import OPTIMIZER_NAMES, names_where
 from service.core.results import CaseSpec
 from worker.engine.gradients import GradientStream, initial_parameters
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-TWO_MOMENT = ("adam", "ademamix")
-COUPLED = ("momentum", "rmsprop", "adagrad")
+# Which optimizers a variant can apply to, from service.core.optimizers' table: the bias-corrected
+# ones (bias corrections, eps placement), and how each applies weight decay.
+ALL = OPTIMIZER_NAMES
+TWO_MOMENT = names_where(bias_corrected=True)
+DECOUPLED = names_where(decay="decoupled")
+COUPLED = names_where(decay="coupled")
 
 
 @dataclass(frozen=True)
@@ -50,9 +55,6 @@ class Variant:
             return bool(case.hyper.get("skip_zeros", False)) and case.gradient.zero_fraction > 0.0
         return True
 
-
-ALL = ("adam", "ademamix", "lion", "momentum", "rmsprop", "adagrad")
-DECOUPLED = ("adam", "ademamix", "lion")
 
 CORRECT = Variant("reference", "the reference algorithm", "none", ALL)
 

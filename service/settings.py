@@ -80,8 +80,8 @@ class Settings(BaseSettings):
     # the standard one on a CUDA worker; "off": only on request (POST /api/v1/runs/{id}/training).
     training_impact: Literal["auto", "quick", "standard", "off"] = "auto"
     # Kernel hosts a training-impact job trains in, both builds together (worker/training/runner.py
-    # HostPool). None: 2 on a CPU worker (one per side), 8 on a CUDA worker, whose small-model steps
-    # are bound by each host's kernel launches on its CPU core, not by the GPU.
+    # HostPool). None: 2 on a CPU worker (one per side); on a CUDA worker, whose small-model steps
+    # are bound by each host's kernel launches on its CPU core, not by the GPU, half its cores, at most 8.
     training_hosts: int | None = Field(None, ge=2, le=32)
     # The kernels' own speed per commit (worker/speed, docs/PERFORMANCE.md): seconds a run may
     # spend timing its kernels after the battery. None: 120 on a CUDA worker, off on a CPU worker;
@@ -182,7 +182,8 @@ class Settings(BaseSettings):
     def resolved_training_hosts(self) -> int:
         if self.training_hosts is not None:
             return self.training_hosts
-        return 2 if self.worker_device == "cpu" else 8
+        # A host's training is one busy CPU core: at most half the machine's, at most 8.
+        return 2 if self.worker_device == "cpu" else max(2, min(8, (os.cpu_count() or 4) // 2))
 
     @property
     def resolved_build_cache_dir(self) -> Path:

@@ -659,3 +659,14 @@ def presence_beat(*, name: str, environment: str, detail: dict, session: Session
 def presence_leave(*, name: str, session: Session | None = None) -> None:
     with _session(session) as session:
         workers.leave(session=session, name=name)
+
+
+# ----------------------------------------------------------------------------- a build's progress
+def build_progress(run_id: int, *, worker: str, done: int | None, total: int | None, unit: str,
+                   session: Session | None = None) -> bool:
+    """Where the run's build has got to (worker.build.progress: ninja's [n/m], compile lines
+    counted), for its page and GET /api/v1/runs/{id}; at most once a second from the build's
+    watcher thread, in a session of its own. False once the run is not building or not `worker`'s."""
+    with _session(session) as session:
+        return runs.set_build_progress(session=session, run_id=run_id, worker=worker, done=done, total=total,
+                                       unit=unit)

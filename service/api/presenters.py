@@ -9,12 +9,13 @@ from dataclasses import asdict
 from sqlalchemy.orm import object_session
 
 from service.api.schemas import (
-    AcknowledgedViaPublic, BaselinePublic, CaseAttributionPublic, CommitPublic, DirectionDisagreement, NondeterministicCase, NotApplicableCase, Progress, RunPublic,
+    AcknowledgedViaPublic, BaselinePublic, BuildProgress, CaseAttributionPublic, CommitPublic, DirectionDisagreement, NondeterministicCase, NotApplicableCase, Progress, RunPublic,
     TrajectoryPublic, VerdictPublic,
 )
 from service.db.models import ERROR, FAILED, Commit, Run, Trajectory, Verdict
 from service.api.paging import VERDICT_CASES_SHOWN, cases_shown_first, cases_url, detail_for_cases
 from service.core import attribution_view
+from service.domain import runs
 from service.domain.trajectories import unpack_series
 from service.domain.workers import waiting_for
 from service.core.results import CaseVerdict
@@ -107,7 +108,8 @@ def run_public(run: Run, waiting_cache: dict | None = None) -> RunPublic:
         battery_hash=run.battery_hash,
         environment=run.environment, status=run.status, fault=FAULT_BY_STATUS.get(run.status),
         attempt=run.attempt, workers_lost=run.workers_lost or 0, worker=run.worker,
-        progress=Progress(cases_done=run.cases_done, cases_total=run.cases_total),
+        progress=Progress(cases_done=run.cases_done, cases_total=run.cases_total,
+                          build=BuildProgress.of(runs.build_progress_of(run))),
         created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
         heartbeat_at=run.heartbeat_at, dispatched=run.dispatched_at is not None,
         cancel_requested=run.cancel_requested, build_digest=run.build_digest,

@@ -7,7 +7,9 @@ from typing import Any, Literal
 
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator,
+)
 
 from service.core.results import ComparisonFigures
 from service.core.environments import ENVIRONMENT_PATTERN
@@ -100,9 +102,52 @@ class ProjectsPublic(BaseModel):
     data: list[ProjectPublic]
 
 
+class BuildProgress(BaseModel):
+    """Where a building run's build has got to: read from its log by the worker (ninja's [n/m],
+    CMake's [ 45%], compile lines counted; worker.build.progress), stored at most once a second."""
+
+    phase: Literal["building"]
+    done: int | None = Field(description="units compiled (ninja's steps, compile lines), or the percentage for "
+                                         "unit percent; None: the build has said nothing countable yet")
+    total: int | None = Field(description="units in all (ninja's m in [n/m]); 100 for unit percent; None: unknown")
+    unit: Literal["units", "percent"]
+    text: str = Field(description="as the run page says it: 'building: 12/40 units', 'building: 45 %', "
+                                  "'building: 3 units compiled', 'building'")
+
+    @classmethod
+    def of(cls, stored: dict | None) -> "BuildProgress | None":
+        """From what the worker stored (service.domain.runs.build_progress_of); None for nothing stored."""
+        if not stored:
+            return None
+        done, total, unit = stored.get("done"), stored.get("total"), stored.get("unit", "units")
+        if done is None:
+            text = "building"
+        elif unit == "percent":
+            text = f"building: {done} %"
+        elif total:
+            text = f"building: {done}/{total} units"
+        else:
+            text = f"building: {done} units compiled"
+        try:
+            return cls(phase="building", done=done, total=total, unit=unit, text=text)
+        except ValueError:  # pydantic's ValidationError: a stored shape this version does not know
+            return None
+
+
 class Progress(BaseModel):
     cases_done: int
     cases_total: int | None
+    build: BuildProgress | None = Field(None, description="while the run builds: its build's progress; absent "
+                                                          "otherwise (a cached build, or the build is over)")
+
+    @model_serializer(mode="wrap")
+    def _build_only_while_building(self, handler):  # noqa: ANN001, ANN202
+        # Absent rather than null outside the build: a run's progress reads as it did before builds
+        # reported theirs (clients comparing {cases_done, cases_total} keep working).
+        data = handler(self)
+        if data.get("build") is None:
+            data.pop("build", None)
+        return data
 
 
 class NotApplicableCase(BaseModel):

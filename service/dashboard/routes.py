@@ -20,12 +20,13 @@ from fastapi.templating import Jinja2Templates
 
 from service.api.deps import SessionDep, SettingsDep
 from service.api.params import Page, RunIdPath, RunIdQuery
+from service.api.schemas import BuildProgress
 from service.dashboard import release_matrix, speed_pages, training_panel, wording
 from service.dashboard import commit_page as commit_page_figures  # the route below is also named commit_page
 from service.db.models import FINAL_STATUSES
 from service.core import attribution_view
 from service.core.case_names import case_name
-from service.domain import environment_matrix, project_configuration, training_impacts, workers
+from service.domain import environment_matrix, project_configuration, runs, training_impacts, workers
 from service.domain import dashboard_queries as queries
 from service.domain.errors import NotFoundError
 
@@ -105,6 +106,7 @@ def _run_page(request: Request, session: SessionDep, run_id: int, cases_page: in
                  multiples=multiples,
                  multiples_json=multiples.as_json(),
                  first_plot=first_plot, final=data.run.status in FINAL_STATUSES,
+                 build_progress=BuildProgress.of(runs.build_progress_of(data.run)),
                  # why a queued run is not starting (no live worker serves its environment), as the API says
                  waiting_for=workers.waiting_for(session=session, run=data.run),
                  figures=commit_page_figures.headline_figures(data.run),

@@ -235,3 +235,33 @@ def requeue_yielded(*, session: Session, run_id: int, worker: str, note: str) ->
     session.execute(delete(Trajectory).where(Trajectory.run_id == run_id))
     session.commit()
     return True
+
+
+# A building run's progress, kept in its environment detail (no column of its own): the worker's
+# record of the built tree replaces the whole detail when the build ends, so the key lives exactly
+# as long as the build. Numbers only ({"phase", "done", "total", "unit"}), never the log's words.
+BUILD_PROGRESS_KEY = "build_progress"
+
+
+def set_build_progress(*, session: Session, run_id: int, worker: str, done: int | None, total: int | None,
+                       unit: str) -> bool:
+    """Store the build's progress on a run this worker owns while it builds; False (nothing
+    written) once it is not building or not this worker's. The row is locked while its detail is
+    merged, so a write of the detail racing this one (the build's end) is never lost."""
+    run = session.scalar(select(Run).where(Run.id == run_id, Run.worker == worker, Run.status == BUILDING)
+                         .with_for_update().execution_options(populate_existing=True))
+    if run is None:  # no row matched: none is locked, nothing to undo
+        return False
+    progress = {"phase": "building", "done": done, "total": total, "unit": unit}
+    run.environment_detail = {**(run.environment_detail or {}), BUILD_PROGRESS_KEY: progress}
+    session.commit()
+    return True
+
+
+def build_progress_of(run: Run) -> dict | None:
+    """The stored build progress while the run builds (a key left by a build the watchdog killed
+    says nothing once the run is over); None otherwise."""
+    if run.status != BUILDING:
+        return None
+    stored = (run.environment_detail or {}).get(BUILD_PROGRESS_KEY)
+    return stored if isinstance(stored, dict) else None

@@ -1,9 +1,10 @@
 """What a build is doing while it runs, read from its log as it grows (issue 47: `check` was silent
 for the 47 s of a build, 93 % of a DeepSpeed check).
 
-A caller that wants to know (`optdrift check`) listens around its build (`listening`); the build
-code watches its log while its child runs (`watching`, in worker.build.extension and .project).
-Without a listener nothing is read. The log is the child's output, which submitted code writes:
+A caller that wants to know listens around its build (`listening`): `optdrift check` prints each
+step, the run job stores one at most every second on the run (service.run_store.build_progress; the
+run page and GET /api/v1/runs/{id} show it). The build code watches its log while its child runs
+(`watching`, in worker.build.extension and .project). Without a listener nothing is read. The log is the child's output, which submitted code writes:
 it is opened through worker.sandbox.boxfiles (a regular file with one link, not a link or a FIFO)
 and read from that descriptor as it grows, at most MAX_READ_BYTES each poll.
 
@@ -21,8 +22,9 @@ import contextvars
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.sandbox import boxfiles
@@ -37,12 +39,20 @@ class BuildStep:
     done: int
     total: int | None  # None: compile lines counted, the total unknown
     what: str  # "adam.cpp", "Building CXX object src/adam.cpp.o", "$ cmake --build build"
+    # "units" (ninja's steps, compile lines) or "percent" (CMake's Makefiles): follows from the
+    # line's kind, so it does not tell two steps apart.
+    unit: str = field(default="units", compare=False)
 
     def words(self) -> str:
         """'[12/40] compiling adam.cpp', '3 compiled, compiling c.cpp', '$ cmake --build build'."""
         if self.total:
             return f"[{self.done}/{self.total}] {self.what}"
         return f"{self.done} compiled, {self.what}" if self.done else self.what
+
+    def counts(self) -> dict[str, int | str | None]:
+        """What a run stores of the step: numbers only, never the log's words (submitted code
+        writes the log). {"done": 12, "total": 40, "unit": "units"}; a command line alone: done None."""
+        return {"done": self.done if self.done or self.total else None, "total": self.total, "unit": self.unit}
 
 
 _NINJA = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)")
@@ -82,7 +92,7 @@ class LogProgress:
         if match := _NINJA.match(line):
             self.step = BuildStep(int(match.group(1)), int(match.group(2)), _what(match.group(3)))
         elif match := _MAKE.match(line):
-            self.step = BuildStep(int(match.group(1)), 100, match.group(2).strip()[:80])
+            self.step = BuildStep(int(match.group(1)), 100, match.group(2).strip()[:80], unit="percent")
         elif _COMPILER.match(line):
             self.compiled += 1
             self.step = BuildStep(self.compiled, None, _what(line))
@@ -91,14 +101,35 @@ class LogProgress:
 
 
 Listener = Callable[[BuildStep], None]
-_listener: contextvars.ContextVar[Listener | None] = contextvars.ContextVar("build_progress_listener", default=None)
+_listener: contextvars.ContextVar[tuple[Listener, float] | None] = contextvars.ContextVar(
+    "build_progress_listener", default=None)
+
+
+class Pacer:
+    """The newest step, handed on at most once every `every_s` seconds. A step held back is handed
+    on at the first poll after the interval (the watcher polls every POLL_S whether or not the log
+    grew), so a listener lags the log by at most every_s + POLL_S and never stays on a stale step."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self.said: BuildStep | None = None
+        self.said_at: float | None = None
+
+    def due(self, step: BuildStep | None, now: float) -> BuildStep | None:
+        """`step` when it is new and the interval has passed since the last one handed on; else None."""
+        if step is None or step == self.said:
+            return None
+        if self.said_at is not None and now - self.said_at < self.every_s:
+            return None
+        self.said, self.said_at = step, now
+        return step
 
 
 @contextlib.contextmanager
-def listening(on_step: Listener) -> Iterator[None]:
+def listening(on_step: Listener, *, every_s: float = 0.0) -> Iterator[None]:
     """Builds made in this context (this thread) report their steps to `on_step`, called from a
-    watcher thread each time the step changes."""
-    token = _listener.set(on_step)
+    watcher thread each time the step changes, at most once every `every_s` seconds (Pacer)."""
+    token = _listener.set((on_step, every_s))
     try:
         yield
     finally:
@@ -108,13 +139,14 @@ def listening(on_step: Listener) -> Iterator[None]:
 @contextlib.contextmanager
 def watching(log_path: Path) -> Iterator[None]:
     """While the block runs (a build child writing `log_path`), tell the listener, if any, each new step."""
-    on_step = _listener.get()
-    if on_step is None:
+    listener = _listener.get()
+    if listener is None:
         yield
         return
+    on_step, every_s = listener
     stop = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(Path(log_path), on_step, stop), name="build-progress",
-                               daemon=True)
+    watcher = threading.Thread(target=_watch, args=(Path(log_path), on_step, stop, Pacer(every_s)),
+                               name="build-progress", daemon=True)
     watcher.start()
     try:
         yield
@@ -123,8 +155,8 @@ def watching(log_path: Path) -> Iterator[None]:
         watcher.join(timeout=5.0)
 
 
-def _watch(log_path: Path, on_step: Listener, stop: threading.Event) -> None:
-    progress, said, fd = LogProgress(), None, None
+def _watch(log_path: Path, on_step: Listener, stop: threading.Event, pacer: Pacer) -> None:
+    progress, fd = LogProgress(), None
     try:
         while True:
             stopping = stop.wait(POLL_S)
@@ -135,9 +167,8 @@ def _watch(log_path: Path, on_step: Listener, stop: threading.Event) -> None:
                     return  # not a plain file: nothing of it is read
             if fd is not None:
                 data = os.read(fd, MAX_READ_BYTES)
-                step = progress.feed(data.decode("utf-8", errors="replace"))
-                if step is not None and step != said:
-                    said = step
+                step = pacer.due(progress.feed(data.decode("utf-8", errors="replace")), time.monotonic())
+                if step is not None:
                     on_step(step)
             if stopping:
                 return

@@ -30,6 +30,7 @@ from service.run_store import (
 from service.settings import Settings, get_settings
 from worker import pipeline, sandbox
 from worker.battery import BatteryError
+from worker.build import progress as build_progress
 from worker.build.refusal import refusal_of
 from worker.identity import worker_name
 from worker.jobs import follow_ups
@@ -381,7 +382,10 @@ def _phases(*, run_id: int, settings: Settings, worker: str, beat: Heartbeat, gu
                                       case_timeout_s=budget.case_timeout_s,
                                       deadline=budget.deadline,
                                       reference_cache=settings.resolved_build_cache_dir / "references")
-            built = workspace.build(job, policy)
+            # The build's progress on the run while it builds, for its page (at most once a second).
+            with build_progress.listening(lambda step: run_store.build_progress(
+                    claimed.run_id, worker=claimed.worker, **step.counts()), every_s=1.0):
+                built = workspace.build(job, policy)
             build_log = _read_log(built.log_path)
         guard.check()  # a build the watchdog killed is not the commit's failure
         available, what = sandbox.status()

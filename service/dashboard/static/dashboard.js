@@ -82,9 +82,14 @@ const optdrift = (() => {
         const run = await getJSON(`/api/v1/runs/${runId}`);
         const p = run.progress;
         const bar = document.getElementById("progress-bar");
-        if (bar) { bar.max = p.cases_total || 1; bar.value = p.cases_done; }
         const text = document.getElementById("progress-text");
-        if (text) text.textContent = `${run.status}: ${p.cases_done} of ${p.cases_total ?? "?"} cases`;
+        if (p.build) {  // while it builds: the build's own progress, in the API's words
+          if (bar) { bar.max = p.build.total || 1; bar.value = p.build.done || 0; }
+          if (text) text.textContent = p.build.text;
+        } else {
+          if (bar) { bar.max = p.cases_total || 1; bar.value = p.cases_done; }
+          if (text) text.textContent = `${run.status}: ${p.cases_done} of ${p.cases_total ?? "?"} cases`;
+        }
         const status = document.getElementById("run-status");
         if (status) status.textContent = run.status;
         if (FINAL.has(run.status)) { window.location.reload(); return; }

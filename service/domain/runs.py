@@ -246,11 +246,13 @@ BUILD_PROGRESS_KEY = "build_progress"
 def set_build_progress(*, session: Session, run_id: int, worker: str, done: int | None, total: int | None,
                        unit: str) -> bool:
     """Store the build's progress on a run this worker owns while it builds; False (nothing
-    written) once it is not building or not this worker's. The row is locked while its detail is
-    merged, so a write of the detail racing this one (the build's end) is never lost."""
+    written) once it is not building or not this worker's, or while another transaction holds
+    the row. The row is locked while its detail is merged, so a write of the detail racing this
+    one (the build's end) is never lost; a row locked elsewhere is skipped, never waited for: a
+    progress write must not hold the build's watcher (the next step tries again)."""
     run = session.scalar(select(Run).where(Run.id == run_id, Run.worker == worker, Run.status == BUILDING)
-                         .with_for_update().execution_options(populate_existing=True))
-    if run is None:  # no row matched: none is locked, nothing to undo
+                         .with_for_update(skip_locked=True).execution_options(populate_existing=True))
+    if run is None:  # no row matched or it is locked: none is locked here, nothing to undo
         return False
     progress = {"phase": "building", "done": done, "total": total, "unit": unit}
     run.environment_detail = {**(run.environment_detail or {}), BUILD_PROGRESS_KEY: progress}

@@ -91,3 +91,48 @@ def test_nothing_is_stored_once_the_run_is_not_building_or_not_this_workers(db_s
     # A key left by a build that was stopped says nothing once the run is past building.
     row.environment_detail = {BUILD_PROGRESS_KEY: {"phase": "building", "done": 1, "total": 2, "unit": "units"}}
     assert build_progress_of(row) is None
+
+
+def test_a_run_row_locked_elsewhere_is_skipped_not_waited_for(pg_engine) -> None:  # noqa: ANN001
+    """The watcher's write never waits on the run's row (the job's own transaction may hold it):
+    it is skipped, and the next step writes. Committed rows (another connection must see them),
+    deleted at the end."""
+    import time
+
+    from sqlalchemy import delete, select, text
+    from sqlalchemy.orm import Session
+
+    from service.db.models import Commit, Project, SourceArchive
+
+    digest = f"{time.time_ns():064x}"[-64:]  # rows of this test's own, however many tests run beside it
+    with Session(pg_engine) as setup:
+        setup.add(SourceArchive(digest=digest, size_bytes=1, member_count=1))
+        project = Project(name=f"build-progress-{digest[-12:]}", environments=["cpu"])
+        setup.add(project)
+        setup.flush()
+        commit = Commit(project_id=project.id, sha=digest[:12], parents=[], ref="main", source_digest=digest)
+        setup.add(commit)
+        setup.flush()
+        run = Run(project_id=project.id, commit_id=commit.id, source_digest=digest, battery="quick",
+                  environment="cpu", status="building", attempt=1, worker=WORKER)
+        setup.add(run)
+        setup.commit()
+        run_id, project_id = run.id, project.id
+    try:
+        with Session(pg_engine) as holder, Session(pg_engine) as watcher:
+            holder.scalar(select(Run).where(Run.id == run_id).with_for_update())  # the row is held
+            # A write that waited would fail here after 5 s instead of hanging the test.
+            watcher.execute(text("SET lock_timeout = '5s'"))
+            began = time.monotonic()
+            assert not run_store.build_progress(run_id, worker=WORKER, done=1, total=4, unit="units",
+                                                session=watcher)
+            assert time.monotonic() - began < 2.0  # skipped at once (a wait would last until the holder ends)
+            holder.commit()
+            assert run_store.build_progress(run_id, worker=WORKER, done=2, total=4, unit="units", session=watcher)
+        with Session(pg_engine) as check:
+            assert check.get(Run, run_id).environment_detail[BUILD_PROGRESS_KEY]["done"] == 2
+    finally:
+        with Session(pg_engine) as cleanup:
+            cleanup.execute(delete(Project).where(Project.id == project_id))  # its commit and run cascade
+            cleanup.execute(delete(SourceArchive).where(SourceArchive.digest == digest))
+            cleanup.commit()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from service.core.optimizers import OPTIMIZERS, names_where
+from service.core.optimizers import EXPLICIT_HYPER, OPTIMIZERS, names_where
 
 NAMESPACE = "optdrift"
 
@@ -121,43 +121,34 @@ def _check_tensors_fake(op: str, param, grad, states: Mapping[str, torch.Tensor]
             raise RuntimeError(f"{op}: argument '{name}' must be contiguous")
 
 
+def _arguments(names: tuple[str, ...], args: tuple, kwargs: dict) -> dict:
+    """An op call's arguments by schema name, however the caller passed them."""
+    return {**dict(zip(names, args)), **kwargs}
+
+
+def _fake_32bit(optimizer: str) -> Callable[..., None]:
+    """The fake of `<optimizer>_step`, from its table row (schema: param, grad, states, scalars)."""
+    row, op = OPTIMIZERS[optimizer], f"{NAMESPACE}::{optimizer}_step"
+    names = ("param", "grad", *row.state_names, *row.scalar_order)
+
+    def fake(*args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        given = _arguments(names, args, kwargs)
+        _check_tensors_fake(op, given["param"], given["grad"], {name: given[name] for name in row.state_names})
+
+    return fake
+
+
 def _register_fakes() -> None:
     # The ops mutate their inputs and return nothing, so a fake only has to validate.
-    @torch.library.register_fake(f"{NAMESPACE}::adam_step")
-    def _adam_fake(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
-                   gnorm_scale=1.0, skip_zeros=False):
-        _check_tensors_fake("optdrift::adam_step", param, grad,
-                            {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq})
-
-    @torch.library.register_fake(f"{NAMESPACE}::ademamix_step")
-    def _ademamix_fake(param, grad, exp_avg_fast, exp_avg_slow, exp_avg_sq, step, lr, beta1,
-                       beta2, beta3, alpha, eps, weight_decay, gnorm_scale=1.0):
-        _check_tensors_fake("optdrift::ademamix_step", param, grad,
-                            {"exp_avg_fast": exp_avg_fast, "exp_avg_slow": exp_avg_slow,
-                             "exp_avg_sq": exp_avg_sq})
-
-    @torch.library.register_fake(f"{NAMESPACE}::lion_step")
-    def _lion_fake(param, grad, exp_avg, lr, beta1, beta2, weight_decay, gnorm_scale=1.0):
-        _check_tensors_fake("optdrift::lion_step", param, grad, {"exp_avg": exp_avg})
-
-    @torch.library.register_fake(f"{NAMESPACE}::momentum_step")
-    def _momentum_fake(param, grad, momentum_buffer, step, lr, momentum, weight_decay,
-                       gnorm_scale=1.0):
-        _check_tensors_fake("optdrift::momentum_step", param, grad,
-                            {"momentum_buffer": momentum_buffer})
-
-    @torch.library.register_fake(f"{NAMESPACE}::rmsprop_step")
-    def _rmsprop_fake(param, grad, square_avg, lr, alpha, eps, weight_decay, gnorm_scale=1.0):
-        _check_tensors_fake("optdrift::rmsprop_step", param, grad, {"square_avg": square_avg})
-
-    @torch.library.register_fake(f"{NAMESPACE}::adagrad_step")
-    def _adagrad_fake(param, grad, state_sum, lr, eps, weight_decay, gnorm_scale=1.0):
-        _check_tensors_fake("optdrift::adagrad_step", param, grad, {"state_sum": state_sum})
+    for optimizer in OPTIMIZERS:
+        torch.library.register_fake(f"{NAMESPACE}::{optimizer}_step", _fake_32bit(optimizer))
 
 
 # ------------------------------------------------------------------------- typed wrappers
-# Defaults are torch.optim's (Adam, RMSprop, Adagrad) or the papers' (Lion, AdEMAMix); lr and
-# weight_decay are always explicit because the battery's cases differ exactly there.
+# One per optimizer, made from its row of service.core.optimizers: `<name>_step(param, grad,
+# *states, step=..., lr=..., weight_decay=..., <hyperparameters>)`. Defaults are the table's
+# (torch.optim's or the papers'); step, lr and weight_decay are always explicit because the
+# battery's cases differ exactly there.
 
 
 def _ops():
@@ -166,50 +157,36 @@ def _ops():
     return torch.ops.optdrift
 
 
-def adam_step(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, weight_decay: float,
-              beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
-              gnorm_scale: float = 1.0, skip_zeros: bool = False) -> None:
-    _ops().adam_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay,
-                     gnorm_scale, skip_zeros)
+def _typed_wrapper(optimizer: str) -> Callable[..., None]:
+    row, op_name, required = OPTIMIZERS[optimizer], f"{optimizer}_step", inspect.Parameter.empty
+    defaults: dict[str, object] = {name: required for name in (("step",) if row.takes_step else ()) + EXPLICIT_HYPER}
+    defaults.update((name, value) for name, value in row.hyper.items() if name not in EXPLICIT_HYPER)
+
+    def wrapper(param, grad, *states, **hyper) -> None:  # noqa: ANN001, ANN002, ANN003
+        unknown = sorted(set(hyper) - set(defaults))
+        missing = [name for name, default in defaults.items() if default is required and name not in hyper]
+        if len(states) != len(row.states) or unknown or missing:
+            raise TypeError(f"{op_name}() takes param, grad, the states {row.state_names} and the keyword "
+                            f"arguments {list(defaults)}; got {len(states)} states, unknown {unknown}, "
+                            f"missing {missing}")
+        values = {**defaults, **hyper}
+        getattr(_ops(), op_name)(param, grad, *states, *(values[name] for name in row.scalar_order))
+
+    wrapper.__name__ = wrapper.__qualname__ = op_name
+    wrapper.__doc__ = f"One in-place step of {NAMESPACE}::{op_name} (its row: service.core.optimizers)."
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    wrapper.__signature__ = inspect.Signature(
+        [inspect.Parameter(name, positional) for name in ("param", "grad", *row.state_names)]
+        + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=value,
+                             annotation="int" if name == "step" else "bool" if isinstance(value, bool) else "float")
+           for name, value in defaults.items()],
+        return_annotation="None")
+    return wrapper
 
 
-def ademamix_step(param, grad, exp_avg_fast, exp_avg_slow, exp_avg_sq, *, step: int, lr: float,
-                  weight_decay: float, beta1: float = 0.9, beta2: float = 0.999,
-                  beta3: float = 0.9999, alpha: float = 5.0, eps: float = 1e-8,
-                  gnorm_scale: float = 1.0) -> None:
-    _ops().ademamix_step(param, grad, exp_avg_fast, exp_avg_slow, exp_avg_sq, step, lr, beta1,
-                         beta2, beta3, alpha, eps, weight_decay, gnorm_scale)
-
-
-def lion_step(param, grad, exp_avg, *, lr: float, weight_decay: float, beta1: float = 0.9,
-              beta2: float = 0.99, gnorm_scale: float = 1.0) -> None:
-    _ops().lion_step(param, grad, exp_avg, lr, beta1, beta2, weight_decay, gnorm_scale)
-
-
-def momentum_step(param, grad, momentum_buffer, *, step: int, lr: float, weight_decay: float,
-                  momentum: float = 0.9, gnorm_scale: float = 1.0) -> None:
-    _ops().momentum_step(param, grad, momentum_buffer, step, lr, momentum, weight_decay,
-                         gnorm_scale)
-
-
-def rmsprop_step(param, grad, square_avg, *, lr: float, weight_decay: float, alpha: float = 0.99,
-                 eps: float = 1e-8, gnorm_scale: float = 1.0) -> None:
-    _ops().rmsprop_step(param, grad, square_avg, lr, alpha, eps, weight_decay, gnorm_scale)
-
-
-def adagrad_step(param, grad, state_sum, *, lr: float, weight_decay: float, eps: float = 1e-10,
-                 gnorm_scale: float = 1.0) -> None:
-    _ops().adagrad_step(param, grad, state_sum, lr, eps, weight_decay, gnorm_scale)
-
-
-_WRAPPERS = {
-    "adam": adam_step,
-    "ademamix": ademamix_step,
-    "lion": lion_step,
-    "momentum": momentum_step,
-    "rmsprop": rmsprop_step,
-    "adagrad": adagrad_step,
-}
+_WRAPPERS: dict[str, Callable[..., None]] = {optimizer: _typed_wrapper(optimizer) for optimizer in OPTIMIZERS}
+# Each wrapper under its op's name as well (bundled_ops.adam_step, ...), as benchmarks call them.
+globals().update({wrapper.__name__: wrapper for wrapper in _WRAPPERS.values()})
 
 # Optimizers whose update depends on the step number (bias correction, first-step buffer).
 STEP_DEPENDENT = frozenset(names_where(takes_step=True))
@@ -341,53 +318,26 @@ def _check_8bit_fake(op: str, param, grad, states: Mapping[str, tuple[torch.Tens
                                f"on {param.device}; got {qmap.dtype} {tuple(qmap.shape)} on {qmap.device}")
 
 
+def _fake_8bit(optimizer: str) -> Callable[..., None]:
+    """The fake of `<optimizer>_8bit_blockwise_step`, from its table row (schema: param, grad, each
+    state's codes and absmax, the maps, scalars)."""
+    row, op = OPTIMIZERS[optimizer], f"{NAMESPACE}::{optimizer}_8bit_blockwise_step"
+    maps = tuple(f"{kind}_map" for kind in row.state_maps)
+    names = ("param", "grad", *(f"{state}_{part}" for state in row.state_names for part in ("codes", "absmax")),
+             *maps, *row.scalar_order)
+
+    def fake(*args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        given = _arguments(names, args, kwargs)
+        _check_8bit_fake(op, given["param"], given["grad"],
+                         {state: (given[f"{state}_codes"], given[f"{state}_absmax"]) for state in row.state_names},
+                         {name: given[name] for name in maps})
+
+    return fake
+
+
 def _register_fakes_8bit() -> None:
-    @torch.library.register_fake(f"{NAMESPACE}::adam_8bit_blockwise_step")
-    def _adam8_fake(param, grad, exp_avg_codes, exp_avg_absmax, exp_avg_sq_codes, exp_avg_sq_absmax,
-                    signed_map, unsigned_map, step, lr, beta1, beta2, eps, weight_decay,
-                    gnorm_scale=1.0, skip_zeros=False):
-        _check_8bit_fake("optdrift::adam_8bit_blockwise_step", param, grad,
-                         {"exp_avg": (exp_avg_codes, exp_avg_absmax),
-                          "exp_avg_sq": (exp_avg_sq_codes, exp_avg_sq_absmax)},
-                         {"signed_map": signed_map, "unsigned_map": unsigned_map})
-
-    @torch.library.register_fake(f"{NAMESPACE}::ademamix_8bit_blockwise_step")
-    def _ademamix8_fake(param, grad, exp_avg_fast_codes, exp_avg_fast_absmax, exp_avg_slow_codes,
-                        exp_avg_slow_absmax, exp_avg_sq_codes, exp_avg_sq_absmax, signed_map,
-                        unsigned_map, step, lr, beta1, beta2, beta3, alpha, eps, weight_decay,
-                        gnorm_scale=1.0):
-        _check_8bit_fake("optdrift::ademamix_8bit_blockwise_step", param, grad,
-                         {"exp_avg_fast": (exp_avg_fast_codes, exp_avg_fast_absmax),
-                          "exp_avg_slow": (exp_avg_slow_codes, exp_avg_slow_absmax),
-                          "exp_avg_sq": (exp_avg_sq_codes, exp_avg_sq_absmax)},
-                         {"signed_map": signed_map, "unsigned_map": unsigned_map})
-
-    @torch.library.register_fake(f"{NAMESPACE}::lion_8bit_blockwise_step")
-    def _lion8_fake(param, grad, exp_avg_codes, exp_avg_absmax, signed_map, lr, beta1, beta2,
-                    weight_decay, gnorm_scale=1.0):
-        _check_8bit_fake("optdrift::lion_8bit_blockwise_step", param, grad,
-                         {"exp_avg": (exp_avg_codes, exp_avg_absmax)}, {"signed_map": signed_map})
-
-    @torch.library.register_fake(f"{NAMESPACE}::momentum_8bit_blockwise_step")
-    def _momentum8_fake(param, grad, momentum_buffer_codes, momentum_buffer_absmax, signed_map,
-                        step, lr, momentum, weight_decay, gnorm_scale=1.0):
-        _check_8bit_fake("optdrift::momentum_8bit_blockwise_step", param, grad,
-                         {"momentum_buffer": (momentum_buffer_codes, momentum_buffer_absmax)},
-                         {"signed_map": signed_map})
-
-    @torch.library.register_fake(f"{NAMESPACE}::rmsprop_8bit_blockwise_step")
-    def _rmsprop8_fake(param, grad, square_avg_codes, square_avg_absmax, unsigned_map, lr, alpha,
-                       eps, weight_decay, gnorm_scale=1.0):
-        _check_8bit_fake("optdrift::rmsprop_8bit_blockwise_step", param, grad,
-                         {"square_avg": (square_avg_codes, square_avg_absmax)},
-                         {"unsigned_map": unsigned_map})
-
-    @torch.library.register_fake(f"{NAMESPACE}::adagrad_8bit_blockwise_step")
-    def _adagrad8_fake(param, grad, state_sum_codes, state_sum_absmax, unsigned_map, lr, eps,
-                       weight_decay, gnorm_scale=1.0):
-        _check_8bit_fake("optdrift::adagrad_8bit_blockwise_step", param, grad,
-                         {"state_sum": (state_sum_codes, state_sum_absmax)},
-                         {"unsigned_map": unsigned_map})
+    for optimizer in OPTIMIZERS:
+        torch.library.register_fake(f"{NAMESPACE}::{optimizer}_8bit_blockwise_step", _fake_8bit(optimizer))
 
 
 # load_build calls `_register_fakes` through the module globals; chaining it here registers the
@@ -544,40 +494,27 @@ def has_multi_ops() -> bool:
     return hasattr(getattr(torch.ops, NAMESPACE), "adam_multi_step")
 
 
+def _fake_multi(optimizer: str) -> Callable[..., None]:
+    """The fake of `<optimizer>_multi_step`, from its table row (schema: params, grads, a list per
+    state, steps, beta_powers where it keeps them, group_of, a list per hyperparameter)."""
+    row, op = OPTIMIZERS[optimizer], f"{NAMESPACE}::{optimizer}_multi_step"
+    lists = multi_state_lists(optimizer)
+    names = ("params", "grads", *lists, "steps", *(("beta_powers",) if optimizer in MULTI_BETA_POWERS else ()),
+             "group_of", *row.hyper)
+
+    def fake(*args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        given = _arguments(names, args, kwargs)
+        _check_multi_fake(op, given["params"], given["grads"], {name: given[name] for name in lists},
+                          given["group_of"])
+
+    return fake
+
+
 def _register_fakes_multi() -> None:
     if not has_multi_ops():
         return
-    @torch.library.register_fake(f"{NAMESPACE}::adam_multi_step")
-    def _adam_multi_fake(params, grads, exp_avgs, exp_avg_sqs, steps, beta_powers, group_of, lr, beta1,
-                         beta2, eps, weight_decay, gnorm_scale, skip_zeros):
-        _check_multi_fake("optdrift::adam_multi_step", params, grads,
-                          {"exp_avgs": exp_avgs, "exp_avg_sqs": exp_avg_sqs}, group_of)
-
-    @torch.library.register_fake(f"{NAMESPACE}::ademamix_multi_step")
-    def _ademamix_multi_fake(params, grads, exp_avg_fasts, exp_avg_slows, exp_avg_sqs, steps, beta_powers,
-                             group_of, lr, beta1, beta2, beta3, alpha, eps, weight_decay, gnorm_scale):
-        _check_multi_fake("optdrift::ademamix_multi_step", params, grads,
-                          {"exp_avg_fasts": exp_avg_fasts, "exp_avg_slows": exp_avg_slows,
-                           "exp_avg_sqs": exp_avg_sqs}, group_of)
-
-    @torch.library.register_fake(f"{NAMESPACE}::lion_multi_step")
-    def _lion_multi_fake(params, grads, exp_avgs, steps, group_of, lr, beta1, beta2, weight_decay, gnorm_scale):
-        _check_multi_fake("optdrift::lion_multi_step", params, grads, {"exp_avgs": exp_avgs}, group_of)
-
-    @torch.library.register_fake(f"{NAMESPACE}::momentum_multi_step")
-    def _momentum_multi_fake(params, grads, momentum_buffers, steps, group_of, lr, momentum, weight_decay,
-                             gnorm_scale):
-        _check_multi_fake("optdrift::momentum_multi_step", params, grads,
-                          {"momentum_buffers": momentum_buffers}, group_of)
-
-    @torch.library.register_fake(f"{NAMESPACE}::rmsprop_multi_step")
-    def _rmsprop_multi_fake(params, grads, square_avgs, steps, group_of, lr, alpha, eps, weight_decay,
-                            gnorm_scale):
-        _check_multi_fake("optdrift::rmsprop_multi_step", params, grads, {"square_avgs": square_avgs}, group_of)
-
-    @torch.library.register_fake(f"{NAMESPACE}::adagrad_multi_step")
-    def _adagrad_multi_fake(params, grads, state_sums, steps, group_of, lr, eps, weight_decay, gnorm_scale):
-        _check_multi_fake("optdrift::adagrad_multi_step", params, grads, {"state_sums": state_sums}, group_of)
+    for optimizer in OPTIMIZERS:
+        torch.library.register_fake(f"{NAMESPACE}::{optimizer}_multi_step", _fake_multi(optimizer))
 
 
 # As for the 8-bit section: load_build calls `_register_fakes` through the module globals.

@@ -147,7 +147,9 @@ print(json.dumps({
     "battery built-in batteries": "sgd_sign" in battery._ALL,
     "bundled_ops.OPTIMIZER_STATES": "sgd_sign" in bundled_ops.OPTIMIZER_STATES,
     "bundled_ops.STATE_SIGNED_8BIT": "sgd_sign" in bundled_ops.STATE_SIGNED_8BIT,
-    "bundled_ops wrapper": "sgd_sign" in bundled_ops._WRAPPERS,
+    "bundled_ops wrapper": callable(getattr(bundled_ops, "sgd_sign_step", None)),
+    "bundled_ops fakes": all(callable(make("sgd_sign")) for make in
+                             (bundled_ops._fake_32bit, bundled_ops._fake_8bit, bundled_ops._fake_multi)),
     "variants.ALL": "sgd_sign" in variants.ALL,
     "variants.DECOUPLED": "sgd_sign" in variants.DECOUPLED,
     "variants._Rule (the float64 rule)": hasattr(variants._Rule, "_sgd_sign"),
@@ -162,10 +164,37 @@ def test_a_new_row_reaches_the_generated_lists_and_not_the_code():
     reached = json.loads(answer.stdout)
     # what a new optimizer gets from its row alone
     generated = ["battery.OPTIMIZER_HYPER_DEFAULTS", "battery built-in batteries", "bundled_ops.OPTIMIZER_STATES",
-                 "bundled_ops.STATE_SIGNED_8BIT", "variants.ALL", "variants.DECOUPLED"]
+                 "bundled_ops.STATE_SIGNED_8BIT", "bundled_ops wrapper", "bundled_ops fakes", "variants.ALL",
+                 "variants.DECOUPLED"]
     # what it needs written (docs/EXTENDING.md, "A new kernel"): the literal (a typed surface,
     # tested equal to the table above), the float64 rules, the references and their digest
-    written = ["results.OptimizerName", "variants._Rule (the float64 rule)", "digest (references)",
-               "bundled_ops wrapper"]
+    written = ["results.OptimizerName", "variants._Rule (the float64 rule)", "digest (references)"]
     assert {k for k, v in reached.items() if v} == set(generated), reached
     assert set(reached) == set(generated) | set(written)
+
+
+@pytest.mark.parametrize("name", OPTIMIZER_NAMES)
+def test_each_generated_wrapper_makes_the_call_step_makes(kernels, name: str):
+    # The typed wrapper (made from the row) and bundled_ops.step (bound from the op's own schema)
+    # are two paths to one op call: from the same inputs they leave bit-identical tensors (the same
+    # arithmetic on the same arguments; any tolerance would hide a swapped argument).
+    import torch
+
+    row = OPTIMIZERS[name]
+    generator = torch.Generator().manual_seed(0)
+    param, grad = torch.randn(257, generator=generator), torch.randn(257, generator=generator)
+    hyper = {"lr": 0.1, "weight_decay": 0.1, "gnorm_scale": 0.5}
+    results = []
+    for path in ("wrapper", "step"):
+        p, states = param.clone(), {state: torch.zeros(257) for state in row.state_names}
+        for t in (1, 2, 3):
+            if path == "wrapper":
+                getattr(kernels, f"{name}_step")(p, grad, *states.values(), **hyper,
+                                                 **({"step": t} if row.takes_step else {}))
+            else:
+                kernels.step(name, p, grad, states, step=t, hyper=hyper)
+        results.append([p, *states.values()])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert not torch.equal(results[0][0], param)  # the op ran
+    with pytest.raises(TypeError, match="missing \\['lr'\\]"):
+        getattr(kernels, f"{name}_step")(param, grad, *states.values(), weight_decay=0.0, step=1)

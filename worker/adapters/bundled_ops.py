@@ -139,9 +139,15 @@ def _fake_32bit(optimizer: str) -> Callable[..., None]:
 
 
 def _register_fakes() -> None:
-    # The ops mutate their inputs and return nothing, so a fake only has to validate.
+    """A fake of every op of every optimizer (the 8-bit and multi-tensor makers are further down).
+    The ops mutate their inputs and return nothing, so a fake only has to validate. A build of a
+    tree from before the multi-tensor ops has none of them to fake."""
+    makers = {"step": _fake_32bit, "8bit_blockwise_step": _fake_8bit}
+    if has_multi_ops():
+        makers["multi_step"] = _fake_multi
     for optimizer in OPTIMIZERS:
-        torch.library.register_fake(f"{NAMESPACE}::{optimizer}_step", _fake_32bit(optimizer))
+        for suffix, make in makers.items():
+            torch.library.register_fake(f"{NAMESPACE}::{optimizer}_{suffix}", make(optimizer))
 
 
 # ------------------------------------------------------------------------- typed wrappers
@@ -335,19 +341,6 @@ def _fake_8bit(optimizer: str) -> Callable[..., None]:
     return fake
 
 
-def _register_fakes_8bit() -> None:
-    for optimizer in OPTIMIZERS:
-        torch.library.register_fake(f"{NAMESPACE}::{optimizer}_8bit_blockwise_step", _fake_8bit(optimizer))
-
-
-# load_build calls `_register_fakes` through the module globals; chaining it here registers the
-# 8-bit fakes too without editing the 32-bit section above.
-_register_fakes_32bit = _register_fakes
-
-
-def _register_fakes() -> None:  # noqa: F811  (extends the 32-bit registration)
-    _register_fakes_32bit()
-    _register_fakes_8bit()
 
 
 def new_states_8bit(optimizer: str, param: torch.Tensor, signed_map: torch.Tensor,
@@ -508,19 +501,3 @@ def _fake_multi(optimizer: str) -> Callable[..., None]:
                           given["group_of"])
 
     return fake
-
-
-def _register_fakes_multi() -> None:
-    if not has_multi_ops():
-        return
-    for optimizer in OPTIMIZERS:
-        torch.library.register_fake(f"{NAMESPACE}::{optimizer}_multi_step", _fake_multi(optimizer))
-
-
-# As for the 8-bit section: load_build calls `_register_fakes` through the module globals.
-_register_fakes_one_tensor = _register_fakes
-
-
-def _register_fakes() -> None:  # noqa: F811  (extends the registration above)
-    _register_fakes_one_tensor()
-    _register_fakes_multi()

@@ -42,11 +42,12 @@ from sqlalchemy.orm import Session
 from service.api.release_schemas import (
     BatteryChoice, CaseLine, ReleaseCell, ReleaseColumn, ReleaseMatrix, ReleaseRow, ReleaseTraining,
 )
-from service.core import attribution_view, environment_attribution, not_buildable
+from service.core import attribution_view, environment_attribution
 from service.core.case_names import case_name
 from service.core.results import QUANTIZED_FAMILY_PREFIX
 from service.core.wording import first_line, number, ratio
 from service.db.models import CANCELLED, DONE, ERROR, FAILED, Commit, Run, Trajectory, Verdict
+from service.dashboard.wording import not_buildable_line
 from service.domain import training_impacts
 from service.domain.dashboard_queries import get_project
 
@@ -321,13 +322,7 @@ def not_buildable_reason(commit_id: int, runs: list[_RunInfo], environment: str 
     own = [run for run in runs if run.commit_id == commit_id and run.environment == environment]
     if not own or own[-1].status != FAILED:
         return None
-    refusal = not_buildable.refusal_in(own[-1].error)
-    if refusal is None:
-        return None
-    # 'not buildable in <environment>: <line>' (service.core.not_buildable.sentence): the line.
-    said = not_buildable.sentence(environment or "", "")
-    line = refusal.removeprefix(said) if refusal.startswith(said) else refusal.partition(": ")[2]
-    return first_line(line.strip()) or first_line(refusal)
+    return not_buildable_line(own[-1].error, environment)
 
 
 def _no_data_reason(release: _Release, runs: list[_RunInfo], environment: str | None, battery: str | None) -> str:

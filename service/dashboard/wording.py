@@ -8,9 +8,9 @@ from collections.abc import Callable
 from markupsafe import Markup
 from datetime import datetime, timezone
 
-from service.core import outcomes
+from service.core import not_buildable, outcomes
 from service.core.verdicts import change_size_by_scale
-from service.core.wording import changed_sentence, number, plural, scale_sentence
+from service.core.wording import changed_sentence, first_line, number, plural, scale_sentence
 from service.db.models import Run
 from service.domain.dashboard_queries import ChangedCase, RunPage
 
@@ -63,7 +63,22 @@ def _running(run: Run) -> str:
     return f"Running: {run.cases_done} of {run.cases_total or 0} cases done. This page updates by itself."
 
 
+def not_buildable_line(error: str | None, environment: str | None) -> str | None:
+    """The tree's line refusing the toolchain (its first line) when a run's error is
+    service.core.not_buildable's sentence ('not buildable in <environment>: <line>'); else None."""
+    refusal = not_buildable.refusal_in(error)
+    if refusal is None:
+        return None
+    said = not_buildable.sentence(environment or "", "")
+    line = refusal.removeprefix(said) if refusal.startswith(said) else refusal.partition(": ")[2]
+    return first_line(line.strip()) or first_line(refusal)
+
+
 def _failed(run: Run) -> str:
+    if (line := not_buildable_line(run.error, run.environment)) is not None:
+        # Not the commit's fault: the tree says it does not support this toolchain (issue 47).
+        return (f"Not buildable here: {line}. This tree refuses the toolchain of {run.environment} (its CUDA, "
+                "compiler or torch), so nothing was checked (the build log below).")
     return f"The run failed: {short_error(run.error)} (full text: the build log below)."
 
 

@@ -115,3 +115,12 @@ def test_a_build_failure_that_is_no_refusal_stays_a_failed_build(api, db_session
     [column] = api.get("/api/v1/projects/other/releases/matrix").json()["releases"]
     assert column["status"] == "no_data" and column["reason"] is None
     assert column["no_data"].startswith("build failed in cpu")
+
+
+def test_the_refused_runs_own_page_says_not_buildable_here(api, db_session) -> None:  # noqa: ANN001
+    run_id = _add_release(db_session, project_name="refusing", tag="0.47.0", sha="r047", error=ERROR)
+    page = api.get(f"/runs/{run_id}").text
+    sentence = page[page.index('id="verdict-sentence"'):].split("</p>", 1)[0]
+    assert f"Not buildable here: {escape(HOSTILE_LINE)}. This tree refuses the toolchain of {s.ENVIRONMENT}" \
+        in sentence
+    assert "The run failed" not in sentence and "<script>alert" not in page

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from service.core import attribution_view, outcomes
 from service.core.results import ComparisonFigures
+from service.core.not_buildable import refusal_in
 from service.core.verdicts import figures, figures_of
 from service.db.models import ERROR, FINAL_STATUSES, Commit, Project, Run, Trajectory, Verdict
 from service.domain import commit_lines
@@ -38,9 +39,13 @@ class Badge:
 
 
 def badge(*, status: str, outcome: str | None, directions: Mapping[str, int] | None = None,
-          acknowledged: bool = False, cases_done: int | None = None, cases_total: int | None = None) -> Badge:
-    """`directions`: a changed verdict's cases per direction (its figures.directions)."""
+          acknowledged: bool = False, cases_done: int | None = None, cases_total: int | None = None,
+          error: str | None = None) -> Badge:
+    """`directions`: a changed verdict's cases per direction (its figures.directions); `error`: the
+    run's, where known (a tree that refuses the toolchain is not broken: service/core/not_buildable.py)."""
     if outcome is None:
+        if status == "failed" and refusal_in(error):
+            return NOT_BUILDABLE_BADGE
         return _pending_badge(status, cases_done, cases_total)
     row = outcomes.BY_NAME.get(outcome, outcomes.BY_NAME["unchanged"])  # as before the table: unknown reads unchanged
     if row.name == "changed":  # says its direction (its own classes, changed-farther ...)
@@ -49,6 +54,8 @@ def badge(*, status: str, outcome: str | None, directions: Mapping[str, int] | N
     return Badge(row.badge_text + suffix, row.badge_class, row.badge_title)
 
 
+NOT_BUILDABLE_BADGE = Badge("not buildable here", "neutral", "this tree refuses this worker's toolchain: nothing "
+                                                              "was checked (exit 8), the tree is not broken")
 _PENDING_BADGES = {
     "failed": Badge("broken", "broken", "the run failed"),
     "error": Badge("optdrift error", "error", "optdrift could not run this commit (fetch, worker, database, "
@@ -419,7 +426,7 @@ def run_page(*, session: Session, run_id: int, cases_page: int = 1, cases_per_pa
         verdict=verdict,
         badge=badge(status=run.status, outcome=verdict.outcome if verdict else None,
                     directions=figured.directions, acknowledged=bool(verdict and verdict.acknowledged),
-                    cases_done=run.cases_done, cases_total=run.cases_total),
+                    cases_done=run.cases_done, cases_total=run.cases_total, error=run.error),
         summary=detail.get("summary") or run.error or "", changed=changed,
         counts=counts, figures=figured, sibling_runs=siblings, not_applicable=aside["not_applicable"],
         nondeterministic=aside["nondeterministic"],

@@ -124,3 +124,6 @@ def test_the_refused_runs_own_page_says_not_buildable_here(api, db_session) -> N
     assert f"Not buildable here: {escape(HOSTILE_LINE)}. This tree refuses the toolchain of {s.ENVIRONMENT}" \
         in sentence
     assert "The run failed" not in sentence and "<script>alert" not in page
+    # Its badge says so too, never "broken" (the tree is not broken: it does not support this toolchain).
+    badge = page[page.index('class="badge'):].split("</span>", 1)[0]
+    assert badge.endswith(">not buildable here") and "badge-broken" not in badge, badge

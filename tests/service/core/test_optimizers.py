@@ -36,6 +36,26 @@ def test_stored_names_and_the_battery_defaults_are_kept():
         optimizer("adamw")
 
 
+@pytest.mark.parametrize("battery", ["quick", "standard"])
+def test_the_built_in_batteries_exercise_every_row(battery: str):
+    # Their optimizer lists are written in worker/battery.py (a battery's version stands for its
+    # cases): a new row fails here until it joins them, with a version bump.
+    from worker.battery import BUILTIN_BATTERIES
+
+    cases = BUILTIN_BATTERIES[battery]().expand()
+    assert {(case.optimizer, case.family) for case in cases} >= {(name, family) for name in OPTIMIZER_NAMES
+                                                                 for family in ("32bit", "8bit_blockwise")}
+    assert {case.optimizer for case in cases if case.layout is not None} == set(OPTIMIZER_NAMES)
+
+
+def test_a_battery_point_can_set_exactly_the_tables_hyperparameters():
+    # HyperPoint (worker/battery.py) declares each hyperparameter's bounds by hand: a new one in a
+    # row needs a field there, and a field no row takes is a point nothing reads.
+    from worker.battery import HyperPoint
+
+    assert set(HyperPoint.model_fields) == {name for row in OPTIMIZERS.values() for name in row.hyper}
+
+
 def _schemas() -> dict[str, list[tuple[str, str, str | None]]]:
     """csrc/ops.cpp's op schemas: op name -> [(type, argument name, default or None)]."""
     # the schema strings joined, without their alias annotations (Tensor(a!) -> Tensor)
@@ -163,12 +183,14 @@ def test_a_new_row_reaches_the_generated_lists_and_not_the_code():
                             check=True)
     reached = json.loads(answer.stdout)
     # what a new optimizer gets from its row alone
-    generated = ["battery.OPTIMIZER_HYPER_DEFAULTS", "battery built-in batteries", "bundled_ops.OPTIMIZER_STATES",
+    generated = ["battery.OPTIMIZER_HYPER_DEFAULTS", "bundled_ops.OPTIMIZER_STATES",
                  "bundled_ops.STATE_SIGNED_8BIT", "bundled_ops wrapper", "bundled_ops fakes", "variants.ALL",
                  "variants.DECOUPLED"]
     # what it needs written (docs/EXTENDING.md, "A new kernel"): the literal (a typed surface,
-    # tested equal to the table above), the float64 rules, the references and their digest
-    written = ["results.OptimizerName", "variants._Rule (the float64 rule)", "digest (references)"]
+    # tested equal to the table above), the built-in batteries (a version bump), the float64
+    # rules, the references and their digest
+    written = ["results.OptimizerName", "battery built-in batteries", "variants._Rule (the float64 rule)",
+               "digest (references)"]
     assert {k for k, v in reached.items() if v} == set(generated), reached
     assert set(reached) == set(generated) | set(written)
 

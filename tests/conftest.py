@@ -117,11 +117,12 @@ def kernels(kernels_build):
 LONGEST_FIRST = (
     "test_sensitivity_ci_catalogue.py", "test_environment_variants.py", "test_real_library_torchao.py",
     "test_e2e_service.py", "test_faults.py", "test_scale_out_cpu.py", "test_kernel_speed_e2e.py",
-    "test_hostile_corpus.py", "test_cuda_compiles.py", "test_external_project.py",
-    "test_attribution_reads_the_build.py", "test_multi_tensor_catalogue.py", "test_case_history_browser.py",
-    "test_engine_host.py", "test_build.py", "test_sensitivity.py", "test_bisect_service.py",
-    "test_sensitivity_catalogue.py", "test_build_ccache.py", "test_corun_nondeterminism.py",
-    "test_wedged_worker.py", "test_sensitivity_attribution.py",
+    "test_hostile_corpus.py", "test_cuda_compiles.py", "test_external_project.py", "test_compile_cache.py",
+    "test_attribution_reads_the_build.py", "test_multi_tensor_catalogue.py", "test_compile_cache_hosts.py",
+    "test_kernels_discriminate.py", "test_case_history_browser.py", "test_engine_host.py", "test_build.py",
+    "test_sensitivity.py", "test_bisect_service.py", "test_sensitivity_catalogue.py", "test_build_ccache.py",
+    "test_verify_yield.py", "test_real_library_lion.py", "test_corun_nondeterminism.py",
+    "test_verify_fairness.py", "test_wedged_worker.py", "test_sensitivity_attribution.py",
 )
 
 

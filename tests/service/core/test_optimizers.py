@@ -121,6 +121,14 @@ def test_the_references_use_the_tables_torch_optim_classes():
             assert torch_optim_class(name, OPTIMIZER_HYPER_DEFAULTS[name])[0].__name__ == row.torch_optim_class
 
 
+def test_the_8bit_references_name_the_tables_states_and_optimizers():
+    # The same folder, the same reason: held to the table, not read from it.
+    from worker.references import blockwise8, closed_form_8bit
+
+    assert blockwise8.STATE_SIGNED == {n: tuple((s.name, s.signed) for s in r.states) for n, r in OPTIMIZERS.items()}
+    assert tuple(closed_form_8bit.OPTIMIZERS) == OPTIMIZER_NAMES
+
+
 def test_the_attribution_variants_apply_by_the_table():
     from worker.attribution import variants
 

@@ -19,6 +19,7 @@ MAX_ROW_ID = 2**31 - 1
 MAX_OFFSET = 2**40
 
 RunIdPath = Annotated[int, Path(ge=1, le=MAX_ROW_ID, description="a run id")]
+TrainingIdPath = Annotated[int, Path(ge=1, le=MAX_ROW_ID, description="a training-impact job's id")]
 RunIdQuery = Annotated[int | None, Query(ge=1, le=MAX_ROW_ID, description="a run id")]
 Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET, description="rows to skip")]
 Page = Annotated[int, Query(ge=1, le=MAX_OFFSET // 1000, description="page number, from 1")]

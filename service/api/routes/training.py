@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from service.api.auth import PrincipalDep
 from service.api.deps import SessionDep, SettingsDep
-from service.api.params import RunIdPath
+from service.api.params import MAX_ROW_ID, RunIdPath, TrainingIdPath
 from service.broker.queueing import send_training_impact
 from service.core.training import ModelSetName, TrainingImpact
 from service.db.training_models import TRAINING_QUEUED
@@ -26,7 +26,7 @@ router = APIRouter(tags=["training"])
 
 
 class TrainingRequest(BaseModel):
-    baseline_run_id: int | None = Field(None, ge=1, description="the run to compare with; default: the run's "
+    baseline_run_id: int | None = Field(None, ge=1, le=MAX_ROW_ID, description="the run to compare with; default: the run's "
                                                                 "verdict's baseline")
     model_set: ModelSetName = Field("quick", description="quick (a CPU worker's) or standard (more seeds and steps)")
 
@@ -66,5 +66,5 @@ def request_run_training(run_id: RunIdPath, body: TrainingRequest, session: Sess
 
 
 @router.get("/training/{job_id}", response_model=TrainingImpact)
-def read_training(job_id: int, session: SessionDep, curves: bool = CurvesQuery) -> TrainingImpact:
+def read_training(job_id: TrainingIdPath, session: SessionDep, curves: bool = CurvesQuery) -> TrainingImpact:
     return training_impacts.view(training_impacts.get(session=session, job_id=job_id), curves=curves)

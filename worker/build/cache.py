@@ -281,8 +281,10 @@ def wait_bounded(child: subprocess.Popen, timeout_s: float, *, output: Path | li
 
 # --- locks, and what this process holds until its run ends ---
 
-def _lock(lock_path: Path, operation: int, timeout_s: float) -> IO:
-    """`lock_path` opened and flocked (`operation`: LOCK_EX or LOCK_SH), waiting up to `timeout_s`."""
+def _lock(lock_path: Path, operation: int, timeout_s: float, *, give_up_when: Callable[[], bool] | None = None
+          ) -> IO | None:
+    """`lock_path` opened and flocked (`operation`: LOCK_EX or LOCK_SH), waiting up to `timeout_s`;
+    None as soon as `give_up_when()` is true while waiting (the lock is no longer needed)."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     handle = open(lock_path, "a+")
     deadline = time.monotonic() + timeout_s
@@ -291,6 +293,9 @@ def _lock(lock_path: Path, operation: int, timeout_s: float) -> IO:
             fcntl.flock(handle, operation | fcntl.LOCK_NB)
             return handle
         except BlockingIOError:
+            if give_up_when is not None and give_up_when():
+                handle.close()
+                return None
             if time.monotonic() > deadline:
                 handle.close()
                 raise TimeoutError(f"another build of {lock_path.stem} held its lock for {timeout_s:.0f} s") from None
@@ -399,7 +404,12 @@ def cached_build(cache_dir: Path, digest: str, make: Callable[[Path], BuildResul
                 _mark_used(build_dir)
                 return hit
         _let_go(lock_path)  # a shared hold of our own would block our exclusive lock
-        handle = _lock(lock_path, fcntl.LOCK_EX, lock_timeout_s)
+        # Whoever builds it first keeps a shared hold while it uses the build (its whole run): once
+        # the entry is there, wait for that no longer and take a shared hold of our own (the loop's top).
+        handle = _lock(lock_path, fcntl.LOCK_EX, lock_timeout_s,
+                       give_up_when=lambda: _cached(build_dir, started) is not None)
+        if handle is None:
+            continue
         try:
             hit = _cached(build_dir, started)  # someone else may have built it while we waited
             if hit is None:

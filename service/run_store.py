@@ -565,8 +565,8 @@ def open_training_impact(run_id: int, *, model_set: str, session: Session | None
     """After a changed run's co-run: its training-impact job against its baseline, opened queued;
     (job id, the queue's environment), or None when nothing differs or it is already done or running."""
     with _session(session) as session:
-        row = training_impacts.open_job(session=session, run_id=run_id, model_set=model_set)
-        return (row.id, row.environment) if row.status == training_impacts.TRAINING_QUEUED else None
+        row, queued_now = training_impacts.open_job(session=session, run_id=run_id, model_set=model_set)
+        return (row.id, row.environment) if queued_now else None
 
 
 def claim_training_impact(job_id: int, *, worker: str, stale_after_s: float | None = None,

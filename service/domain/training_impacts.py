@@ -51,18 +51,18 @@ def _done_run(session: Session, run_id: int, what: str) -> Run:
 
 def changed_cases(session: Session, run: Run, baseline: Run) -> list[CaseSpec]:
     """The cases whose trajectories differ between the two runs (the verdict's rule), as run."""
-    comparison = compare_runs(trajectories.run_result(session=session, run=run),
-                              trajectories.run_result(session=session, run=baseline))
+    result = trajectories.run_result(session=session, run=run)  # every stored trajectory: read once
+    comparison = compare_runs(result, trajectories.run_result(session=session, run=baseline))
     changed = {case.case_id for case in comparison.cases if case.verdict == "changed"}
-    return [result.case for result in trajectories.run_result(session=session, run=run).cases
-            if result.case.case_id in changed]
+    return [case_result.case for case_result in result.cases if case_result.case.case_id in changed]
 
 
 def open_job(*, session: Session, run_id: int, baseline_run_id: int | None = None, model_set: str = "quick",
-             requested_by: str = "automatic") -> TrainingImpactJob:
+             requested_by: str = "automatic") -> tuple[TrainingImpactJob, bool]:
     """The job of `run_id` against `baseline_run_id` (default: the run's verdict's baseline) with
     `model_set`: the existing row when there is one (a failed one is queued again), else a new
-    queued row, or a not_needed one when no trajectory differs. Committed."""
+    queued row, or a not_needed one when no trajectory differs. Committed. Also whether this call
+    queued it (a new row, or a failed one again): only then does the broker get a message."""
     if model_set not in MODEL_SETS:
         raise BadInputError(f"model_set must be one of {sorted(MODEL_SETS)}, got {model_set!r}")
     run = _done_run(session, run_id, "run")
@@ -81,11 +81,12 @@ def open_job(*, session: Session, run_id: int, baseline_run_id: int | None = Non
                             f"{baseline.environment!r}: both sides train on one worker of one environment")
     row = find(session=session, run_id=run_id, baseline_run_id=baseline_run_id, model_set=model_set)
     if row is not None:
-        if row.status == TRAINING_FAILED:
-            row.status, row.error, row.worker, row.started_at, row.finished_at = TRAINING_QUEUED, None, None, None, None
-            row.runs_done = 0
-            session.commit()
-        return row
+        if row.status != TRAINING_FAILED:
+            return row, False
+        row.status, row.error, row.worker, row.started_at, row.finished_at = TRAINING_QUEUED, None, None, None, None
+        row.runs_done = 0
+        session.commit()
+        return row, True
     changed = changed_cases(session, run, baseline)
     row = TrainingImpactJob(project_id=run.project_id, run_id=run_id, baseline_run_id=baseline_run_id,
                             model_set=model_set, environment=run.environment, requested_by=requested_by[:100],
@@ -95,10 +96,10 @@ def open_job(*, session: Session, run_id: int, baseline_run_id: int | None = Non
     try:
         with session.begin_nested():
             session.add(row)
-    except IntegrityError:  # opened a moment ago by another request
-        return find(session=session, run_id=run_id, baseline_run_id=baseline_run_id, model_set=model_set)
+    except IntegrityError:  # opened a moment ago by another request, which sends it
+        return find(session=session, run_id=run_id, baseline_run_id=baseline_run_id, model_set=model_set), False
     session.commit()
-    return row
+    return row, row.status == TRAINING_QUEUED
 
 
 def check_verify_request(*, session: Session, token_id: int, run_id: int, baseline_run_id: int | None) -> None:
@@ -111,8 +112,8 @@ def check_verify_request(*, session: Session, token_id: int, run_id: int, baseli
     if baseline_run_id is not None:
         verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
         if verdict is None or verdict.baseline_run_id != baseline_run_id:
-            raise ScopeDenied(f"a verify token compares its run with the run's own baseline; leave baseline_run_id "
-                              f"out (a submit token may name another run)")
+            raise ScopeDenied("a verify token compares its run with the run's own baseline; leave baseline_run_id "
+                              "out (a submit token may name another run)")
 
 
 def _runs_total(changed: list[CaseSpec], model_set: str) -> int:

@@ -30,9 +30,12 @@ from service.core.training import (
     ImpactFigures, LossCurves, ModelImpact, ModelSet, TrainingConfig, TrainingRunAnswer, TrainingRunSpec,
 )
 from service.core.verdicts import first_divergent_step
+from worker.sandbox import boxfiles
 
 # Part of every cache key: a change to the models, the data or the loop makes old entries unused.
 TRAINING_CODE_VERSION = 1
+# A run of MAX_TRAINING_STEPS steps is ~2000 x (a float and a 36-character digest): well under this.
+MAX_CACHED_RUN_BYTES = 1 << 20
 SIDES = ("commit", "baseline")
 
 
@@ -61,9 +64,13 @@ class BaselineRuns:
         return self.root / f"{hashlib.sha256(body.encode()).hexdigest()}.json"
 
     def get(self, spec: TrainingRunSpec) -> TrainingRunAnswer | None:
+        # No box sees this folder (it is beside the build cache's kinds, never bound into a box), but
+        # it is read as box files are (no link followed, no FIFO waited on, bounded): the one reader.
+        path = self._path(spec)
         try:
-            return TrainingRunAnswer.model_validate_json(self._path(spec).read_bytes()).check_length(spec.steps)
-        except (OSError, ValidationError, ValueError):
+            raw = boxfiles.read_bytes(path.parent, path.name, max_bytes=MAX_CACHED_RUN_BYTES)
+            return None if raw is None else TrainingRunAnswer.model_validate_json(raw).check_length(spec.steps)
+        except (OSError, ValidationError, ValueError, boxfiles.BoxFileRefused):
             return None
 
     def put(self, spec: TrainingRunSpec, answer: TrainingRunAnswer) -> None:
@@ -89,8 +96,9 @@ def ask_host(host, spec: TrainingRunSpec, timeout_s: float, label: str) -> Train
     """One run in `host` (a KernelHost), its answer checked."""
     answer = host.ask({"op": "train", "run": spec.model_dump(mode="json")}, timeout_s)
     if answer is None:
-        raise TrainingFailed(f"{label}: the kernel host died or missed its {timeout_s:.0f} s "
-                             f"({host.stderr_tail() if hasattr(host, 'stderr_tail') else ''})".rstrip(" ()"))
+        tail = host.stderr_tail() if hasattr(host, "stderr_tail") else ""
+        raise TrainingFailed(f"{label}: the kernel host died or missed its {timeout_s:.0f} s"
+                             + (f" ({tail})" if tail else ""))
     if "training_error" in answer:
         raise TrainingFailed(f"{label}: {str(answer['training_error'])[:2000]}")
     try:

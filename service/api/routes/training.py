@@ -17,7 +17,6 @@ from service.api.deps import SessionDep, SettingsDep
 from service.api.params import MAX_ROW_ID, RunIdPath, TrainingIdPath
 from service.broker.queueing import send_training_impact
 from service.core.training import ModelSetName, TrainingImpact
-from service.db.training_models import TRAINING_QUEUED
 from service.domain import runs, training_impacts
 from service.domain.auth import SUBMIT, VERIFY
 from service.domain.errors import NotFoundError
@@ -55,9 +54,10 @@ def request_run_training(run_id: RunIdPath, body: TrainingRequest, session: Sess
         # minutes of a worker, and a verify token's runs are what its daily quota bounds.
         training_impacts.check_verify_request(session=session, token_id=principal.token_id, run_id=run_id,
                                               baseline_run_id=body.baseline_run_id)
-    row = training_impacts.open_job(session=session, run_id=run_id, baseline_run_id=body.baseline_run_id,
-                                    model_set=body.model_set, requested_by=principal.name or "api")
-    if row.status == TRAINING_QUEUED:
+    row, queued_now = training_impacts.open_job(session=session, run_id=run_id,
+                                                baseline_run_id=body.baseline_run_id, model_set=body.model_set,
+                                                requested_by=principal.name or "api")
+    if queued_now:  # a job already queued has its message: asking again sends no second one
         try:
             send_training_impact(settings=settings, job_id=row.id, environment=row.environment)
         except Exception as error:  # noqa: BLE001 - the row says why; asking again re-queues it

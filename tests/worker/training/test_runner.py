@@ -8,6 +8,7 @@ reorder and the catalogued defects in docs/TRAINING.md (bench/training_impact.py
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -65,7 +66,7 @@ def test_a_cached_run_the_box_could_not_have_written_is_trained_again(kernels_bu
     """The cache is the worker's file, but a damaged or foreign one must cost a re-run, never a
     verdict: it is parsed and checked (lengths, digest text) like a host's answer."""
     from service.core.training import TrainingRunSpec
-    from worker.training.runner import BaselineRuns
+    from worker.training.runner import MAX_CACHED_RUN_BYTES, BaselineRuns
 
     cache = BaselineRuns(tmp_path, build_digest="d", environment="e")
     spec = TrainingRunSpec(model="mlp", config=AGGRESSIVE, seed=0, steps=3)
@@ -78,6 +79,19 @@ def test_a_cached_run_the_box_could_not_have_written_is_trained_again(kernels_bu
                     json.dumps({"losses": [1, 2, 3], "digests": ["a" * 100] * 3, "seconds": 0})):
         path.write_text(damaged)
         assert cache.get(spec) is None, damaged
+    # Read as box files are: a link to a good answer, a FIFO (which would block a plain open) and an
+    # oversized file are refused at once, never followed, waited on or read whole.
+    good_copy = tmp_path / "elsewhere.json"
+    good_copy.write_text(good.model_dump_json())
+    path.unlink()
+    path.symlink_to(good_copy)
+    assert cache.get(spec) is None
+    path.unlink()
+    os.mkfifo(path)
+    assert cache.get(spec) is None
+    path.unlink()
+    path.write_bytes(b" " * (MAX_CACHED_RUN_BYTES + 1))
+    assert cache.get(spec) is None
 
 
 def test_a_host_that_answers_garbage_fails_the_measurement_naming_the_run() -> None:

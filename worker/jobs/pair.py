@@ -143,17 +143,21 @@ class BuildPair:
         """The two sides' kernel hosts (commit, baseline) with their builds loaded: the spares
         when they came up, else hosts that start on their first request. The caller closes them
         (KernelHost.close_together)."""
+        with self.phases("adopt"):
+            hosts = tuple(self.host(side, adapter, spare=spare)
+                          for spare, side in zip(self.spares or [None, None], SIDES))
+        self.spares = []  # the caller's now
+        return hosts
+
+    def host(self, side: str, adapter: str, *, spare=None):  # noqa: ANN001, ANN201
+        """A kernel host of `side`'s build (`spare` with the build loaded when given and it comes up;
+        else one that starts on its first request); the caller closes it."""
         from worker.engine import host_reserve
 
         settings = self.settings
-        with self.phases("adopt"):
-            hosts = tuple(host_reserve.adopted(spare, self.libraries[side], device=settings.worker_device,
-                                               adapter=adapter, adapter_paths=paths,
-                                               case_timeout_s=settings.case_timeout_s,
-                                               compile_cache=self.caches.get(side))
-                          for spare, side, paths in zip(self.spares or [None, None], SIDES, self.adapter_paths))
-        self.spares = []  # the caller's now
-        return hosts
+        return host_reserve.adopted(spare, self.libraries[side], device=settings.worker_device, adapter=adapter,
+                                    adapter_paths=self.adapter_paths[SIDES.index(side)],
+                                    case_timeout_s=settings.case_timeout_s, compile_cache=self.caches.get(side))
 
     def attribute(self, comparison: RunComparison, baseline: RunResult, cases: list[CaseSpec], adapter: str) -> dict:
         """case id -> attribution of the comparison's changed cases (worker/attribution/record.py),

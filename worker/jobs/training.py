@@ -81,15 +81,8 @@ def measure_training_impact(*, job_id: int, settings: Settings, between_phases=N
                 last[0] = now
                 run_store.training_impact_progress(job_id, done=done, total=total, phase="training")
 
-        adapter, paths = job.config.adapter, dict(zip(("commit", "baseline"), pair.adapter_paths))
-
-        def another_host(side: str) -> KernelHost:
-            return KernelHost(pair.libraries[side], device=settings.worker_device, adapter=adapter,
-                              adapter_paths=paths[side], case_timeout_s=settings.case_timeout_s,
-                              compile_cache=pair.caches.get(side))
-
         pool = runner.HostPool({"commit": hosts[0], "baseline": hosts[1]}, size=settings.resolved_training_hosts,
-                               make=another_host)
+                               make=lambda side: pair.host(side, job.config.adapter))
         try:
             with phases("train"):
                 # From this thread, which outlives the runner's (a host dies with the thread that

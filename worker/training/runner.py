@@ -161,16 +161,23 @@ def train_all(hosts: "HostPool | dict", configs: list[TrainingConfig], model_set
     if on_progress:
         on_progress(done[0], total)
     pending = {side: list(keys) for side, keys in queues.items()}
+    failed = threading.Event()
 
     def drive(side: str, host) -> None:  # noqa: ANN001
         while True:
             with lock:
-                if not pending[side]:
+                # One failed run fails the measurement: the other hosts stop at their next run
+                # (a hostile build that hangs costs one timeout per host, not one per run).
+                if not pending[side] or failed.is_set():
                     return
                 key = pending[side].pop(0)
             spec = runs[key]
             label = f"{key.model} · {spec.config.label} · seed {key.seed} · {key.kind}"
-            answer = ask_host(host, spec, timeout_s, label)
+            try:
+                answer = ask_host(host, spec, timeout_s, label)
+            except TrainingFailed:
+                failed.set()
+                raise
             if cache is not None and key.kind != "commit":
                 cache.put(spec, answer)
             with lock:

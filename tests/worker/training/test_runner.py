@@ -126,3 +126,34 @@ def test_the_host_pool_shares_its_hosts_by_the_runs_each_side_waits_for() -> Non
     cached.grow({"commit": 16, "baseline": 0})     # the baseline's runs all cached: the commit's side gets them
     assert len(cached.hosts["commit"]) == 8 and len(cached.hosts["baseline"]) == 1
     assert HostPool({"commit": "c0", "baseline": "b0"}).grow({"commit": 5, "baseline": 10}) == []
+
+
+def test_one_failed_run_stops_every_host_at_its_next_run() -> None:
+    """A commit host that fails (a hostile build hanging until the timeout, say) fails the
+    measurement; the other hosts do not train the rest of their queues for a verdict nobody gets."""
+    import threading
+
+    from worker.training.runner import HostPool, TrainingFailed, train_all
+
+    asked = {"commit": 0, "baseline": 0}
+    first_failed = threading.Event()
+
+    class Host:
+        def __init__(self, side: str) -> None:
+            self.side = side
+
+        def ask(self, request, timeout_s):  # noqa: ANN001, ANN202
+            asked[self.side] += 1
+            if self.side == "commit":
+                first_failed.set()
+                return {"training_error": "hangs"}
+            first_failed.wait(5)
+            steps = request["run"]["steps"]
+            return {"training": {"losses": [1.0] * steps, "digests": ["od2:" + "0" * 32] * steps, "seconds": 0}}
+
+    small = ModelSet(models=("mlp",), seeds=8, steps=2, max_configs=1)
+    with pytest.raises(TrainingFailed, match="hangs"):
+        train_all(HostPool({"commit": Host("commit"), "baseline": Host("baseline")}), [AGGRESSIVE], small,
+                  timeout_s=5)
+    # The commit host failed its first run; the baseline host finished at most the run it was on.
+    assert asked["commit"] == 1 and asked["baseline"] <= 2, asked

@@ -18,15 +18,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
-from service.broker.queueing import send_run
 from service.core.archives import ArchiveLimits
 from service.core.results import CaseResult, CaseSpec, RepeatCheck, RunComparison, RunResult
 from service.core.verdicts import compare_runs
@@ -34,7 +33,8 @@ from service.db.environment_models import EnvironmentAttribution
 from service.db.models import CANCELLED, DONE, ERROR, FAILED, RUNNING, Project, Run, UnsteadyCase, Verdict
 from service.db.session import get_sessionmaker
 from service.domain import (
-    baselines, environment_attribution, kernel_speed, runs, training_impacts, trajectories, verdict_store, workers,
+    baselines, dispatch, environment_attribution, kernel_speed, runs, training_impacts, trajectories, verdict_store,
+    workers,
 )
 from service.domain.storage import archive_limits as _archive_limits
 from service.notify import hooks as notify
@@ -259,21 +259,11 @@ def open_run(run_id: int, *, worker: str) -> Iterator[ClaimedRun]:
 
 
 def send_again(run_id: int, *, settings: Settings, delay: float, session: Session | None = None) -> None:
-    """Dispatch a re-queued run to start after `delay` s, on its kind's queue; if the broker does
-    not take it now, the API's maintenance loop sends it (it stays queued with no dispatch time)."""
+    """Dispatch a re-queued run to start after `delay` s, on its kind's queue, the way the API
+    dispatches (service.domain.dispatch); if the broker does not take it now, the API's maintenance
+    loop sends it (it stays queued with no dispatch time)."""
     with _session(session) as session:
-        run = _run(session, run_id)
-        try:
-            send_run(settings=settings, run_id=run_id, environment=run.environment, kind=run.kind,
-                     countdown=delay or None)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("run %s: the broker did not take the retry (%s); the maintenance loop will", run_id, exc)
-            return
-        # When the broker hands it out: a retry's countdown included, so a running verify run does
-        # not yield to a commit run that no worker may take yet (worker/jobs/run.py CommitRunsFirst).
-        handed_out = datetime.now(timezone.utc) + timedelta(seconds=delay)
-        session.execute(update(Run).where(Run.id == run_id).values(dispatched_at=handed_out))
-        session.commit()
+        dispatch.send_again(session=session, settings=settings, run_id=run_id, delay=delay)
 
 
 def retry_later(run_id: int, *, worker: str, error: str, settings: Settings,

@@ -2,5 +2,5 @@
 
 `queueing` holds the one Celery configuration, the queue names and `send_run`; `filesystem` the
 kombu transport of the embedded default. Marking a run as sent (`dispatched_at`) is the database's
-part: the API's in service/domain/dispatch.py, the worker's in service/run_store.py.
+part, written once in service/domain/dispatch.py (the worker reaches it through service/run_store.py).
 """

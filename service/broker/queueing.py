@@ -1,7 +1,7 @@
 """The Celery configuration (one module, shared by the worker app and the API's sender), the
 queue names and `send_run`, which hands one run id to the broker. No database here: the worker
-imports this module (service/domain/dispatch.py marks what the API sent; service/run_store.py what
-the worker sends again).
+imports this module (service/domain/dispatch.py, the one caller of `send_run`, marks what it sent,
+for the API and, through service/run_store.py, for the worker).
 
 The service never imports `worker`: it sends tasks by name through a producer-only Celery app.
 """

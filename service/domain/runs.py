@@ -26,6 +26,12 @@ def get(*, session: Session, run_id: int) -> Run:
     return run
 
 
+def lookup(*, session: Session, run_id: int) -> Run | None:
+    """The run's row as the database has it now (a session held for a job may hold an older copy:
+    another worker, the reaper or a cancel wrote it since); None when there is none."""
+    return session.get(Run, run_id, populate_existing=True)
+
+
 def claim(*, session: Session, run_id: int, worker: str) -> bool:
     """queued -> building for this worker; False if someone else has it or it is finished."""
     now = _now()

@@ -9,7 +9,7 @@ the update; 3 changed cases), fma and ulp (rounding-level; their one-element cas
 16384 elements, worker/attribution/probe.py). The baseline is the committed csrc itself
 (`git archive HEAD csrc`), so uncommitted work in the checkout does not enter the figures. Builds
 go through OPTDRIFT_BUILD_CACHE (default the test suite's cache); the first check of each mutant
-warms them and is not counted. Prints one line per check: its phase line (worker/check.py).
+warms them and is not counted. Prints one line per check: its phase line (service/cli/check.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ python3 -c "from pathlib import Path; from worker.mutations import copy_tree, de
 python3 -c "
 import sys, time
 from pathlib import Path
-from worker.check import run_check
+from service.cli.check import run_check
 started = time.monotonic()
 code = run_check(Path('$MUTANT'), Path('csrc'), 'standard', device='cuda', json_out=Path('$OUT/check_standard.json'))
 print(f'exit code {code}, {time.monotonic() - started:.1f} s wall')

@@ -19,6 +19,7 @@ from service.cli.exit_codes import (  # noqa: F401
     EXIT_OPTDRIFT_ERROR, EXIT_PRECEDENCE, EXIT_USAGE,
 )
 from service.cli.report import make_console
+from service.core import outcomes
 
 # At a terminal its width; in a CI log full-width lines (rich would cut tables at 80 columns).
 console = make_console()
@@ -31,6 +32,9 @@ VERDICT_EXIT_CODES = ("Exit codes: 0 unchanged / acknowledged / no baseline allo
                       "5 nondeterministic; 7 no baseline (no ancestor has a finished run); 8 not buildable here "
                       "(the tree refuses this environment's CUDA, compiler or torch).")
 SERVER_EXIT_CODES = "Exit codes: 0 done; 2 bad input or usage; 4 optdrift error."
+# A verdict's exit code where no submission exists that could allow a missing baseline (`check`:
+# a tree checked without one; `compare`: run A is always there to compare with): it passes there.
+EXIT_BY_VERDICT = {name: outcomes.exit_code(name, no_baseline_allowed=True) for name in outcomes.NAMES}
 
 
 # Which extra a command needs, and the modules that tell whether it is installed (looked up, not

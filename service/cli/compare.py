@@ -15,15 +15,13 @@ from typing import Annotated
 
 import typer
 
-from service.cli.common import DEFAULT_URL
-from service.core import outcomes
+from service.cli.common import DEFAULT_URL, EXIT_BY_VERDICT
 
 EXIT_CODES = ("Exit codes: 0 unchanged; 1 changed (B moved trajectories against A); 2 bad input or usage (an "
               "environment not registered or without a run of the commit); 3 broken; 4 optdrift or service error "
               "(or a run not done yet); 5 nondeterministic.")
 # An environment comparison always has run A to compare with: a no-baseline verdict of B's run
-# (no ancestor in B's environment) is no gate here (service/core/outcomes.py has the codes).
-EXIT_BY_VERDICT = {name: outcomes.exit_code(name, no_baseline_allowed=True) for name in outcomes.NAMES}
+# (no ancestor in B's environment) is no gate here (EXIT_BY_VERDICT, service/cli/common.py).
 MAX_ROWS = 40
 # The attribution's states that are still coming (service/domain/environment_compare.py).
 ATTRIBUTION_COMING = ("expected", "queued", "running")

@@ -765,7 +765,7 @@ def check(
 
     Time: both builds (cached by digest after the first), the battery on both trees (quick and ci: seconds when warm on a 2-core CPU; standard: minutes on a CPU, seconds on a GPU; docs/PERFORMANCE.md), and for a changed tree the co-run of its changed cases and the attribution of at most 32 of them. Each phase is said as it starts; the last line says where the time went."""  # noqa: E501 (one paragraph: the help wraps it)
     _needs_extra("check", "worker", ENGINE_MODULES)
-    from worker.check import run_check
+    from service.cli.check import run_check
 
     if device.startswith("cuda") and not _cuda_visible():
         raise _fail(f"--device {device}: no CUDA GPU is visible on this machine (torch.cuda.is_available() "

@@ -47,7 +47,7 @@ def _tree(folder: Path, *, racy: bool) -> Path:
 def _check(source: Path, baseline: Path, json_out: Path) -> tuple[int, dict]:
     import json
 
-    from worker.check import run_check
+    from service.cli.check import run_check
 
     code = run_check(source, baseline, device="cpu", json_out=json_out)
     return code, json.loads(json_out.read_text())["comparison"]

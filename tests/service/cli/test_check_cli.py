@@ -74,7 +74,7 @@ def test_a_warm_check_never_imports_torch_in_its_own_process(tmp_path, csrc_unde
     import sys
 
     env = {**os.environ, "OPTDRIFT_BUILD_CACHE": str(build_cache_dir)}
-    script = ("import sys; from pathlib import Path; from worker.check import run_check; "
+    script = ("import sys; from pathlib import Path; from service.cli.check import run_check; "
               f"code = run_check(Path({str(csrc_under_test)!r}), Path({str(csrc_under_test)!r}), 'quick', device='cpu'); "
               "print('exit', code, 'torch imported', 'torch' in sys.modules)")
     for _ in range(2):  # the first may build (torch imported to compile); the second is warm
@@ -86,7 +86,7 @@ def test_a_warm_check_never_imports_torch_in_its_own_process(tmp_path, csrc_unde
 @pytest.mark.slow
 def test_with_a_baseline_both_hosts_start_before_either_battery_and_none_is_left(tmp_path, csrc_under_test,
                                                                               build_cache_dir, monkeypatch):
-    """A check with a baseline starts both kernel hosts at once (worker/check.py): each battery
+    """A check with a baseline starts both kernel hosts at once (worker/check.py run): each battery
     gets a host that was already up when it began, and every host is closed when the check
     returns, after both batteries as when the baseline does not build."""
     from worker import pipeline, sandbox

@@ -1,5 +1,5 @@
 """Issue 47: the verdict tables of `submit --wait` / `verify` / `retry` (service/cli/report.py) and of
-`check` (worker/check.py) read whole at a real terminal of 80, 120 and 200 columns.
+`check` (service/cli/check.py) read whole at a real terminal of 80, 120 and 200 columns.
 
 Each table is rendered at that width, then parsed back from the text: every case's name (its parts,
 service.core.case_names) is there across the lines it wraps over, every figure is a whole number
@@ -198,7 +198,7 @@ def test_at_120_columns_nothing_reads_like_the_issue() -> None:
     assert "lion.32…" not in text and "e-…" not in text and "…" not in text.split("details")[0]
 
 
-# --- check's tables (worker/check.py) -----------------------------------------------------------
+# --- check's tables (service/cli/check.py) --------------------------------------------------------
 def _comparison() -> RunComparison:
     cases = [CaseComparison(case_id=case, optimizer=case.split(".")[0], verdict="changed", first_divergent_step=step,
                             max_abs_diff_per_step=[0.0, diff], commit_final_ref64_distance=after,
@@ -209,7 +209,7 @@ def _comparison() -> RunComparison:
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_checks_verdict_and_attribution_tables_read_whole_at_each_width(width: int) -> None:
-    from worker.check import print_attribution, print_verdict
+    from service.cli.check import print_attribution, print_verdict
 
     console = Console(width=width, record=True, file=io.StringIO())
     print_verdict(_comparison(), console)

@@ -56,19 +56,30 @@ def test_exit_codes_and_their_precedence() -> None:
 
 
 def test_the_old_names_of_the_exit_codes_still_import() -> None:
-    from service.cli import common, exit_codes, main
-    from worker import check
+    from service.cli import check, common, exit_codes, main
 
     for module in (exit_codes, common, main):
         assert (module.EXIT_OK, module.EXIT_CHANGED, module.EXIT_USAGE, module.EXIT_BROKEN, module.EXIT_OPTDRIFT_ERROR,
                 module.EXIT_NONDETERMINISTIC, module.EXIT_NO_BASELINE,
                 module.EXIT_NOT_BUILDABLE) == (0, 1, 2, 3, 4, 5, 7, 8)
-    assert (check.EXIT_OK, check.EXIT_CHANGED, check.EXIT_BAD_INPUT, check.EXIT_BROKEN, check.EXIT_ERROR,
+    assert (check.EXIT_OK, check.EXIT_CHANGED, check.EXIT_USAGE, check.EXIT_BROKEN, check.EXIT_OPTDRIFT_ERROR,
             check.EXIT_NONDETERMINISTIC, check.EXIT_NOT_BUILDABLE) == (0, 1, 2, 3, 4, 5, 8)
     # `check` and `compare` have no submission that could allow a missing baseline: it passes there.
+    # One table for both (service/cli/common.py), derived from the outcomes' own.
     expected = {"unchanged": 0, "no-baseline": 0, "changed": 1, "broken": 3, "nondeterministic": 5}
     from service.cli import compare
-    assert check.EXIT_BY_VERDICT == compare.EXIT_BY_VERDICT == expected
+    assert check.EXIT_BY_VERDICT is compare.EXIT_BY_VERDICT is common.EXIT_BY_VERDICT
+    assert common.EXIT_BY_VERDICT == expected
+
+
+def test_the_worker_decides_no_exit_code_and_prints_nothing_of_check() -> None:
+    """`optdrift check`'s work (worker/check.py) returns plain results: its exit codes and tables are
+    the command's (service/cli/check.py)."""
+    from worker import check
+
+    assert not [name for name in vars(check) if name.startswith("EXIT_") or name.startswith("print_")]
+    source = Path(check.__file__).read_text()
+    assert "rich" not in source and "print(" not in source
 
 
 @pytest.mark.parametrize(("run", "code"), [

@@ -245,7 +245,8 @@ def test_check_names_the_two_trees_build_flags_beside_a_rounding_level_change(tm
     from rich.console import Console
 
     from worker import pipeline
-    from worker.check import build_change_of_jobs, print_attribution
+    from service.cli.check import print_attribution
+    from worker.check import build_change_of_jobs
 
     for name, build in (("old", 'cflags = ["-O3", "-g"]'),
                         ("new", 'cflags = ["-O3", "-march=native", "-fopenmp"]\ndefines = { __AVX512__ = "1" }')):

@@ -73,7 +73,7 @@ def test_no_listener_reads_nothing(tmp_path: Path) -> None:
 def test_check_prints_build_progress_during_a_real_build(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     """A real CMake + ninja build of the C API fixture project, into an empty cache: `check` says
     the build starts, then ninja's steps on stderr, before its verdict."""
-    from worker.check import run_check
+    from service.cli.check import run_check
 
     tree = tmp_path / "capi"
     shutil.copytree(REPO_ROOT / "tests" / "fixtures" / "capi_project", tree,

@@ -115,7 +115,7 @@ def refusing_tree(tmp_path: Path) -> Path:
 
 def test_check_says_not_buildable_and_exits_8(refusing_tree: Path, tmp_path: Path, build_cache_dir: Path,  # noqa: ANN001
                                               capsys) -> None:  # noqa: ANN001
-    from worker.check import EXIT_NOT_BUILDABLE, run_check
+    from service.cli.check import EXIT_NOT_BUILDABLE, run_check
 
     out = tmp_path / "check.json"
     code = run_check(refusing_tree, None, device="cpu", cache_dir=build_cache_dir, json_out=out)
@@ -129,7 +129,7 @@ def test_check_says_not_buildable_and_exits_8(refusing_tree: Path, tmp_path: Pat
 
 
 def test_a_baseline_that_refuses_says_so_too(refusing_tree: Path, build_cache_dir: Path, capsys) -> None:  # noqa: ANN001
-    from worker.check import EXIT_NOT_BUILDABLE, run_check
+    from service.cli.check import EXIT_NOT_BUILDABLE, run_check
 
     code = run_check(REPO_ROOT / "tests" / "fixtures" / "capi_project", refusing_tree, device="cpu",
                      cache_dir=build_cache_dir)

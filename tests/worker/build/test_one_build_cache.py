@@ -59,10 +59,10 @@ def test_the_new_name_wins_and_the_old_one_is_said_ignored(bare_environment, tmp
 
 def test_check_prints_the_deprecation_on_stderr(bare_environment, tmp_path, capsys) -> None:  # noqa: ANN001
     """A CLI user never sees a DeprecationWarning (Python hides them): `check` says it first."""
-    from worker.check import EXIT_BAD_INPUT, run_check
+    from service.cli.check import EXIT_USAGE, run_check
 
     bare_environment.setenv("OPTDRIFT_BUILD_CACHE", str(tmp_path / "old"))
-    assert run_check(tmp_path / "no-such-tree", None) == EXIT_BAD_INPUT  # stops before any build
+    assert run_check(tmp_path / "no-such-tree", None) == EXIT_USAGE  # stops before any build
     err = capsys.readouterr().err
     assert err.startswith("warning: OPTDRIFT_BUILD_CACHE is deprecated: set OPTDRIFT_BUILD_CACHE_DIR="), err
     bare_environment.delenv("OPTDRIFT_BUILD_CACHE")

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.check import run_check
+from service.cli.check import run_check
 from worker.mutations import comment_only, decay_after_update
 
 pytestmark = pytest.mark.slow

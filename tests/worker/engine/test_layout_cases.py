@@ -255,7 +255,7 @@ def test_check_prints_which_tensors_of_a_changed_layout_case_changed(kernels):
 
     from service.core.results import RunResult
     from service.core.verdicts import compare_runs
-    from worker.check import print_verdict
+    from service.cli.check import print_verdict
 
     (case,) = _battery(["adam"]).expand()
     groups = case.layout.groups

@@ -89,6 +89,14 @@ class ReleaseCell(BaseModel):
                                                       "ulps of its parameter (the stored attribution's)")
     case_id: str | None = Field(description="the case the figure is of")
     case_name: str | None
+    ulps_at_least: float | None = Field(None, description="over the row's changed cases: at least this many ulps "
+                                        "of the parameter dtype (at the float64 reference's magnitude) separate "
+                                        "the two releases' parameters at step `ulps_step`; a lower bound made from "
+                                        "each run's stored relative error (service/core/ulp_bounds.py), 0 where "
+                                        "it cannot tell; None: no changed case has a bound (`ulps_note` says why)")
+    ulps_step: int | None = Field(None, description="1-based: the step of `ulps_at_least`")
+    ulps_note: str | None = Field(None, description="why a changed case has no ulp bound (float16, references "
+                                                    "changed between the runs)")
     distance: float | None = Field(description="the row's largest final distance to the float64 reference")
     distance_text: str
     note: str | None = Field(description="why the cell is empty (a not-buildable release: 'not buildable here: "
@@ -110,6 +118,9 @@ class ReleaseRow(BaseModel):
 
 class ReleaseMatrix(BaseModel):
     project: str
+    all_releases: list[str] = Field([], description="every release tag of the project, in the matrix's order")
+    only: list[str] | None = Field(None, description="the releases kept (the request's `releases`), each "
+                                                     "compared with the one before it among them; None: all")
     environment: str | None
     battery: str | None = Field(description="the battery that ran")
     order: Literal["version", "ancestry"] = Field(description="releases ordered by their tags' versions where "

@@ -21,9 +21,13 @@ previous release (service/api/release_schemas.py says what each field is; the pa
   verdict over its models, linking to the run page's section.
 * The battery is the one that ran (the run's recorded battery; the tree's optdrift.toml may name its
   own), not the name a submission asked for.
+* Any two releases compare in ulps: each cell carries a lower bound of how many ulps of its
+  parameter dtype the two releases' parameters are apart at some step, made from what each run
+  stored alone (service/core/ulp_bounds.py says why it is a bound). `only` keeps a subset of the
+  releases (two tags: those two compared, whatever lies between them).
 
-Reads only what it needs: the final value of two series (located through the series layout), the
-digests text, and of each verdict only its attribution.
+Reads only what it needs: the final value of two series and the whole relative-error series
+(located through the series layout), the digests text, and of each verdict only its attribution.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from sqlalchemy.orm import Session
 from service.api.release_schemas import (
     BatteryChoice, CaseLine, ReleaseCell, ReleaseColumn, ReleaseMatrix, ReleaseRow, ReleaseTraining,
 )
-from service.core import attribution_view, environment_attribution
+from service.core import attribution_view, environment_attribution, ulp_bounds
 from service.core.case_names import case_name
 from service.core.results import QUANTIZED_FAMILY_PREFIX
 from service.core.wording import first_line, number, ratio
@@ -50,6 +54,7 @@ from service.db.models import CANCELLED, DONE, ERROR, FAILED, Commit, Run, Traje
 from service.dashboard.wording import not_buildable_line
 from service.domain import training_impacts
 from service.domain.dashboard_queries import get_project
+from service.domain.errors import BadInputError
 
 GroupKey = tuple[str, str, str]  # optimizer, family, param dtype
 
@@ -118,17 +123,28 @@ def order_releases(releases: list[_Release], parents_of: dict[str, tuple[str, ..
 
 
 # ----------------------------------------------------------------------------- reading trajectories
-def final_value(layout: list[dict[str, Any]], data: bytes, name: str) -> float | None:
-    """The last value of series `name` (float64), without unpacking the others."""
+def _located(layout: list[dict[str, Any]], name: str) -> tuple[int, int] | None:
+    """(byte offset, length) of float64 series `name` in a row's series data; None where absent."""
     offset = 0
     for entry in layout or []:
-        size = entry["length"] * 8
         if entry["name"] == name:
             if entry["length"] == 0 or entry.get("dtype", "float64") != "float64":
                 return None
-            return struct.unpack_from("<d", data, offset + size - 8)[0]
-        offset += size
+            return offset, entry["length"]
+        offset += entry["length"] * 8
     return None
+
+
+def final_value(layout: list[dict[str, Any]], data: bytes, name: str) -> float | None:
+    """The last value of series `name` (float64), without unpacking the others."""
+    where = _located(layout, name)
+    return None if where is None else struct.unpack_from("<d", data, where[0] + (where[1] - 1) * 8)[0]
+
+
+def series_values(layout: list[dict[str, Any]], data: bytes, name: str) -> list[float] | None:
+    """Every value of series `name` (float64), without unpacking the others."""
+    where = _located(layout, name)
+    return None if where is None else list(struct.unpack_from(f"<{where[1]}d", data, where[0]))
 
 
 def final_ref64_distance(layout: list[dict[str, Any]], data: bytes) -> float | None:
@@ -143,6 +159,9 @@ class _Point:
     digests: list[str]
     final: float | None            # final distance to float64
     quant: float | None            # final quantization steps to the quantization-aware reference
+    relative: list[float] | None = None  # per step, the largest relative error to float64
+    dtype: str = "float32"
+    reference: str | None = None   # the digest of the case's references, where the run recorded it
 
 
 @dataclass
@@ -197,10 +216,14 @@ def build_change_text(previous: dict | None, current: dict | None) -> str | None
 
 def _case_kind(case_id: str, stored: dict | None, build_change: str | None) -> tuple[str | None, str | None]:
     kind, words = attribution_kind(case_id, stored)
-    if build_change and kind in (None, "rounding-level"):
+    if build_change and kind == "rounding-level":
         # A change bounded by roundings with differing flags is the flags' doing as far as the
         # evidence goes; one beyond rounding is named for what it is, whatever flag differs.
-        return ("build-flags" if kind is None else kind), (f"{words} · {build_change}" if words else build_change)
+        return kind, f"{words} · {build_change}"
+    if build_change and kind is None:
+        # Not attributed (no verdict judged these two runs against each other: two releases apart,
+        # or back-filled): the flags are named, but nothing says they made the change.
+        return None, f"not attributed · {build_change}"
     return kind, words
 
 
@@ -221,8 +244,30 @@ def _ran_battery(detail: dict | None, requested: str) -> str:
     return (detail or {}).get("battery") or requested
 
 
+MAX_ONLY = 50
+MAX_TAG = 100  # service.db.models.Commit.release_tag
+
+
+def _keep_only(releases: list[_Release], only: list[str] | None, project: str) -> list[_Release]:
+    """The releases tagged in `only` (in the matrix's order); an unknown tag is the caller's error."""
+    if not only:
+        return releases
+    tags = [r.tag for r in releases]
+    wanted = list(dict.fromkeys(tag.strip() for tag in only if tag.strip()))
+    if len(wanted) > MAX_ONLY:
+        raise BadInputError(f"releases: {len(wanted)} tags given, at most {MAX_ONLY}")
+    if any(len(tag) > MAX_TAG for tag in wanted):
+        raise BadInputError(f"releases: a tag longer than {MAX_TAG} characters (release tags are at most that)")
+    unknown = [tag for tag in wanted if tag not in tags]
+    if unknown:
+        known = ", ".join(tags[-20:]) or "none"
+        raise BadInputError(f"releases: no release tagged {unknown[0]!r} in project {project!r} "
+                            f"(its releases{' (the last 20)' if len(tags) > 20 else ''}: {known})")
+    return [r for r in releases if r.tag in wanted]
+
+
 def build(*, session: Session, project_name: str, environment: str | None = None,
-          battery: str | None = None) -> ReleaseMatrix:
+          battery: str | None = None, only: list[str] | None = None) -> ReleaseMatrix:
     project = get_project(session=session, name=project_name)
     release_rows = session.execute(
         select(Commit.id, Commit.release_tag, Commit.sha, Commit.parents, Commit.ancestry, Commit.created_at)
@@ -235,6 +280,8 @@ def build(*, session: Session, project_name: str, environment: str | None = None
         parents_of = {sha: tuple(parents or ()) + tuple(ancestry or ()) for sha, parents, ancestry in session.execute(
             select(Commit.sha, Commit.parents, Commit.ancestry).where(Commit.project_id == project.id)).all()}
     releases, order = order_releases(releases, parents_of)
+    all_tags = [r.tag for r in releases]
+    releases = _keep_only(releases, only, project.name)
 
     runs = [_RunInfo(rid, cid, env, _ran_battery(detail, requested), requested, status, error, detail or {})
             for rid, cid, env, requested, status, error, detail in session.execute(
@@ -294,7 +341,8 @@ def build(*, session: Session, project_name: str, environment: str | None = None
             status=status, reason=refused,
             training=training.get(run.id) if run else None))
 
-    points = _points(session, {run.id: index for index, run in chosen.items()})
+    points = _points(session, {run.id: index for index, run in chosen.items()},
+                     {run.id: (run.detail.get("reference_digests") or {}) for run in chosen.values()})
     attributions = _attributions(session, chosen, previous_of)
     rows = _rows(releases, columns, points, attributions, chosen)
     choices = [BatteryChoice(environment=env, battery=bat, requested=sorted(requested_names.get((env, bat), ())))
@@ -302,7 +350,8 @@ def build(*, session: Session, project_name: str, environment: str | None = None
     order_text = ("Releases in version order (their tags read as PEP 440 versions)" if order == "version" else
                   "Releases in ancestry order (not every tag reads as a version), then by submission time")
     return ReleaseMatrix(project=project.name, environment=environment, battery=battery, order=order,
-                         order_text=order_text, choices=choices, releases=columns, rows=rows)
+                         order_text=order_text, choices=choices, releases=columns, rows=rows,
+                         all_releases=all_tags, only=[r.tag for r in releases] if only else None)
 
 
 def _training(session: Session, run_ids: list[int]) -> dict[int, ReleaseTraining]:
@@ -351,7 +400,8 @@ def _no_data_reason(release: _Release, runs: list[_RunInfo], environment: str | 
     return f"no run of the battery {battery} in {environment} (it ran {', '.join(ran)})"
 
 
-def _points(session: Session, index_of_run: dict[int, int]) -> dict[str, dict[int, tuple[dict, _Point]]]:
+def _points(session: Session, index_of_run: dict[int, int],
+            references: dict[int, dict]) -> dict[str, dict[int, tuple[dict, _Point]]]:
     """case id -> release index -> (case spec, point)."""
     out: dict[str, dict[int, tuple[dict, _Point]]] = {}
     if not index_of_run:
@@ -361,9 +411,13 @@ def _points(session: Session, index_of_run: dict[int, int]) -> dict[str, dict[in
                    Trajectory.series_layout, Trajectory.series_data, Trajectory.digests)
             .where(Trajectory.run_id.in_(list(index_of_run)))).all():
         ok = status == "ok"
+        recorded = references.get(run_id, {}).get(case_id)
         point = _Point(status=status, digests=digests.split("\n") if digests else [],
                        final=final_value(layout, data, "ref64_max_abs") if ok else None,
-                       quant=final_value(layout, data, "quant_ref_steps") if ok else None)
+                       quant=final_value(layout, data, "quant_ref_steps") if ok else None,
+                       relative=series_values(layout, data, "ref64_max_rel") if ok else None,
+                       dtype=str((case or {}).get("param_dtype") or "float32"),
+                       reference=recorded if isinstance(recorded, str) else None)
         out.setdefault(case_id, {})[index_of_run[run_id]] = (case, point)
     return out
 
@@ -437,6 +491,8 @@ def _cell(index: int, column: ReleaseColumn, case_ids: list[str], points: dict, 
     counts = Counter()
     changes: list[_Change] = []
     broken_steps: list[int] = []
+    bounds: list[ulp_bounds.UlpBound] = []
+    no_bound: list[str] = []
     distances, quants = [], []
     for case_id, point in here:
         if point.status == "not_applicable":
@@ -461,6 +517,11 @@ def _cell(index: int, column: ReleaseColumn, case_ids: list[str], points: dict, 
             broken_steps.append(step or 1)
             continue
         changes.append(_measure(case_id, before, point, step, scale, stored.get(case_id), column.build_change))
+        bound, why = ulps_apart(before, point)
+        if bound is not None:
+            bounds.append(bound)
+        else:
+            no_bound.append(why)
     distance = max(distances) if distances else None
     figure = (max(quants) if quants else None) if scale == "quantization-steps" else distance
     base = dict(release=column.tag, cases=counts["cases"], changed=counts["changed"], compared=counts["compared"],
@@ -488,7 +549,13 @@ def _cell(index: int, column: ReleaseColumn, case_ids: list[str], points: dict, 
         kind_text = f"{kind_text or 'not attributed'}; also {others}"
     steps_unit = scale == "quantization-steps"
     change_text = lead.text
+    widest = max(bounds, key=lambda b: b.ulps, default=None)
+    note = None
+    if no_bound:
+        note = no_bound[0] if widest is None else f"{len(no_bound)} of {len(changes)} changed cases: {no_bound[0]}"
     return ReleaseCell(
+        ulps_at_least=widest.ulps if widest else None, ulps_step=widest.step if widest else None,
+        ulps_note=note,
         state="broken" if broken_steps else "changed", change=_finite(lead.change), change_text=change_text,
         intensity=5 if broken_steps else _intensity(lead.size, QUANT_STEPS if steps_unit else RATIO_STEPS),
         kind=lead.kind, kind_text=kind_text, first_divergent_step=first, first_step_ulps=lead.first_step_ulps,
@@ -540,6 +607,19 @@ def _measure(case_id: str, before: _Point, after: _Point, step: int | None, scal
     # A change of the digests with the same final distance to 4 digits is still a change: it is
     # coloured at least at the first intensity, never neutral.
     return _Change(case_id, size, factor, step, kind, words, ulps, text)
+
+
+def ulps_apart(before: _Point, after: _Point) -> tuple[ulp_bounds.UlpBound | None, str]:
+    """How many ulps at least one case's two runs are apart (service/core/ulp_bounds.py), or why
+    that cannot be said: the bound needs one float64 reference behind both runs."""
+    if before.reference and after.reference and before.reference != after.reference:
+        return None, "its references changed between the two runs (no common float64 reference)"
+    if before.status != "ok":
+        return None, "it was broken in the earlier release"
+    if before.relative is None or after.relative is None:
+        return None, "a run stored no relative error to float64"
+    bound = ulp_bounds.ulps_at_least(before.relative, after.relative, after.dtype)
+    return bound, ("" if bound else ulp_bounds.why_no_bound(after.dtype) or "")
 
 
 def sparkline_points(values: list[float | None], width: int = 120, height: int = 24) -> list[tuple[float, float]]:

@@ -149,10 +149,11 @@ def _attribution(run) -> dict:  # noqa: ANN001
 
 @router.get("/projects/{project}/releases", response_class=HTMLResponse)
 def releases_page(request: Request, project: str, session: SessionDep, environment: str | None = None,
-                  battery: str | None = None, group: str | None = None) -> HTMLResponse:
+                  battery: str | None = None, group: str | None = None,
+                  releases: Annotated[list[str] | None, Query()] = None) -> HTMLResponse:
     """The release matrix of /api/v1/projects/{project}/releases/matrix, rendered: the same figures."""
     matrix = release_matrix.build(session=session, project_name=project, environment=environment or None,
-                                  battery=battery or None)
+                                  battery=battery or None, only=[tag for tag in releases or () if tag] or None)
     labels = [row.label for row in matrix.rows]
     chosen = group if group in labels else (labels[0] if labels else None)
     # The line plot's traces: per case its name (the hash only in the hover) and its finals.

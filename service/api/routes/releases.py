@@ -22,9 +22,12 @@ def read_release_matrix(
                                                                          "most releases ran")] = None,
     battery: Annotated[str | None, Query(max_length=200, description="the battery that ran (a requested name "
                                                                      "finds the battery that ran for it)")] = None,
+    releases: Annotated[list[str] | None, Query(
+        description="keep only these release tags (repeat the parameter), each compared with the one before it "
+                    "among them: two tags compare any two releases (at most 50)")] = None,
 ) -> ReleaseMatrix:
     """Per row and release: the change from the previous release with data (a factor of its final
     distance to float64, or a move in quantization steps for 8-bit rows), its kind, the first
     divergent step, a colour intensity within the row's scale; per release why it has no data."""
     return release_matrix.build(session=session, project_name=project, environment=environment or None,
-                                battery=battery or None)
+                                battery=battery or None, only=releases or None)

@@ -140,3 +140,63 @@ def test_a_broken_case_and_its_repair_are_changes(api, db_session) -> None:  # n
     # The ×1700 regression still leads the cell; the repair is counted among its kinds.
     assert repaired["change_text"] == "×1.700e+03"
     assert repaired["kind_text"] == "semantic: decoupled weight decay; also repaired (1)"
+
+
+def _relative_series(tag: str, case_id: str) -> list[float]:
+    """The seed's stored relative error to float64 per step (release_seed._result)."""
+    final, _digests = s.case_state(tag, case_id)
+    return [final * (step + 1) / s.STEPS * 10 for step in range(s.STEPS)]
+
+
+def _expected_ulps(before: str, after: str, case_id: str) -> tuple[float, int]:
+    """The lower bound, worked out from the seed's series by its definition (service/core/ulp_bounds.py):
+    the largest |e_a(t) - e_b(t)| / 2**-23 over the steps, and its step."""
+    gaps = [abs(a - b) / 2.0 ** -23 for a, b in zip(_relative_series(before, case_id), _relative_series(after, case_id))]
+    return max(gaps), gaps.index(max(gaps)) + 1
+
+
+def test_cells_say_how_many_ulps_apart_two_releases_are_at_least(api, db_session) -> None:  # noqa: ANN001
+    lion = _cells(_matrix(api, db_session), LION)
+    ulps, step = _expected_ulps("v1.9.0", "v1.10.0", s.LION_WD)
+    # Tolerance: the service and this test take the same float64 differences in the same order; 1e-12
+    # relative leaves room for nothing but a different formula.
+    assert math.isclose(lion["v1.10.0"]["ulps_at_least"], ulps, rel_tol=1e-12) and ulps > 1e4
+    assert lion["v1.10.0"]["ulps_step"] == step == s.STEPS
+    assert lion["v1.10.0"]["ulps_note"] is None
+    # v1.10.1: lion wd=0's references changed (r1 -> r2), so that case has no common float64
+    # reference and no bound; the row's figure is its other changed case's, and the note says so.
+    flags = lion["v1.10.1"]
+    ulps, step = _expected_ulps("v1.10.0", "v1.10.1", s.LION_WD)
+    assert math.isclose(flags["ulps_at_least"], ulps, rel_tol=1e-12) and flags["ulps_step"] == step
+    assert flags["ulps_note"] == "1 of 2 changed cases: its references changed between the two runs (no common " \
+                                 "float64 reference)"
+    assert lion["v1.9.0"]["ulps_at_least"] is None  # unchanged: nothing to bound
+
+
+def test_any_two_releases_compare(api, db_session) -> None:  # noqa: ANN001
+    """?releases=A&releases=B keeps those two: B's cell is the change from A, whatever lies between."""
+    matrix = _matrix(api, db_session, releases=["v1.10.1", "v1.8.0"])
+    assert [column["tag"] for column in matrix["releases"]] == ["v1.8.0", "v1.10.1"]   # the matrix's order
+    assert matrix["only"] == ["v1.8.0", "v1.10.1"] and matrix["all_releases"] == s.VERSION_ORDER
+    assert matrix["releases"][1]["compared_with"] == "v1.8.0"
+    assert matrix["releases"][1]["build_change"] == "build flags changed: + -march=native -fopenmp, - -g"
+    adam = _cells(matrix, ADAM)["v1.10.1"]
+    ulps, step = _expected_ulps("v1.8.0", "v1.10.1", s.ADAM)
+    assert math.isclose(adam["ulps_at_least"], ulps, rel_tol=1e-12) and adam["ulps_step"] == step
+    # No verdict judged v1.10.1 against v1.8.0: nothing is attributed, and differing flags are named
+    # without being called the cause.
+    assert adam["kind"] is None
+    assert adam["kind_text"] == "not attributed · build flags changed: + -march=native -fopenmp, - -g"
+    lion = _cells(matrix, LION)["v1.10.1"]
+    assert math.isclose(lion["change"], s.REGRESSION_FACTOR * s.ROUNDING, rel_tol=1e-12)
+    assert lion["kind"] is None and lion["first_divergent_step"] == 1
+
+
+def test_an_unknown_release_is_named_in_a_422(api, db_session) -> None:  # noqa: ANN001
+    s.seed(db_session)
+    response = api.get(URL, params={"releases": ["v1.8.0", "v9.9.9"]})
+    assert response.status_code == 422
+    assert "no release tagged 'v9.9.9' in project 'drift'" in response.json()["detail"]
+    assert "v1.10.1" in response.json()["detail"]  # the releases it has, to pick from
+    too_many = api.get(URL, params={"releases": [f"t{i}" for i in range(51)]})
+    assert too_many.status_code == 422 and "at most 50" in too_many.json()["detail"]

@@ -52,6 +52,8 @@ def _cells(page) -> list[dict]:  # noqa: ANN001
         change: c.querySelector('.change')?.innerText ?? null, kind: c.querySelector('.kind')?.innerText ?? null,
         step: c.querySelector('.first-step .step')?.innerText ?? null,
         ulps: c.querySelector('.first-step .ulps')?.innerText ?? null,
+        apart: c.querySelector('.ulps-apart .value')?.innerText ?? null,
+        apart_text: c.querySelector('.ulps-apart')?.innerText ?? null,
         distance: c.querySelector('.distance .value')?.innerText ?? null,
         changed: c.querySelector('.mark.changed')?.innerText ?? null,
         note: c.querySelector('.empty')?.title ?? null}))""")
@@ -116,7 +118,7 @@ def test_every_figure_on_the_release_page_is_the_apis(drift, page) -> None:  # n
     _open(page, f"{url}/projects/{s.PROJECT}/releases")
     shown = {(c["group"], c["release"]): c for c in _cells(page)}
     assert len(shown) == sum(len(row["cells"]) for row in matrix["rows"])
-    checked = 0
+    checked = apart = 0
     for row in matrix["rows"]:
         for cell in row["cells"]:
             page_cell = shown[(row["label"], cell["release"])]
@@ -136,10 +138,17 @@ def test_every_figure_on_the_release_page_is_the_apis(drift, page) -> None:  # n
             assert page_cell["step"] == (str(cell["first_divergent_step"]) if cell["first_divergent_step"] else None)
             if cell["first_step_ulps"] is not None:
                 assert _close(float(page_cell["ulps"]), cell["first_step_ulps"])
+            if cell["ulps_at_least"] is not None:
+                assert _close(float(page_cell["apart"]), cell["ulps_at_least"]), (page_cell, cell)
+                assert page_cell["apart_text"].endswith(f"ulp apart (step {cell['ulps_step']})")
+                apart += 1
+            else:
+                assert page_cell["apart"] is None
             assert _close(float(page_cell["distance"]), cell["distance"])
             if cell["changed"]:
                 assert page_cell["changed"] == f"Δ changed {cell['changed']}/{cell['compared']}"
     assert checked == 3  # the regression, and the flags release in the two float rows
+    assert apart == 3    # the same three cells say how many ulps apart their releases are at least
     # The sparklines hold the API's figures, one dot per release with data.
     for row in matrix["rows"]:
         svg = page.locator(f"#release-matrix tr[data-group='{row['label']}'] svg.sparkline")
@@ -152,6 +161,32 @@ def test_every_figure_on_the_release_page_is_the_apis(drift, page) -> None:  # n
     row = next(r for r in matrix["rows"] if r["label"] == LION)
     assert traces == [{"name": line["name"], "y": line["finals"]} for line in row["cases"]]
     assert all("#" not in trace["name"] for trace in traces)
+    assert page.console_watch.errors == []
+
+
+def test_any_two_releases_compare_from_the_page(drift, page) -> None:  # noqa: ANN001
+    """Pick v1.8.0 and v1.10.1 and compare: two columns, the second measured from the first (what
+    lies between does not enter), its figures the API's for the same two releases."""
+    url, _seeded = drift
+    _open(page, f"{url}/projects/{s.PROJECT}/releases")
+    page.select_option("#compare-from", "v1.8.0")
+    page.select_option("#compare-to", "v1.10.1")
+    with page.expect_navigation(wait_until="networkidle"):
+        page.click("#compare-form button[type=submit]")
+    assert page.locator("#release-matrix thead th[data-release]").evaluate_all(
+        "hs => hs.map(h => h.dataset.release)") == ["v1.8.0", "v1.10.1"]
+    assert "Showing 2 of 5 releases (v1.8.0 → v1.10.1)" in page.locator("#only-note").inner_text()
+    matrix = httpx.get(f"{url}/api/v1/projects/{s.PROJECT}/releases/matrix",
+                       params={"releases": ["v1.8.0", "v1.10.1"]}, timeout=30).json()
+    shown = {(c["group"], c["release"]): c for c in _cells(page)}
+    lion = next(cell for row in matrix["rows"] if row["label"] == LION for cell in row["cells"]
+                if cell["release"] == "v1.10.1")
+    page_lion = shown[(LION, "v1.10.1")]
+    assert page_lion["change"] == lion["change_text"] and page_lion["kind"] == lion["kind_text"]
+    assert _close(float(page_lion["apart"]), lion["ulps_at_least"])
+    # The JSON link keeps the two releases.
+    link = page.locator("a", has_text="This matrix as JSON").get_attribute("href")
+    assert "releases=v1.8.0" in link and "releases=v1.10.1" in link
     assert page.console_watch.errors == []
 
 

@@ -5,9 +5,12 @@ gives it back (retry later, a verify run yielding), has it judged, adds the co-r
 diffs, the attribution and the kernel timings beside it, opens and stores a build variant's
 attribution against its base environment, and says it is alive (presence). It reads what a job
 needs as plain values (RunFacts, ProjectFacts, CorunInputs, EnvironmentAttributionInputs: pydantic,
-never a row of the ORM). The rules stay in the service's domain modules (runs, trajectories,
-baselines, verdict_store, kernel_speed, environment_attribution, workers); this module is what calls them for the worker, and what
-tells the notifier (service.notify.hooks) that a run changed.
+never a row of the ORM). The rules and every query stay in the service's domain modules (runs,
+dispatch, trajectories, baselines, verdict_store, corun, unsteady_cases, kernel_speed,
+environment_attribution, training_impacts, workers): each function here is one session over them
+(it holds no SQL of its own: tests/service/test_run_store_has_no_sql.py), and this module is what
+tells the notifier (service.notify.hooks) that a run changed. The verdict's detail it adds to is
+typed (service.core.verdict_detail).
 
 Each function opens its own session; `session=` is for tests, which pass their transaction.
 """
@@ -18,23 +21,22 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
-from sqlalchemy import select
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
 from service.core.archives import ArchiveLimits
 from service.core.results import CaseResult, CaseSpec, RepeatCheck, RunComparison, RunResult
+from service.core.verdict_detail import CorunFinding, CorunRecord
 from service.core.verdicts import compare_runs
-from service.db.environment_models import EnvironmentAttribution
-from service.db.models import CANCELLED, DONE, ERROR, FAILED, RUNNING, Project, Run, UnsteadyCase, Verdict
+from service.db.models import CANCELLED, DONE, ERROR, FAILED, RUNNING, Project, Run
 from service.db.session import get_sessionmaker
 from service.domain import (
-    baselines, dispatch, environment_attribution, kernel_speed, runs, training_impacts, trajectories, verdict_store,
-    workers,
+    baselines, corun, dispatch, environment_attribution, kernel_speed, projects, runs, training_impacts, trajectories,
+    unsteady_cases, verdict_store, workers,
 )
 from service.domain.storage import archive_limits as _archive_limits
 from service.notify import hooks as notify
@@ -124,7 +126,12 @@ def _project_facts(project: Project) -> ProjectFacts:
 
 def _run(session: Session, run_id: int) -> Run | None:
     """The run's row as the database has it now (a session passed in may hold an older copy)."""
-    return session.get(Run, run_id, populate_existing=True)
+    return runs.lookup(session=session, run_id=run_id)
+
+
+def _project(session: Session, project_id: int) -> ProjectFacts | None:
+    project = projects.lookup(session=session, project_id=project_id)
+    return None if project is None else _project_facts(project)
 
 
 @contextlib.contextmanager
@@ -156,8 +163,7 @@ def run_facts(run_id: int, *, session: Session | None = None) -> RunFacts | None
 
 def project_facts(project_id: int, *, session: Session | None = None) -> ProjectFacts | None:
     with _session(session) as session:
-        project = session.get(Project, project_id)
-        return None if project is None else _project_facts(project)
+        return _project(session, project_id)
 
 
 def queued_count(*, environment: str, kind: str | None = None, dispatched_after: datetime | None = None,
@@ -204,8 +210,7 @@ class ClaimedRun:
         self.session, self.run_id, self.worker = session, run_id, worker
         run = _run(session, run_id)
         self.run = _run_facts(run)
-        project = session.get(Project, run.project_id)
-        self.project = None if project is None else _project_facts(project)
+        self.project = _project(session, run.project_id)
 
     def set_status(self, status: str, **values: Any) -> bool:
         return runs.set_status(session=self.session, run_id=self.run_id, worker=self.worker, status=status,
@@ -313,33 +318,18 @@ def judge(run_id: int, *, worker: str, settings: Settings, session: Session | No
 # ----------------------------------------------------------------------------- nondeterminism: memory and blame
 def unsteady_case_ids(project_id: int, *, session: Session | None = None) -> set[str]:
     """The project's cases that ever failed to reproduce themselves (docs/ENGINE.md, Nondeterminism):
-    every run repeats them, commit and verify runs alike."""
+    every run repeats them, commit and verify runs alike (service.domain.unsteady_cases)."""
     with _session(session) as session:
-        return set(session.scalars(select(UnsteadyCase.case_id).where(UnsteadyCase.project_id == project_id)))
+        return unsteady_cases.case_ids(session=session, project_id=project_id)
 
 
 def remember_unsteady(project_id: int, run_id: int, case_ids: Iterable[str], *,
                       session: Session | None = None) -> None:
     """Remember `case_ids` as nondeterministic for the project, seen in `run_id` (its own build or
-    its baseline's, repeated for blame). Concurrent workers may remember one case at once: the
-    insert yields to the other's row and counts on it."""
-    from sqlalchemy.dialects.postgresql import insert as pg_insert
-    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-    case_ids = sorted(set(case_ids))
-    if not case_ids:
-        return
+    its baseline's, repeated for blame); concurrent workers may remember one case at once
+    (service.domain.unsteady_cases.remember)."""
     with _session(session) as session:
-        insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-        now = datetime.now(timezone.utc)
-        for case_id in case_ids:
-            statement = insert(UnsteadyCase).values(project_id=project_id, case_id=case_id, first_seen_run_id=run_id,
-                                                    last_seen_run_id=run_id, times_seen=1, last_seen_at=now)
-            session.execute(statement.on_conflict_do_update(
-                index_elements=["project_id", "case_id"],
-                set_={"last_seen_run_id": run_id, "last_seen_at": now,
-                      "times_seen": UnsteadyCase.times_seen + 1}))
-        session.commit()
+        unsteady_cases.remember(session=session, project_id=project_id, run_id=run_id, case_ids=case_ids)
 
 
 def baseline_of(run_id: int, *, session: Session | None = None) -> RunFacts | None:
@@ -357,116 +347,64 @@ def corun_environment(run_id: int, *, session: Session | None = None) -> str | N
     """The run's environment when its verdict names changed cases against a baseline (a co-run
     then adds their per-step |commit - baseline|), else None."""
     with _session(session) as session:
-        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
-        environment = _run(session, run_id).environment
-    if verdict is None or not verdict.changed_cases or verdict.baseline_run_id is None:
-        return None
-    return environment
+        return corun.environment(session=session, run_id=run_id)
 
 
 def corun_inputs(run_id: int, *, session: Session | None = None) -> CorunInputs | None:
     """The judged run, its baseline, both results and the changed cases still without per-step
-    diffs; None when there is nothing to co-run."""
+    diffs; None when there is nothing to co-run (service.domain.corun.sides)."""
     with _session(session) as session:
-        run = _run(session, run_id)
-        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
-        if run is None or verdict is None or verdict.baseline_run_id is None or run.status != DONE:
+        sides = corun.sides(session=session, run_id=run_id)
+        if sides is None:
             return None
-        if corun_is_final(verdict.detail):
-            return None  # the co-run found a case that does not reproduce, or gave up: nothing more comes
-        changed_ids = {case["case_id"] for case in (verdict.detail or {}).get("cases", [])
-                       if case.get("verdict") == "changed" and not case.get("max_abs_diff_per_step")}
-        if not changed_ids:
-            return None
-        baseline = _run(session, verdict.baseline_run_id)
+        run, baseline = sides.run, sides.baseline
         return CorunInputs(run=_run_facts(run), baseline=_run_facts(baseline),
-                           project=_project_facts(session.get(Project, run.project_id)), changed_ids=changed_ids,
+                           project=_project(session, run.project_id), changed_ids=sides.changed_ids,
                            commit_result=trajectories.run_result(session=session, run=run),
                            baseline_result=trajectories.run_result(session=session, run=baseline))
 
 
-def store_corun_diffs(run_id: int, *, comparison: RunComparison, extra: dict[str, Any],
+def store_corun_diffs(run_id: int, *, comparison: RunComparison, corun_record: CorunRecord,
                       session: Session | None = None) -> bool:
-    """The verdict recomputed with the co-run's diffs, stored with `extra` (the co-run's time and
+    """The verdict recomputed with the co-run's diffs, stored with the co-run's record (its time and
     window) beside it; False, and nothing stored, when it would change the stored outcome (it
     cannot: the same stored results are compared)."""
     with _session(session) as session:
-        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
-        if comparison.verdict != verdict.outcome:
-            log.error("run %s: recomputed verdict %s != stored %s; diffs not stored",
-                      run_id, comparison.verdict, verdict.outcome)
-            return False
-        verdict.detail = {**comparison.model_dump(mode="json"), **extra}
-        verdict_store.record_build_change(verdict)  # the builds' difference, beside the new detail
-        session.commit()
-        return True
+        return corun.store_diffs(session=session, run_id=run_id, comparison=comparison, corun=corun_record)
 
 
-# The verdict detail's key for how the co-run ended when it stores no per-step diffs: its state
-# "not_reproducible" (a re-run's digests differ from the stored run's, per case and side) or
-# "given_up" (a side no longer builds, the co-run failed). Either way its detail is final: the
-# CLI's --wait (service/cli/client.py corun_detail) stops waiting for it.
-CORUN_FINDING = "corun"
-CORUN_FINAL_STATES = ("not_reproducible", "given_up")
-
-
-def corun_is_final(detail: dict | None) -> bool:
-    return ((detail or {}).get(CORUN_FINDING) or {}).get("state") in CORUN_FINAL_STATES
-
-
-def store_corun_nondeterminism(run_id: int, *, commit_checks: dict[str, RepeatCheck], finding: dict[str, Any],
-                               extra: dict[str, Any], session: Session | None = None) -> RunComparison | None:
+def store_corun_nondeterminism(run_id: int, *, commit_checks: dict[str, RepeatCheck], finding: CorunFinding,
+                               corun_record: CorunRecord, session: Session | None = None) -> RunComparison | None:
     """The co-run re-ran a case and did not reproduce its stored trajectory: that is the run's
     nondeterminism finding. Each such case of the commit gets the re-run as one more repeat on its
     stored trajectory (`commit_checks`: the RepeatCheck it now has, with the baseline's re-run as
     its blame), the verdict is judged again from the stored trajectories by the same rule as when the
     run ended (service.core.verdicts.compare_runs, service.domain.verdict_store.rejudge), and
     `finding` (state not_reproducible, both digests and the first differing step per case and side)
-    is stored under CORUN_FINDING with `extra`. Returns the new comparison (None: no verdict)."""
+    is stored with the co-run's record. Returns the new comparison (None: no verdict)."""
     with _session(session) as session:
-        run = _run(session, run_id)
-        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
-        if run is None or verdict is None or verdict.baseline_run_id is None:
-            return None
-        for row in trajectories.list_rows(session=session, run_id=run_id):
-            if row.case_id in commit_checks:
-                row.extra = {**(row.extra or {}), "repeat_check": commit_checks[row.case_id].model_dump(mode="json")}
-        session.flush()
-        baseline = _run(session, verdict.baseline_run_id)
-        comparison = compare_runs(trajectories.run_result(session=session, run=run),
-                                  trajectories.run_result(session=session, run=baseline))
-        verdict_store.rejudge(verdict=verdict, comparison=comparison, extra={**extra, CORUN_FINDING: finding})
-        session.commit()
-        return comparison
+        return corun.store_nondeterminism(session=session, run_id=run_id, commit_checks=commit_checks,
+                                          finding=finding, corun=corun_record)
 
 
-def verdict_detail(run_id: int, *, session: Session | None = None) -> dict[str, Any] | None:
-    """The run's stored verdict detail as it is now (None: no verdict)."""
+def corun_final(run_id: int, *, session: Session | None = None) -> bool:
+    """The run's co-run ended without diffs (a case that does not reproduce itself, or it gave up):
+    its detail is final, nothing more comes (service.core.verdict_detail)."""
     with _session(session) as session:
-        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
-        return None if verdict is None else dict(verdict.detail or {})
+        return corun.is_final(session=session, run_id=run_id)
 
 
 def corun_given_up(run_id: int, reason: str, *, session: Session | None = None) -> None:
     """The co-run stores no detail and will not try again (`reason`: a side no longer builds, it
     failed): said on the verdict so that nobody waits for its detail."""
     with _session(session) as session:
-        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
-        if verdict is None or corun_is_final(verdict.detail):
-            return
-        verdict.detail = {**(verdict.detail or {}), CORUN_FINDING: {"state": "given_up", "reason": reason}}
-        session.commit()
+        corun.give_up(session=session, run_id=run_id, reason=reason)
 
 
 def add_attribution(run_id: int, attribution: dict, *, session: Session | None = None) -> None:
     """The attribution of the changed cases into the verdict's detail (every other key stays)."""
     with _session(session) as session:
-        verdict = session.scalar(select(Verdict).where(Verdict.run_id == run_id))
-        if verdict is None:
-            return
-        verdict.detail = {**verdict.detail, "attribution": attribution}
-        verdict_store.record_build_change(verdict)  # read by the attribution's words
-        session.commit()
+        corun.add_attribution(session=session, run_id=run_id, attribution=attribution)
 
 
 # ----------------------------------------------------------------------------- a build variant against its base
@@ -506,7 +444,7 @@ def environment_attribution_inputs(attribution_id: int, *,
                                    session: Session | None = None) -> EnvironmentAttributionInputs | None:
     """Both runs, their results and the changed cases; None when the row or a run is gone."""
     with _session(session) as session:
-        row = session.get(EnvironmentAttribution, attribution_id)
+        row = environment_attribution.lookup(session=session, attribution_id=attribution_id)
         if row is None:
             return None
         run_a, run_b = _run(session, row.run_a_id), _run(session, row.run_b_id)
@@ -516,7 +454,7 @@ def environment_attribution_inputs(attribution_id: int, *,
         result_b = trajectories.run_result(session=session, run=run_b)
         return EnvironmentAttributionInputs(
             id=row.id, run_a=_run_facts(run_a), run_b=_run_facts(run_b),
-            project=_project_facts(session.get(Project, row.project_id)),
+            project=_project(session, row.project_id),
             changed_ids=environment_attribution.changed_case_ids(compare_runs(result_b, result_a)),
             result_a=result_a, result_b=result_b)
 
@@ -524,7 +462,7 @@ def environment_attribution_inputs(attribution_id: int, *,
 def environment_attribution_queue(attribution_id: int, *, session: Session | None = None) -> str | None:
     """The environment whose co-run queue the attribution waits on (the variant's)."""
     with _session(session) as session:
-        row = session.get(EnvironmentAttribution, attribution_id)
+        row = environment_attribution.lookup(session=session, attribution_id=attribution_id)
         return None if row is None else row.environment_b
 
 
@@ -573,13 +511,13 @@ def training_impact_inputs(job_id: int, *, session: Session | None = None) -> Tr
             return None
         run, baseline = _run(session, found.run_id), _run(session, found.baseline_run_id)
         return TrainingJobInputs(job_id=job_id, run=_run_facts(run), baseline=_run_facts(baseline),
-                                 project=_project_facts(session.get(Project, run.project_id)),
+                                 project=_project(session, run.project_id),
                                  model_set=found.model_set, changed=found.changed)
 
 
 def training_impact_queue(job_id: int, *, session: Session | None = None) -> str | None:
     with _session(session) as session:
-        row = session.get(training_impacts.TrainingImpactJob, job_id)
+        row = training_impacts.lookup(session=session, job_id=job_id)
         return None if row is None else row.environment
 
 
@@ -608,7 +546,7 @@ def training_impact_finished(job_id: int, settings: Settings, *, session: Sessio
     raises, as run_changed: the job's results are stored whatever becomes of the notification)."""
     try:
         with _session(session) as session:
-            row = session.get(training_impacts.TrainingImpactJob, job_id)
+            row = training_impacts.lookup(session=session, job_id=job_id)
             run_id = None if row is None else row.run_id
     except Exception:  # noqa: BLE001
         log.exception("training impact %s: could not find its run to notify", job_id)
@@ -634,9 +572,7 @@ def note_on_run(run_id: int, key: str, note: str, *, session: Session | None = N
     """One key of the run's environment detail (a finished run's kernel timing note), the rest as
     it is now (the co-run may have written the run meanwhile)."""
     with _session(session) as session:
-        run = _run(session, run_id)
-        run.environment_detail = {**(run.environment_detail or {}), key: note}
-        session.commit()
+        runs.note_in_detail(session=session, run_id=run_id, key=key, note=note)
 
 
 # ----------------------------------------------------------------------------- presence

@@ -36,7 +36,7 @@ class CorunDetail:
     changed: int          # the run's changed cases
     with_diffs: int       # of them, those whose per-step |commit − baseline| is stored
     attributed: bool      # the attribution is stored (or its failure, recorded as an error)
-    # How the co-run ended when it stores no diffs (service.run_store.CORUN_FINAL_STATES):
+    # How the co-run ended when it stores no diffs (service.core.verdict_detail.CORUN_FINAL_STATES):
     # "not_reproducible" (a re-run differs from the stored run: the run's nondeterminism finding)
     # or "given_up"; nothing more comes then.
     final_state: str | None = None

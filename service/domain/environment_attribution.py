@@ -93,6 +93,10 @@ def open_for(*, session: Session, run: Run) -> list[EnvironmentAttribution]:
     return opened
 
 
+def lookup(*, session: Session, attribution_id: int) -> EnvironmentAttribution | None:
+    return session.get(EnvironmentAttribution, attribution_id)
+
+
 def claim(*, session: Session, attribution_id: int, worker: str, stale_after_s: float | None = None) -> bool:
     """queued -> running for `worker`; False when another worker has it or it is over. A row left
     running longer than `stale_after_s` (its worker died: the broker hands the task out again) may

@@ -17,6 +17,10 @@ def get_by_name(*, session: Session, name: str) -> Project:
     return project
 
 
+def lookup(*, session: Session, project_id: int) -> Project | None:
+    return session.get(Project, project_id)
+
+
 def list_all(*, session: Session) -> list[Project]:
     return list(session.scalars(select(Project).order_by(Project.name)))
 

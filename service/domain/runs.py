@@ -266,6 +266,14 @@ def set_build_progress(*, session: Session, run_id: int, worker: str, done: int 
     return True
 
 
+def note_in_detail(*, session: Session, run_id: int, key: str, note: str) -> None:
+    """One key of the run's environment detail (a finished run's kernel timing note), the rest as
+    it is now (the co-run may have written the run meanwhile)."""
+    run = lookup(session=session, run_id=run_id)
+    run.environment_detail = {**(run.environment_detail or {}), key: note}
+    session.commit()
+
+
 def build_progress_of(run: Run) -> dict | None:
     """The stored build progress while the run builds (a key left by a build the watchdog killed
     says nothing once the run is over); None otherwise."""

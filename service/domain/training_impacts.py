@@ -142,8 +142,12 @@ def for_runs(*, session: Session, run_ids: list[int]) -> dict[int, TrainingImpac
     return {row.run_id: row for row in rows}
 
 
+def lookup(*, session: Session, job_id: int) -> TrainingImpactJob | None:
+    return session.get(TrainingImpactJob, job_id)
+
+
 def get(*, session: Session, job_id: int) -> TrainingImpactJob:
-    row = session.get(TrainingImpactJob, job_id)
+    row = lookup(session=session, job_id=job_id)
     if row is None:
         raise NotFoundError(f"training impact {job_id} does not exist")
     return row

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from service.db.models import Run, Trajectory
 from service.domain import redaction
-from service.core.results import CaseResult, CaseSpec, EnvironmentFingerprint, RunResult
+from service.core.results import CaseResult, CaseSpec, EnvironmentFingerprint, RepeatCheck, RunResult
 from service.core.results import Trajectory as TrajectoryModel
 
 # name -> array typecode: "d" float64, "q" int64. Order is storage order.
@@ -138,6 +138,16 @@ def list_rows(*, session: Session, run_id: int) -> list[Trajectory]:
     return list(session.scalars(
         select(Trajectory).where(Trajectory.run_id == run_id).order_by(Trajectory.case_index)
     ))
+
+
+def add_repeat_checks(*, session: Session, run_id: int, checks: dict[str, RepeatCheck]) -> None:
+    """Each named case's repeat check replaced by `checks[case_id]` (the co-run's re-run, one more
+    repeat on the stored trajectory: worker/jobs/corun.py), the rest of its row as stored; flushed,
+    not committed (the caller judges the run again in the same transaction)."""
+    for row in list_rows(session=session, run_id=run_id):
+        if row.case_id in checks:
+            row.extra = {**(row.extra or {}), "repeat_check": checks[row.case_id].model_dump(mode="json")}
+    session.flush()
 
 
 def page_rows(*, session: Session, run_id: int, limit: int, offset: int) -> tuple[int, list[Trajectory]]:

@@ -11,6 +11,7 @@ from service.domain import acknowledgements, baselines, trajectories
 from service.domain.errors import ConflictError, NotFoundError
 from service.core import outcomes
 from service.core.results import RunComparison
+from service.core.verdict_detail import CorunFinding, CorunRecord, VerdictDetail
 
 # Outcomes that are findings a maintainer may acknowledge (service/core/outcomes.py `flagged`).
 # nondeterministic too: a kernel that became nondeterministic in this commit (or whose baseline
@@ -25,9 +26,24 @@ def _compare(commit_result, baseline_result) -> RunComparison:  # noqa: ANN001
     return verdicts.compare_runs(commit_result, baseline_result)
 
 
+def of_run(*, session: Session, run_id: int) -> Verdict | None:
+    """The run's verdict; None while it has none."""
+    return session.scalar(select(Verdict).where(Verdict.run_id == run_id))
+
+
+def detail_of(verdict: Verdict) -> VerdictDetail:
+    """The verdict's stored detail, typed (service.core.verdict_detail)."""
+    return VerdictDetail.model_validate(verdict.detail)
+
+
+def set_detail(verdict: Verdict, detail: VerdictDetail) -> None:
+    """The verdict's detail replaced by `detail`, stored as its JSON (the caller commits)."""
+    verdict.detail = detail.stored()
+
+
 def evaluate(*, session: Session, run: Run) -> Verdict | None:
     """Write the verdict of a finished run; None while its baseline has not finished."""
-    existing = session.scalar(select(Verdict).where(Verdict.run_id == run.id))
+    existing = of_run(session=session, run_id=run.id)
     if existing is not None:
         return existing
     baseline_run = None
@@ -82,20 +98,20 @@ def record_build_change(verdict: Verdict, run: Run | None = None, baseline_run: 
 
     run = run if run is not None else verdict.run
     baseline_run = baseline_run if baseline_run is not None else verdict.baseline_run
-    detail = {key: value for key, value in (verdict.detail or {}).items() if key != "build_change"}
     change = build_change_of_runs(run.environment_detail, baseline_run.environment_detail) if baseline_run else None
-    verdict.detail = {**detail, "build_change": change} if change else detail
+    set_detail(verdict, detail_of(verdict).with_build_change(change))
 
 
-def rejudge(*, verdict: Verdict, comparison: RunComparison, extra: dict) -> None:
+def rejudge(*, verdict: Verdict, comparison: RunComparison, corun: CorunRecord, finding: CorunFinding) -> None:
     """The stored verdict replaced by `comparison` of the same run and baseline, now that a case's
     stored trajectory carries more evidence (the co-run found it does not reproduce itself:
-    worker/jobs/corun.py), with `extra` beside it in the detail. Its outcome may change (changed ->
-    nondeterministic); the baseline and the acknowledgement stay."""
-    build_change = (verdict.detail or {}).get("build_change")
+    worker/jobs/corun.py), with the co-run's record and `finding` beside it in the detail. Its
+    outcome may change (changed -> nondeterministic); the baseline, the builds' difference and the
+    acknowledgement stay."""
+    build_change = detail_of(verdict).build_change
     for column, value in _judged(comparison).items():
         setattr(verdict, column, value)
-    verdict.detail = {**verdict.detail, **extra, **({"build_change": build_change} if build_change else {})}
+    set_detail(verdict, VerdictDetail.of(comparison, corun, finding).with_build_change(build_change))
 
 
 def evaluate_with_dependants(*, session: Session, run: Run) -> Verdict | None:

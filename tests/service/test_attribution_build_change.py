@@ -9,6 +9,7 @@ from sqlalchemy import select
 
 from service import run_store
 from service.api.presenters import verdict_public
+from service.core.verdict_detail import CorunRecord
 from service.core.verdicts import compare_runs
 from service.db.models import Verdict
 from tests.service.test_run_store import _claimed, _commit_run, _result
@@ -41,7 +42,7 @@ def test_a_flags_only_change_is_named_in_the_verdict(db_session, api_settings) -
     # The co-run's diffs replace the detail: the difference stays beside them, and beside the attribution.
     inputs = run_store.corun_inputs(child.id, session=db_session)
     comparison = compare_runs(inputs.commit_result, inputs.baseline_result, {"c1": [0.0, 0.0, 1e-7]})
-    assert run_store.store_corun_diffs(child.id, comparison=comparison, extra={}, session=db_session)
+    assert run_store.store_corun_diffs(child.id, comparison=comparison, corun_record=CorunRecord(), session=db_session)
     db_session.refresh(verdict)
     assert verdict.detail["build_change"]["flags_added"] == ["-march=native", "-fopenmp", "-D__AVX512__=1"]
     run_store.add_attribution(child.id, {"c1": ROUNDING}, session=db_session)

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from service import run_store
 from service.cli.client import corun_detail
 from service.core.results import RepeatCheck
+from service.core.verdict_detail import CorunFinding, CorunRecord
 from service.core.verdicts import compare_runs
 from service.db.models import Run, Verdict
 from service.domain import trajectories
@@ -34,8 +35,9 @@ def test_a_rerun_that_does_not_reproduce_makes_the_case_nondeterministic(db_sess
     assert (before.outcome, before.changed_cases) == ("changed", 1)
 
     check = co_run_repeat(None, FOUND, baseline_reproduced=True)
-    comparison = run_store.store_corun_nondeterminism(child.id, commit_checks={"c1": check}, finding=FINDING,
-                                                      extra={"corun_seconds": 2.0}, session=db_session)
+    comparison = run_store.store_corun_nondeterminism(child.id, commit_checks={"c1": check},
+                                                      finding=CorunFinding.model_validate(FINDING),
+                                                      corun_record=CorunRecord(corun_seconds=2.0), session=db_session)
     verdict = _verdict(db_session, child.id)
     assert comparison.verdict == verdict.outcome == "nondeterministic"
     assert verdict.flagged and verdict.changed_cases == 0 and verdict.first_divergent_step is None
@@ -57,6 +59,7 @@ def test_a_rerun_that_does_not_reproduce_makes_the_case_nondeterministic(db_sess
                                              if k not in ("corun", "corun_seconds")}
     # Final: nothing is co-run again, and the CLI's --wait has nothing to wait for.
     assert run_store.corun_inputs(child.id, session=db_session) is None
+    assert run_store.corun_final(child.id, session=db_session)
     state = corun_detail({"status": "done", "verdict": {"baseline_run_id": baseline.id, "detail": verdict.detail}})
     assert state.complete and state.final_state == "not_reproducible"
 
@@ -66,11 +69,16 @@ def test_a_corun_that_gives_up_says_so_and_is_final(db_session, api_settings) ->
     answer = {"status": "done", "verdict": {"baseline_run_id": baseline.id,
                                             "detail": _verdict(db_session, child.id).detail}}
     assert not corun_detail(answer).complete  # the diffs may still come: --wait waits
+    assert not run_store.corun_final(child.id, session=db_session)
     run_store.corun_given_up(child.id, "no per-step diffs: the baseline no longer builds", session=db_session)
     verdict = _verdict(db_session, child.id)
     assert verdict.outcome == "changed"  # giving up changes nothing judged
     assert verdict.detail["corun"] == {"state": "given_up", "reason": "no per-step diffs: the baseline no longer builds"}
     assert run_store.corun_inputs(child.id, session=db_session) is None
+    assert run_store.corun_final(child.id, session=db_session)
+    # Said once: giving up again (another failure) keeps the first reason.
+    run_store.corun_given_up(child.id, "the co-run failed", session=db_session)
+    assert _verdict(db_session, child.id).detail["corun"]["reason"] == "no per-step diffs: the baseline no longer builds"
     answer["verdict"]["detail"] = verdict.detail
     assert corun_detail(answer).complete
 

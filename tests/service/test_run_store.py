@@ -14,6 +14,7 @@ from sqlalchemy.exc import OperationalError
 from service import run_store
 from service.core.project_config import config_defaults
 from service.core.results import CaseResult, CaseSpec, Trajectory as TrajectoryModel
+from service.core.verdict_detail import CorunRecord
 from service.core.verdicts import compare_runs
 from service.db.models import Base, Run, Trajectory, Verdict
 from service.domain import kernel_speed, projects, runs, submissions, workers
@@ -160,7 +161,7 @@ def test_the_corun_reads_its_inputs_and_adds_diffs_and_attribution_beside_the_ve
     assert inputs.commit_result.cases[1].trajectory.digests == ["1", "2", "9"]
 
     comparison = compare_runs(inputs.commit_result, inputs.baseline_result, {"c1": [0.0, 0.0, 0.5]})
-    assert run_store.store_corun_diffs(child.id, comparison=comparison, extra={"corun_seconds": 1.5},
+    assert run_store.store_corun_diffs(child.id, comparison=comparison, corun_record=CorunRecord(corun_seconds=1.5),
                                        session=db_session)
     verdict = db_session.scalar(select(Verdict).where(Verdict.run_id == child.id))
     assert verdict.detail["corun_seconds"] == 1.5
@@ -176,7 +177,7 @@ def test_the_corun_reads_its_inputs_and_adds_diffs_and_attribution_beside_the_ve
     # A comparison whose outcome differs from the stored one is refused, and nothing changes.
     unchanged = compare_runs(inputs.baseline_result, inputs.baseline_result)
     assert unchanged.verdict != verdict.outcome
-    assert not run_store.store_corun_diffs(child.id, comparison=unchanged, extra={"corun_seconds": 9.0},
+    assert not run_store.store_corun_diffs(child.id, comparison=unchanged, corun_record=CorunRecord(corun_seconds=9.0),
                                            session=db_session)
     db_session.refresh(verdict)
     assert verdict.detail["corun_seconds"] == 1.5

@@ -31,6 +31,7 @@ from service import run_store
 from service.broker.queueing import CORUN_TASK_NAME
 from service.core.project_config import load_project_config
 from service.core.results import RepeatCheck, RunComparison, RunResult
+from service.core.verdict_detail import CorunFinding, CorunRecord, CorunWindow
 from service.core.verdicts import compare_runs
 from service.settings import Settings
 from worker import pipeline
@@ -107,7 +108,7 @@ def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None
                                 stored={"commit": commit_result, "baseline": baseline_result}, then=store,
                                 between_cases=between_cases, not_reproduced=not_reproducible)
         if comparison is None:
-            if not run_store.corun_is_final(run_store.verdict_detail(run_id)):
+            if not run_store.corun_final(run_id):
                 run_store.corun_given_up(run_id, "the recomputed verdict disagreed with the stored one")
             return 0
         # Issue 17: rounding-level or semantic, and which variant (worker/attribution), added beside
@@ -124,17 +125,23 @@ def _store(*, run_id: int, commit_result: RunResult, baseline_result: RunResult,
     when it would change the stored outcome (it cannot: the same stored results)."""
     with phases("compare"):
         comparison = compare_runs(commit_result, baseline_result, diffs)
-    # corun_seconds: the co-run's own time (fetch, builds, kernels), for /metrics' histogram;
-    # corun_window: when and on which worker it ran (several workers share a queue: issue 19).
-    window = {"worker": worker, "started_at": started_at.isoformat(),
-              "finished_at": datetime.now(timezone.utc).isoformat()}
     # training_impact: the model set of the training-impact job this worker opens next (issue 46),
     # or "off": `submit --wait` then knows none comes.
-    extra = {"corun_seconds": time.monotonic() - started, "corun_window": window,
-             "corun_phases": dict(phases.seconds), "corun_kernels": kernels_split, "training_impact": training}
-    if not run_store.store_corun_diffs(run_id, comparison=comparison, extra=extra):
+    record = CorunRecord(**_time_spent(started=started, started_at=started_at, phases=phases, worker=worker),
+                         corun_kernels=kernels_split, training_impact=training)
+    if not run_store.store_corun_diffs(run_id, comparison=comparison, corun_record=record):
         return None
     return comparison
+
+
+def _time_spent(*, started: float, started_at: datetime, phases: Phases, worker: str) -> dict:
+    """The co-run's own time (fetch, builds, kernels: corun_seconds, for /metrics' histogram), when
+    and on which worker it ran (corun_window: several workers share a queue, issue 19) and its
+    seconds per phase: what a CorunRecord holds whether the co-run stored diffs or a finding."""
+    return {"corun_seconds": time.monotonic() - started,
+            "corun_window": CorunWindow(worker=worker, started_at=started_at.isoformat(),
+                                        finished_at=datetime.now(timezone.utc).isoformat()),
+            "corun_phases": dict(phases.seconds)}
 
 
 def co_run_repeat(stored: RepeatCheck | None, found: NotReproduced, *, baseline_reproduced: bool) -> RepeatCheck:
@@ -163,18 +170,16 @@ def _store_not_reproducible(*, run_id: int, project_id: int, baseline_id: int, c
     # The first FINDING_CASES_SHOWN cases' digests (the verdict's detail is served whole; every
     # case's repeat check is on its own case row), and how many in all.
     case_ids = sorted(set(commit_found) | set(baseline_found))
-    finding = {"state": "not_reproducible", "not_reproduced": len(case_ids),
-               "cases": {case_id: {side: found[side][case_id].as_json() for side in found if case_id in found[side]}
-                         for case_id in case_ids[:FINDING_CASES_SHOWN]}}
-    window = {"worker": worker, "started_at": started_at.isoformat(),
-              "finished_at": datetime.now(timezone.utc).isoformat()}
-    extra = {"corun_seconds": time.monotonic() - started, "corun_window": window, "corun_phases": dict(phases.seconds)}
+    shown = {case_id: {side: found[side][case_id].as_json() for side in found if case_id in found[side]}
+             for case_id in case_ids[:FINDING_CASES_SHOWN]}
+    finding = CorunFinding(state="not_reproducible", not_reproduced=len(case_ids), cases=shown)
+    record = CorunRecord(**_time_spent(started=started, started_at=started_at, phases=phases, worker=worker))
     with phases("compare"):
-        run_store.store_corun_nondeterminism(run_id, commit_checks=checks, finding=finding, extra=extra)
+        run_store.store_corun_nondeterminism(run_id, commit_checks=checks, finding=finding, corun_record=record)
     run_store.remember_unsteady(project_id, run_id, commit_found)
     run_store.remember_unsteady(project_id, baseline_id, baseline_found)
     log.warning("run %s: the co-run did not reproduce %s: a nondeterminism finding of the run", run_id,
-                ", ".join(f"{case_id} ({', '.join(sides)})" for case_id, sides in finding["cases"].items()))
+                ", ".join(f"{case_id} ({', '.join(sides)})" for case_id, sides in finding.cases.items()))
 
 
 def yield_to_runs(settings: Settings) -> None:
@@ -195,7 +200,7 @@ def record_and_tell(run_id: int, settings: Settings) -> str:
                                       between_cases=lambda: yield_to_runs(settings))
         if count:
             log.info("run %s: per-step |commit - baseline| stored for %d changed cases", run_id, count)
-        if count or run_store.corun_is_final(run_store.verdict_detail(run_id)):
+        if count or run_store.corun_final(run_id):
             # The check and PR comment gain max |Δ|, or the nondeterminism finding.
             run_store.run_changed(run_id, settings=settings)
         if count:  # the changed cases reproduced: does the change matter for a model's loss?

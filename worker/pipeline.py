@@ -164,7 +164,6 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
     nondeterministic for the project) runs UNSTEADY_RUNS times in all, stopping at the first repeat
     that differs, whatever its baseline: a commit run and a verify run of one change judge it alike."""
     from worker.engine import host_reserve
-    from worker.engine.host import KernelHost
 
     cases = job.cases if cases is None else cases
     adapter_paths = job.adapter_folders
@@ -172,7 +171,7 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
             "case_timeout_s": policy.case_timeout_s, "deadline": policy.deadline,
             "compile_cache": compile_cache_for(built.digest, policy)}
     if host is not None:
-        spare = host_reserve.adopted(host, built.library_path, **load)
+        spare = host_reserve.open_host(built.library_path, spare=host, **load)
     else:
         spare = host_reserve.take(built.library_path, **load) if policy.warm_host else None
     if policy.warm_host:  # what the next spares prepare: only a built-in battery's cases (below)
@@ -180,10 +179,7 @@ def run(job: Job, built: BuildResult, policy: Policy, *, on_result: OnResult | N
     if policy.warm_host and host_reserve.start_beside_runs():  # the next ones start while this run runs
         host_reserve.replenish(device=policy.device, slot_root=policy.host_slot_root)
     try:
-        return _run_on(spare or KernelHost(built.library_path, device=policy.device,
-                                           case_timeout_s=policy.case_timeout_s, adapter=job.config.adapter,
-                                           deadline=policy.deadline, adapter_paths=adapter_paths,
-                                           compile_cache=load["compile_cache"]),
+        return _run_on(spare or host_reserve.open_host(built.library_path, **load),
                        cases, policy, job, on_result, baseline_digests, on_pause, unsteady)
     finally:
         if load["compile_cache"] is not None:  # its host is closed (_run_on): evictable again
@@ -297,11 +293,11 @@ def blame(job: Job, built: BuildResult, policy: Policy, cases: list[CaseSpec]) -
     """`cases` (nondeterministic in a commit) run on the BASELINE's build (`job`, `built`) up to
     UNSTEADY_RUNS times each, stopping at the first repeat that differs: case id -> its
     RepeatCheck there. No differing repeat: the commit introduced the nondeterminism."""
-    from worker.engine.host import KernelHost
+    from worker.engine import host_reserve
 
-    with KernelHost(built.library_path, device=policy.device, case_timeout_s=policy.case_timeout_s,
-                    adapter=job.config.adapter, deadline=policy.deadline,
-                    adapter_paths=job.adapter_folders) as host:
+    with host_reserve.open_host(built.library_path, device=policy.device, case_timeout_s=policy.case_timeout_s,
+                                adapter=job.config.adapter, deadline=policy.deadline,
+                                adapter_paths=job.adapter_folders) as host:
         first = [host.run(case) for case in cases]
         # A case the baseline cannot run (broken, not applicable there) has nothing to blame.
         runnable = {index for index, result in enumerate(first) if result.status == "ok" and result.trajectory}

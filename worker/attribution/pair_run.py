@@ -18,6 +18,7 @@ from pathlib import Path
 
 from service.core.results import CaseSpec
 from service.core.verdicts import first_divergent_step
+from worker.engine import host_reserve
 from worker.engine.host import KernelHost
 
 log = logging.getLogger(__name__)
@@ -39,10 +40,10 @@ def pair_hosts(commit_library: str | Path, baseline_library: str | Path, *, devi
     each torch import and sandbox start is paid once. Arguments as record_parameters'."""
     commit_paths, baseline_paths = adapter_paths
     commit_cache, baseline_cache = compile_caches
-    hosts = [KernelHost(commit_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
-                        adapter_paths=list(commit_paths), compile_cache=commit_cache),
-             KernelHost(baseline_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
-                        adapter_paths=list(baseline_paths), compile_cache=baseline_cache)]
+    hosts = [host_reserve.open_host(commit_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
+                                    adapter_paths=list(commit_paths), compile_cache=commit_cache),
+             host_reserve.open_host(baseline_library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
+                                    adapter_paths=list(baseline_paths), compile_cache=baseline_cache)]
     try:
         KernelHost.start_together(hosts)
         yield hosts[0], hosts[1]

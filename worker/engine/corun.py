@@ -30,7 +30,7 @@ import numpy as np
 from service.core.results import CaseResult, CaseSpec, RunResult
 from worker import sandbox
 from worker.battery import BatterySpec
-from worker.engine import params_file
+from worker.engine import host_reserve, params_file
 from worker.sandbox import boxfiles
 from worker.engine.host import KernelHost
 
@@ -70,7 +70,7 @@ def run_battery(battery: BatterySpec, library_path: str | Path, *, build_digest:
     `fast`: the kernel host's fast runner (worker.engine.fast; the same results, bit for bit)."""
     cases = battery.expand() if cases is None else cases
     results = []
-    with KernelHost(library_path, device=device, case_timeout_s=case_timeout_s, adapter=adapter) as host:
+    with host_reserve.open_host(library_path, device=device, case_timeout_s=case_timeout_s, adapter=adapter) as host:
         if fast:
             arrived: list[int] = []
 
@@ -115,8 +115,8 @@ def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_lib
     cases = battery.expand() if cases is None else cases
     if hosts is None:
         close_hosts = True  # started here: closed here
-        hosts = tuple(KernelHost(library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
-                                 adapter_paths=paths, compile_cache=cache)
+        hosts = tuple(host_reserve.open_host(library, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
+                                             adapter_paths=paths, compile_cache=cache)
                       for library, paths, cache in zip((commit_library, baseline_library), adapter_paths,
                                                        compile_caches))
     hosts = list(hosts)

@@ -24,6 +24,10 @@ warm commit's battery is most often the last one's. Cases that do not match make
 Used by the worker's main battery (worker.pipeline.run with Policy.warm_host) and its co-run;
 anything that fails here falls back to starting a host as before, so a spare can cost time, never
 a result.
+
+It is also the one door to a kernel host of a build, spare or not (`open_host`): every worker site
+opens its hosts there, so what a host is given (device, adapter and its folders, case timeout,
+deadline, compile cache) is decided in one place (tests/worker/engine/test_one_host_door.py).
 """
 
 from __future__ import annotations
@@ -147,16 +151,29 @@ def put_back(hosts: list[KernelHost | None], *, device: str, keep: int | None = 
         host.close()
 
 
-def adopted(spare: KernelHost | None, library_path: str | Path, *, device: str, adapter: str,
-            adapter_paths: list[Path], case_timeout_s: float, deadline: float | None = None,
-            compile_cache: CompileCache | None = None) -> KernelHost:
-    """`spare` with this build loaded; when there is none or it does not come up (logged), a host
-    of that build that starts on its first request, as a host started without a spare would."""
+def open_host(library_path: str | Path, *, device: str, adapter: str = "bundled",
+              adapter_paths: list[str | Path] | tuple = (), case_timeout_s: float = 300.0,
+              deadline: float | None = None, compile_cache: CompileCache | None = None,
+              spare: KernelHost | None = None) -> KernelHost:
+    """The one way the worker opens a kernel host of a build (tests/worker/engine/test_one_host_door.py):
+    `spare` (one started ahead, `spares` or `take`) with this build loaded; when there is none or it
+    does not come up (logged), a host of that build that starts on its first request (or with
+    `KernelHost.start_together`). `adapter_paths`: the folders the adapter module is imported
+    from, shown read-only in its box; `deadline` (time.monotonic()): the run's time budget;
+    `compile_cache`: the build's (worker.engine.compile_cache). The defaults are KernelHost's."""
     if spare is not None and _adopt(spare, library_path, adapter=adapter, adapter_paths=adapter_paths,
                                     case_timeout_s=case_timeout_s, deadline=deadline, compile_cache=compile_cache):
         return spare
     return KernelHost(library_path, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
                       adapter_paths=adapter_paths, deadline=deadline, compile_cache=compile_cache)
+
+
+def adopted(spare: KernelHost | None, library_path: str | Path, *, device: str, adapter: str,
+            adapter_paths: list[Path], case_timeout_s: float, deadline: float | None = None,
+            compile_cache: CompileCache | None = None) -> KernelHost:
+    """open_host with `spare` first, as the worker's jobs hand theirs in (worker/jobs/pair.py)."""
+    return open_host(library_path, device=device, adapter=adapter, adapter_paths=adapter_paths,
+                     case_timeout_s=case_timeout_s, deadline=deadline, compile_cache=compile_cache, spare=spare)
 
 
 @atexit.register

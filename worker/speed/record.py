@@ -49,7 +49,6 @@ def measure(job, built, policy, *, timing_plan: dict,  # noqa: ANN001
     `compile_cache`: the build's (worker.engine.compile_cache), so the timed host loads what the run
     compiled instead of timing against a cold compile; the caller releases it."""
     from worker.engine import host_reserve
-    from worker.engine.host import KernelHost
 
     # Asked once more before a host is taken: a run that came while the tree was fetched and built
     # would otherwise lose the spare to the timing, which starts its kernels and is stopped only at
@@ -59,9 +58,9 @@ def measure(job, built, policy, *, timing_plan: dict,  # noqa: ANN001
     host = host_reserve.take(built.library_path, device=policy.device, adapter=job.config.adapter,
                              adapter_paths=job.adapter_folders, case_timeout_s=policy.case_timeout_s,
                              deadline=policy.deadline, compile_cache=compile_cache) if policy.warm_host else None
-    host = host or KernelHost(built.library_path, device=policy.device, adapter=job.config.adapter,
-                              deadline=policy.deadline, adapter_paths=job.adapter_folders,
-                              compile_cache=compile_cache)
+    host = host or host_reserve.open_host(built.library_path, device=policy.device, adapter=job.config.adapter,
+                                          deadline=policy.deadline, adapter_paths=job.adapter_folders,
+                                          compile_cache=compile_cache)
     try:
         with host, _interrupted_when(should_yield, host) as yielded:
             answer = host.ask({"op": "time_kernels", "plan": timing_plan},

@@ -91,13 +91,13 @@ def test_a_precision_loss_beyond_rounding_is_named_and_called_precision():
 
 
 def test_large_cases_replay_a_subset_and_still_name_the_variant(monkeypatch):  # noqa: ANN001
-    from worker.attribution import analysis
+    from worker.attribution import reading
     from worker.attribution.analysis import analyze
 
     # The subset's rule at a smaller scale (the real cap, 65536, needs a case 16x this one).
-    monkeypatch.setattr(analysis, "MAX_REPLAYED_ELEMENTS", 1024)
-    monkeypatch.setattr(analysis, "TOP_CHANGED_ELEMENTS", 64)
-    MAX_REPLAYED_ELEMENTS = analysis.MAX_REPLAYED_ELEMENTS
+    monkeypatch.setattr(reading, "MAX_REPLAYED_ELEMENTS", 1024)
+    monkeypatch.setattr(reading, "TOP_CHANGED_ELEMENTS", 64)
+    MAX_REPLAYED_ELEMENTS = reading.MAX_REPLAYED_ELEMENTS
     template = next(c for c in QUICK if c.case_id.startswith("adam.32bit.fp32.lr=0.1.wd=0.1.open.n4097"))
     case = template.model_copy(update={"steps": 3})
     commit, baseline = _rounded_paths(case, "decay_after_update")

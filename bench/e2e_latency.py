@@ -37,9 +37,17 @@ queues behind it; after the last commit it is waited for only while --deadline-s
     .venv/bin/python bench/e2e_latency.py --battery quick              # CPU
     python3 bench/e2e_latency.py --battery standard --gpus all         # the H200 (bench/gpu/h200_e2e.sh)
 
+The headline figures are B's: a flagged commit's submit-to-verdict on a warm build and its co-run
+detail after the verdict. With --deadline-s a commit is skipped when the time left is under 1.2x
+what it should take (`expected_s`: a commit expected to hit the build cache is estimated from the
+runs that did, or from the others with their build taken out, never from A's cold build). B is
+never skipped or left without its co-run detail silently: that prints "HEADLINE NOT MEASURED" with
+the reason, in the FAILED lines too, and exits 1 (`headline_problems`).
+
 Exit 0 when A has no baseline, C is unchanged with A's build digest (a cache hit), B-build compiled
-and B is changed from step 1 with B-build's digest (a cache hit); 1 when a check fails or a commit
-was skipped for time; 2 when the service could not be run.
+and B is changed from step 1 with B-build's digest (a cache hit) and its co-run detail stored; 1
+when a check fails, a commit was skipped for time or a headline figure was not measured; 2 when
+the service could not be run.
 """
 
 from __future__ import annotations
@@ -107,6 +115,9 @@ class Commit:
     # the standard battery (second moments below the map's smallest code; docs/KERNELS_8BIT.md).
     # Accepted only when every broken case is such a NaN/Inf case, never a crash or an error.
     nonfinite_broken_ok: bool = False
+    # The figure this commit is measured for, when it is a headline one (B's): without it measured
+    # the benchmark fails, saying so (headline_problems).
+    headline: str | None = None
 
 
 @dataclass
@@ -396,19 +407,58 @@ def phases(measured: Measured) -> dict[str, float | None]:
 
 def expected_s(commit: Commit, battery: str, rows: list[Measured]) -> float | None:
     """What `commit` should take, from the rows so far (None: nothing to go by): a run of the same
-    battery (the slowest; A's includes its cold build, so this errs long), plus a compile when the
-    commit is expected to build (A's fetch+build)."""
+    battery (the slowest), plus a compile when the commit is expected to build (A's fetch+build).
+    A commit expected to hit the build cache is estimated from the same battery's cache hits, else
+    from its other runs less their fetch+build: A's total includes its cold build, which once made
+    a warm flagged commit look too long for the time left and skipped it."""
     done = [r for r in rows if not r.skipped and r.verdict_wall is not None]
     same_battery = [r.total_s for r in done if r.battery == battery]
     cold_build = [phases(r)["fetch_build_s"] or 0.0 for r in done if not r.run.get("build_cached")]
     if not same_battery and not cold_build:
         return None
+    if commit.expect_cache_hit and same_battery:
+        warm = [r.total_s for r in done if r.battery == battery and r.run.get("build_cached")]
+        return max(warm or [r.total_s - (phases(r)["fetch_build_s"] or 0.0) for r in done if r.battery == battery])
     expected = max(same_battery) if same_battery else 30.0
     if not commit.expect_cache_hit and cold_build and not same_battery:
         expected += max(cold_build)
     elif not commit.expect_cache_hit and cold_build:
         expected = max(expected, max(cold_build) + min(same_battery))
     return expected
+
+
+def skip_reason(commit: Commit, battery: str, rows: list[Measured], *, left_s: float,
+                deadline_s: float) -> str | None:
+    """Why `commit` is not submitted with `left_s` of --deadline-s left (None: it is): under 1.2x
+    what it should take (expected_s)."""
+    expected = expected_s(commit, battery, rows)
+    if expected is None or left_s >= 1.2 * expected:
+        return None
+    return f"{left_s:.0f} s left of --deadline-s {deadline_s:g}, under 1.2x the {expected:.0f} s it should take"
+
+
+def headline_problems(commits: list[Commit], rows: list[Measured]) -> list[str]:
+    """A line for each headline figure not measured, with why: its commit skipped, cut short before
+    its verdict, or (a flagged commit) its co-run detail not stored in time. Never silent: each is a
+    failure of the benchmark."""
+    by_sha = {row.commit.sha: row for row in rows}
+    problems = []
+    for commit in commits:
+        if commit.headline is None:
+            continue
+        row = by_sha.get(commit.sha)
+        if row is None:
+            why = "not submitted (a commit before it stopped the run)"
+        elif row.skipped:
+            why = f"skipped, {row.skipped}"
+        elif row.verdict_wall is None:
+            why = "no verdict: " + "; ".join(row.problems or ["the run did not finish"])
+        elif commit.expect_outcome == "changed" and row.corun_detail_s is None:
+            why = "no co-run detail stored within the run's timeout after its verdict"
+        else:
+            continue
+        problems.append(f"HEADLINE NOT MEASURED: {commit.sha} ({commit.headline}): {why}")
+    return problems
 
 
 def fmt(value: float | None) -> str:
@@ -497,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915
     python = sys.executable
     server = worker = None
     rows: list[Measured] = []
+    commits: list[Commit] = []  # made once the trees are
     device, setup_error = "-", None
     try:
         environment = gpu_environment(args.gpus) if args.gpus else "cpu"
@@ -536,7 +587,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915
                 Commit("B-build", [], trees["B"], "warm the build cache with B's digest",
                        "no-baseline", False, project=WARMUP_PROJECT, battery="quick"),
                 Commit("B-decay-after-update", ["A-base"], trees["B"],
-                       "weight decay after the update (worker/mutations.py)", "changed", True, 1),
+                       "weight decay after the update (worker/mutations.py)", "changed", True, 1,
+                       headline="a flagged commit's warm submit-to-verdict and its co-run detail"),
             ]
             for index, commit in enumerate(commits):
                 elapsed = time.monotonic() - begun
@@ -544,12 +596,12 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915
                 run_timeout = args.run_timeout_s
                 if args.deadline_s:
                     left = args.deadline_s - elapsed
-                    expected = expected_s(commit, battery, rows)
-                    if expected is not None and left < 1.2 * expected:
-                        rows.append(Measured(commit=commit, battery=battery, skipped=(
-                            f"{left:.0f} s left of --deadline-s {args.deadline_s:g}, under 1.2x the "
-                            f"{expected:.0f} s it should take")))
-                        print(f"[{elapsed:6.1f}s] {commit.sha}: skipped ({rows[-1].skipped})", flush=True)
+                    skipped = skip_reason(commit, battery, rows, left_s=left, deadline_s=args.deadline_s)
+                    if skipped is not None:
+                        rows.append(Measured(commit=commit, battery=battery, skipped=skipped))
+                        print(f"[{elapsed:6.1f}s] {commit.sha}: skipped ({skipped})", flush=True)
+                        for line in headline_problems([commit], rows[-1:]):
+                            print(f"[{elapsed:6.1f}s] {line}", flush=True)
                         continue
                     run_timeout = max(1.0, min(run_timeout, left))
                 print(f"[{elapsed:6.1f}s] submitting {commit.sha} ({commit.what}; battery {battery})",
@@ -600,6 +652,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915
               file=sys.stderr)
         if rows:
             print(report(rows, device=device, cold_reference=rows[0]))
+        for line in headline_problems(commits, rows):
+            print(line, file=sys.stderr)
         return 2
 
     text = report(rows, device=device, cold_reference=rows[0] if rows else None)
@@ -625,6 +679,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901, PLR0915
                             f"{digests.get(same_as)}")
     if [r.commit.sha for r in rows if not r.skipped] != [c.sha for c in commits]:
         problems.append("not every commit ran")
+    problems += headline_problems(commits, rows)
     if not args.keep_home and args.home is None and args.log_dir is not None:
         import shutil
 

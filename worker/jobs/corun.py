@@ -39,13 +39,10 @@ from worker.identity import worker_name
 from worker.jobs import follow_ups
 from worker.jobs.pair import BuildPair, NotReproduced, Phases
 from worker.jobs.workspace import Workspace
+from worker.jobs.yielding import CorunYielded, queued_again, yield_to_runs
 
 log = logging.getLogger(__name__)
 FINDING_CASES_SHOWN = 20
-
-
-class CorunYielded(RuntimeError):
-    """The co-run stopped between cases for runs waiting for this worker (it is queued again)."""
 
 
 def record_baseline_diffs(*, run_id: int, settings: Settings, between_cases=None) -> int:  # noqa: ANN001
@@ -182,14 +179,6 @@ def _store_not_reproducible(*, run_id: int, project_id: int, baseline_id: int, c
                 ", ".join(f"{case_id} ({', '.join(sides)})" for case_id, sides in finding.cases.items()))
 
 
-def yield_to_runs(settings: Settings) -> None:
-    """Raise CorunYielded while runs wait for this worker's environment: a job beside the runs
-    (a co-run, an environment attribution) stops between cases and is queued again."""
-    waiting = run_store.queued_count(environment=settings.worker_environment)
-    if waiting:
-        raise CorunYielded(f"{waiting} run(s) waiting for {settings.worker_environment}")
-
-
 def record_and_tell(run_id: int, settings: Settings) -> str:
     """The co-run task's body: per-step |commit − baseline| for the changed cases. The verdict is
     already stored and stands without them, so a failure here is logged, never raised. Between
@@ -207,10 +196,8 @@ def record_and_tell(run_id: int, settings: Settings) -> str:
             follow_ups.send_training_impact(run_id, settings)
         return "stored"
     except CorunYielded as waiting:
-        log.info("run %s: baseline co-run yields (%s); queued again", run_id, waiting)
-        follow_ups.send_later(CORUN_TASK_NAME, run_id, environment=run_store.run_facts(run_id).environment,
-                              countdown=settings.corun_retry_s)
-        return "yielded"
+        return queued_again(waiting, label=f"run {run_id}: baseline co-run", task_name=CORUN_TASK_NAME, job_id=run_id,
+                            settings=settings, queue=lambda: run_store.run_facts(run_id).environment)
     except Exception as error:  # noqa: BLE001
         log.exception("run %s: co-running the baseline for per-step diffs failed", run_id)
         try:

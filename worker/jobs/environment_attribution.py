@@ -24,8 +24,7 @@ from service.core.verdicts import compare_runs
 from service.settings import Settings
 from worker.attribution.child import json_safe
 from worker.identity import worker_name
-from worker.jobs import follow_ups
-from worker.jobs.corun import CorunYielded, yield_to_runs
+from worker.jobs.yielding import CorunYielded, queued_again, yield_to_runs
 from worker.jobs.pair import BuildPair, Phases
 from worker.jobs.workspace import Workspace
 
@@ -102,12 +101,10 @@ def attribute_and_store(attribution_id: int, settings: Settings) -> str:
         detail = attribute_environments(attribution_id=attribution_id, settings=settings,
                                         between_cases=lambda: yield_to_runs(settings))
     except CorunYielded as waiting:
-        log.info("environment attribution %s yields (%s); queued again", attribution_id, waiting)
-        run_store.requeue_environment_attribution(attribution_id)
-        follow_ups.send_later(ENVIRONMENT_ATTRIBUTION_TASK_NAME, attribution_id,
-                              environment=run_store.environment_attribution_queue(attribution_id),
-                              countdown=settings.corun_retry_s)
-        return "yielded"
+        return queued_again(waiting, label=f"environment attribution {attribution_id}",
+                            task_name=ENVIRONMENT_ATTRIBUTION_TASK_NAME, job_id=attribution_id, settings=settings,
+                            queue=lambda: run_store.environment_attribution_queue(attribution_id),
+                            requeue=lambda: run_store.requeue_environment_attribution(attribution_id))
     except Exception as error:  # noqa: BLE001 - recorded on the row, never a run's failure
         log.exception("environment attribution %s failed", attribution_id)
         run_store.finish_environment_attribution(attribution_id, error=f"{type(error).__name__}: {error}"

@@ -23,8 +23,7 @@ from service.core.training import MODEL_SETS, configs_from_cases
 from service.settings import Settings
 from worker import pipeline
 from worker.identity import worker_name
-from worker.jobs import follow_ups
-from worker.jobs.corun import CorunYielded, yield_to_runs
+from worker.jobs.yielding import CorunYielded, queued_again, yield_to_runs
 from worker.jobs.pair import BuildPair, Phases
 from worker.jobs.workspace import Workspace
 
@@ -116,11 +115,9 @@ def train_and_store(job_id: int, settings: Settings) -> str:
         answer = measure_training_impact(job_id=job_id, settings=settings,
                                          between_phases=lambda: yield_to_runs(settings))
     except CorunYielded as waiting:
-        log.info("training impact %s yields (%s); queued again", job_id, waiting)
-        run_store.requeue_training_impact(job_id)
-        follow_ups.send_later(TRAINING_TASK_NAME, job_id, environment=run_store.training_impact_queue(job_id),
-                              countdown=settings.corun_retry_s)
-        return "yielded"
+        return queued_again(waiting, label=f"training impact {job_id}", task_name=TRAINING_TASK_NAME, job_id=job_id,
+                            settings=settings, queue=lambda: run_store.training_impact_queue(job_id),
+                            requeue=lambda: run_store.requeue_training_impact(job_id))
     except Exception as error:  # noqa: BLE001 - recorded on the row, never a run's failure
         log.exception("training impact %s failed", job_id)
         run_store.finish_training_impact(job_id, error=str(error)[:4000] if isinstance(error, NotTrained)

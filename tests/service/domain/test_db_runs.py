@@ -151,7 +151,7 @@ def test_a_baseline_corun_yields_to_queued_runs_of_its_environment(db_session, a
     it asks whether runs wait for its environment (worker/jobs/corun.py), and stops if so."""
     import pytest
 
-    from worker.jobs.corun import CorunYielded
+    from worker.jobs.yielding import CorunYielded
     from worker.battery import load_battery
     from worker.engine.corun import corun_battery
 

@@ -177,14 +177,17 @@ def main() -> int:
     parser.add_argument("--scenarios", default=None, help=f"comma-separated, of: {', '.join(SCENARIOS)}")
     parser.add_argument("--build-cache", default=None)
     parser.add_argument("--hosts", type=int, default=None, help="kernel hosts in all (default: the worker's, "
-                                                                 "2 on the CPU, 8 on CUDA)")
+                                                                 "2 on the CPU, on CUDA 3/4 of the cores, at most 12)")
     parser.add_argument("--raw", default=None, help="write every run's losses and the figures here (JSON)")
     parser.add_argument("--table", default=None, help="print the table of a raw file and stop")
     args = parser.parse_args()
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))
         return 0
-    args.hosts = args.hosts or (2 if args.device == "cpu" else 8)
+    if not args.hosts:  # the worker's own pool on this machine (service/settings.py)
+        from service.settings import Settings
+
+        args.hosts = Settings(worker_device=args.device).resolved_training_hosts
     rows = run(args)
     if args.raw:
         Path(args.raw).write_text(json.dumps(rows))

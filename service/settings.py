@@ -81,7 +81,9 @@ class Settings(BaseSettings):
     training_impact: Literal["auto", "quick", "standard", "off"] = "auto"
     # Kernel hosts a training-impact job trains in, both builds together (worker/training/runner.py
     # HostPool). None: 2 on a CPU worker (one per side); on a CUDA worker, whose small-model steps
-    # are bound by each host's kernel launches on its CPU core, not by the GPU, half its cores, at most 8.
+    # are bound by each host's kernel launches on its CPU core, not by the GPU, three quarters of its
+    # cores, at most 12 (docs/TRAINING.md: on a 16-core H100 worker 4, 8, 12 and 16 hosts took
+    # 126, 69, 57 and 59 s for one standard job; bench/gpu/h200_training_hosts.sh).
     training_hosts: int | None = Field(None, ge=2, le=32)
     # The kernels' own speed per commit (worker/speed, docs/PERFORMANCE.md): seconds a run may
     # spend timing its kernels after the battery. None: 120 on a CUDA worker, off on a CPU worker;
@@ -182,8 +184,9 @@ class Settings(BaseSettings):
     def resolved_training_hosts(self) -> int:
         if self.training_hosts is not None:
             return self.training_hosts
-        # A host's training is one busy CPU core: at most half the machine's, at most 8.
-        return 2 if self.worker_device == "cpu" else max(2, min(8, (os.cpu_count() or 4) // 2))
+        # A host's training is one busy CPU core; past three quarters of the cores (and past 12 on
+        # one GPU) more hosts only contend.
+        return 2 if self.worker_device == "cpu" else max(2, min(12, (os.cpu_count() or 4) * 3 // 4))
 
     @property
     def resolved_build_cache_dir(self) -> Path:

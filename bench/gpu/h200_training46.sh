@@ -5,7 +5,7 @@
 #      at both points for Adam and AdEMAMix — one standard job's four configurations —, a dropped
 #      bias correction, eps inside the square root, the first moment weighted by 1-beta2, a
 #      reassociated update, a comment-only change)
-#      trained through the job's host pool (8 kernel hosts, as a 16-core GPU worker) against the
+#      trained through the job's host pool (the worker's default on this machine's cores) against the
 #      bundled kernels; the raw runs into
 #      $OUT/training_raw.json (the table is made from it where scipy is: --table);
 #   2. tests/worker/training/test_loop.py on CUDA: two training runs of one build bit-identical.

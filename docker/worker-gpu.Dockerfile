@@ -1,7 +1,8 @@
 # The GPU worker image: CUDA toolkit (nvcc for the ninja builds) + torch. One container per GPU.
 FROM nvidia/cuda:12.8.1-devel-ubuntu22.04
 # bubblewrap: the sandbox every build and kernel host runs in (worker/sandbox.py); util-linux has
-# setpriv. Without them the worker refuses verify runs (docs/SECURITY.md).
+# setpriv. Without them the worker refuses verify runs
+# (docs/security/SANDBOX.md, "The sandbox").
 # distribution packages follow the base image's release:
 # python3.11-dev: Python.h for optdrift's compiled harness (worker/engine/harness.py), built once
 # per image and GPU at the first kernel host and kept under /data/harness.

@@ -108,7 +108,7 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = 6 * 3600
     case_timeout_s: float = 600.0
 
-    # Server-side budgets (docs/SECURITY.md): a submitted tree's optdrift.toml may ask for less,
+    # Server-side budgets (docs/security/SANDBOX.md, "Budgets"): a submitted tree's optdrift.toml may ask for less,
     # never more. A run past its total budget ends broken with the reason and the worker moves on.
     # verify runs (contributors' on-demand code, the lowest trust) get the smaller verify_* caps.
     max_build_s: float = 1800.0
@@ -229,7 +229,7 @@ class Settings(BaseSettings):
     max_patch_expanded_bytes: int = 64 * 1024 * 1024
     # Environments one commit submission may name (each is a run and a queue).
     max_environments_per_request: int = 16
-    # What one run's battery may declare (service/core/battery_limits.py, docs/SECURITY.md "Bounded
+    # What one run's battery may declare (service/core/battery_limits.py, docs/security/SERVICE.md "Bounded
     # batteries"), measured from its axis lengths before anything is expanded, at submission (422)
     # and again in the worker. verify_* for contributors' verify runs, lower. The shipped batteries
     # measure at most 8,978 bytes (the sensitivity pool), 1,092 cases, 100 steps, 2**20 elements,

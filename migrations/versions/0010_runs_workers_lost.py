@@ -1,6 +1,6 @@
 """runs.workers_lost (issue 43): how many of a run's attempts ended with their worker gone
 mid-run; the reaper stops handing a run to another worker once it took down two
-(service/domain/runs.py reap_stale, docs/SECURITY.md)
+(service/domain/runs.py reap_stale, docs/security/SANDBOX.md "No run can wedge a worker")
 
 Revision ID: 0010_runs_workers_lost
 Revises: 0009_environment_attributions

@@ -1,4 +1,4 @@
-"""Bounded answers for what grows with a run's case count (docs/SECURITY.md "Bounded batteries").
+"""Bounded answers for what grows with a run's case count (docs/security/SERVICE.md "Bounded batteries").
 
 A run's verdict stores one entry per case, and a run stores one trajectory row per case. An answer that
 carried them all grew with the battery: a 64,800-case verify run made a 79 MB run page that took 12 s

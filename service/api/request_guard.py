@@ -27,7 +27,8 @@ from service.db.session import get_session
 from service.domain.auth import TokenRejected, authenticate
 from service.settings import Settings, get_settings
 
-# Methods that carry a body and change state: every one of them needs a token (docs/SECURITY.md).
+# Methods that carry a body and change state: every one of them needs a token
+# (docs/security/SERVICE.md, "Requests").
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Writes whose sender cannot hold a token: GitHub's webhook deliveries, authenticated by their
 # X-Hub-Signature-256 in the route before anything is parsed (service/notify/pull_requests.py).

@@ -7,7 +7,7 @@ enormous. So the count is taken from the axis lengths alone (each group's produc
 summed, stopping at the first group where a running total passes its limit: a 6.5e10-case battery is
 refused in microseconds, no list built), and the file's bytes are bounded before it is parsed.
 
-What is bounded, per run (docs/SECURITY.md "Bounded batteries"):
+What is bounded, per run (docs/security/SERVICE.md "Bounded batteries"):
 - bytes of the battery file (before it is parsed);
 - cases declared (sum over groups of the product of their axis lengths: an upper bound of
   len(BatterySpec.expand()), equal to it when no two combinations make the same case);

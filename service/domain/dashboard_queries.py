@@ -348,7 +348,7 @@ class RunPage:
 
 
 # Rows per case table of a run page: the page's size never grows with the run's case count
-# (docs/SECURITY.md "Bounded batteries"; the rest are a link away, and under /api/v1/runs/{id}/cases).
+# (docs/security/SERVICE.md "Bounded batteries"; the rest are a link away, and under /api/v1/runs/{id}/cases).
 RUN_PAGE_CASES = 100
 
 

@@ -113,7 +113,7 @@ def request_cancel(*, session: Session, run_id: int) -> Run:
     return run
 
 
-# The poison-pill rule (docs/SECURITY.md): a worker can die mid-run for reasons not the run's (a
+# The poison-pill rule (docs/security/SANDBOX.md, "No run can wedge a worker"): a worker can die mid-run for reasons not the run's (a
 # deploy, the OOM killer on a neighbour), so the first lost worker re-queues the run; the second
 # makes it poison: `error`, never handed to another worker. A run whose watchdog fired is `error`
 # at once (worker/jobs/watchdog.py), which the reaper never sees. `optdrift retry` starts afresh.

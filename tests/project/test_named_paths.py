@@ -1,9 +1,9 @@
 """Every repository path named in the docs and in the code's docstrings and comments exists.
 
-Where it looks: ``README.md``, the reference pages ``docs/*.md`` (not the dated notes under
-``docs/perf-log/`` and ``docs/log/``: a log records what was true on its date, and a path it names
-may since have moved), and the docstrings and ``#`` comments of every Python file of ``service/``,
-``worker/``, ``tests/``, ``bench/`` and ``migrations/``.
+Where it looks: ``README.md``, the reference pages ``docs/*.md`` and ``docs/security/*.md`` (not
+the dated notes under ``docs/perf-log/`` and ``docs/log/``: a log records what was true on its
+date, and a path it names may since have moved), and the docstrings and ``#`` comments of every
+Python file of ``service/``, ``worker/``, ``tests/``, ``bench/`` and ``migrations/``.
 
 What counts as a repository path (the rule): a word that starts with one of the repository's
 top-level folders (``service/``, ``worker/``, ``tests/``, ``docs/``, ``bench/``, ``csrc/``,
@@ -43,7 +43,8 @@ PLACEHOLDER = re.compile(r"[<{*…]|\.\.\.")
 
 
 def markdown_sources() -> list[Path]:
-    return [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+    return [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md")),
+            *sorted((REPO_ROOT / "docs" / "security").glob("*.md"))]
 
 
 def python_sources() -> list[Path]:

@@ -74,7 +74,7 @@ class ThrowawayPostgres:
 
 class ThrowawayRedis:
     """Append-only file, fsync on every write: a restart keeps the queued tasks (production Redis
-    for optdrift must persist the same way; see docs/SECURITY.md)."""
+    for optdrift must persist the same way; see docs/security/SERVICE.md, "Surviving faults")."""
 
     def __init__(self, folder: Path) -> None:
         self.folder, self.port = folder, free_port()

@@ -15,7 +15,7 @@ host's own fingerprint, known inside it: `use_in_host` picks the sub-folder):
 - read-write for a trusted host (a commit run, a baseline, `optdrift check`): what it compiles is
   kept for the next host of the same build;
 - read-only for an untrusted one (a verify run): its code must not plant compiled artifacts that a
-  trusted host would load (the build cache's rule, docs/SECURITY.md). The host copies the folder
+  trusted host would load (the build cache's rule, docs/security/SUPPLY.md). The host copies the folder
   into its scratch and compiles there: it reads what trusted hosts compiled, and what it adds goes
   with its scratch.
 

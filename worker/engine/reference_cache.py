@@ -25,7 +25,7 @@ host runs those cases kernels-only first (worker.engine.kernels_only.run_cases_k
 series is known is answered with digests only and the parent fills in the stored metrics after
 checking the digests; every other case runs the full fast engine, references included, and a
 trusted run stores what it computed. A run with a warm cache gives the same results, bit for bit,
-as one without (tests/worker/engine/test_reference_cache.py). Who may write, and why: docs/SECURITY.md.
+as one without (tests/worker/engine/test_reference_cache.py). Who may write, and why: docs/security/SANDBOX.md, "The sandbox".
 
 Storage: one SQLite file (WAL; several workers of one host may share it) in a folder the sandbox
 never shows (under the build cache root, a secret path of worker/sandbox/mounts.py). numpy and the

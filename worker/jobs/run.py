@@ -12,7 +12,7 @@ A watchdog thread (worker/jobs/watchdog.py) arms a deadline around each phase th
 when the worker is told to shut down, it kills the run's boxes; the job sees JobStopped at its next
 check and settles the run (a deadline: `error`, not retried; a cancel: `cancelled`; a shutdown:
 queued again for another worker, the start not counted). If this thread stays blocked, the
-watchdog records the run itself and ends the process (docs/SECURITY.md, "No run can wedge a worker").
+watchdog records the run itself and ends the process (docs/security/SANDBOX.md, "No run can wedge a worker").
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ EXIT_WEDGED = 70
 TICK_S = 0.1
 CANCEL_POLL_S = 1.0
 # The wedged run's record (one UPDATE) gets this long: a database that does not answer either
-# must not keep the wedged process alive (the reaper then finds the run, docs/SECURITY.md).
+# must not keep the wedged process alive (the reaper then finds the run, docs/security/SANDBOX.md).
 RECORD_WEDGED_S = 10.0
 
 

@@ -1,4 +1,4 @@
-"""The poison-pill rule (service/domain/runs.py reap_stale, docs/SECURITY.md): a run whose worker
+"""The poison-pill rule (service/domain/runs.py reap_stale, docs/security/SANDBOX.md "No run can wedge a worker"): a run whose worker
 was lost mid-run is queued again once; the second lost worker makes it `error`, never handed to
 another worker, its page and API saying why and how many attempts it took. Real PostgreSQL."""
 

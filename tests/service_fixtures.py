@@ -17,6 +17,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -58,6 +59,20 @@ def drop_database(name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@contextmanager
+def migrated_database(name: str) -> Iterator[str]:
+    """A new database at the schema's head, dropped afterwards: for a process that commits (the
+    tests' shared database is rolled back per test)."""
+    from service.db.migrate import upgrade_to_head
+
+    url = create_database(name)
+    try:
+        upgrade_to_head(url)
+        yield url
+    finally:
+        drop_database(name)
+
+
 def flush_redis(url: str) -> None:
     import redis
 
@@ -84,13 +99,8 @@ def make_archive(files: dict[str, bytes | str], *, links: dict[str, str] | None 
 
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
-    from service.db.migrate import upgrade_to_head
-
-    name = f"optdrift_test_{os.getpid()}"
-    url = create_database(name)
-    upgrade_to_head(url)
-    yield url
-    drop_database(name)
+    with migrated_database(f"optdrift_test_{os.getpid()}") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

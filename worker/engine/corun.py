@@ -105,7 +105,7 @@ def corun_battery(battery: BatterySpec, commit_library: str | Path, baseline_lib
     of at most `chunk_bytes` of parameters per side (module docstring). `adapter_paths`: (the
     commit's, the baseline's) folders their adapter module is imported from (a tree's adapter_path).
     `hosts`: (the commit's, the baseline's) hosts of those builds, started ahead or not (the worker's
-    co-run hands in spares: worker.engine.host_reserve.adopted); closed here either way unless
+    co-run hands in spares: worker.engine.host_reserve.open_host); closed here either way unless
     `close_hosts=False` and they were handed in (the worker's co-run closes them after storing its
     diffs: a CUDA host's exit takes about a second). `timings` gains "hosts_s" (starting the hosts
     not yet running, together), "kernels_s" (the rest) and, when it closes them, "close_s"; when

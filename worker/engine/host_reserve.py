@@ -122,7 +122,7 @@ def spares(count: int, *, device: str, slot_root: Path | None = None) -> list[Ke
     """`count` hosts without a build, importing torch and making the context from now on: the
     waiting spares first, then new ones (None where one could not be started). For work that will
     know its builds only later (the co-run fetches and builds two trees meanwhile); each is given
-    its build with `adopted`."""
+    its build with `open_host(..., spare=...)`."""
     hosts: list[KernelHost | None] = []
     while len(hosts) < count and (waiting := _take_waiting(device)) is not None:
         hosts.append(waiting)
@@ -166,14 +166,6 @@ def open_host(library_path: str | Path, *, device: str, adapter: str = "bundled"
         return spare
     return KernelHost(library_path, device=device, case_timeout_s=case_timeout_s, adapter=adapter,
                       adapter_paths=adapter_paths, deadline=deadline, compile_cache=compile_cache)
-
-
-def adopted(spare: KernelHost | None, library_path: str | Path, *, device: str, adapter: str,
-            adapter_paths: list[Path], case_timeout_s: float, deadline: float | None = None,
-            compile_cache: CompileCache | None = None) -> KernelHost:
-    """open_host with `spare` first, as the worker's jobs hand theirs in (worker/jobs/pair.py)."""
-    return open_host(library_path, device=device, adapter=adapter, adapter_paths=adapter_paths,
-                     case_timeout_s=case_timeout_s, deadline=deadline, compile_cache=compile_cache, spare=spare)
 
 
 @atexit.register

@@ -155,9 +155,10 @@ class BuildPair:
         from worker.engine import host_reserve
 
         settings = self.settings
-        return host_reserve.adopted(spare, self.libraries[side], device=settings.worker_device, adapter=adapter,
-                                    adapter_paths=self.adapter_paths[SIDES.index(side)],
-                                    case_timeout_s=settings.case_timeout_s, compile_cache=self.caches.get(side))
+        return host_reserve.open_host(self.libraries[side], device=settings.worker_device, adapter=adapter,
+                                      adapter_paths=self.adapter_paths[SIDES.index(side)],
+                                      case_timeout_s=settings.case_timeout_s, compile_cache=self.caches.get(side),
+                                      spare=spare)
 
     def attribute(self, comparison: RunComparison, baseline: RunResult, cases: list[CaseSpec], adapter: str) -> dict:
         """case id -> attribution of the comparison's changed cases (worker/attribution/record.py),

@@ -70,7 +70,7 @@ def test_fast_corun_equals_the_one_case_corun(kernels_build, decay_build, one_ca
 def test_the_corun_runs_on_spare_hosts_given_their_builds_and_says_where_its_time_went(
         kernels_build, decay_build, one_case_corun, tmp_path):
     """The worker's co-run starts two spare hosts while it fetches and builds the trees (the
-    waiting spare first) and gives them their builds after (host_reserve.spares / adopted): the
+    waiting spare first) and gives them their builds after (host_reserve.spares / open_host): the
     same numbers as hosts started with their builds, with no host started again."""
     battery, cases, (slow_commit, slow_base, slow_diffs) = one_case_corun
     host_reserve.replenish(device="cpu", slot_root=tmp_path, keep=1)
@@ -79,8 +79,7 @@ def test_the_corun_runs_on_spare_hosts_given_their_builds_and_says_where_its_tim
         spares = host_reserve.spares(2, device="cpu", slot_root=tmp_path)
         assert spares[0] is waiting and host_reserve._spares == []  # the waiting spare is taken first
         assert spares[1] is not None and all(s.running() and s.library_path == "" for s in spares)
-        hosts = tuple(host_reserve.adopted(spare, build.library_path, device="cpu", adapter="bundled",
-                                           adapter_paths=[], case_timeout_s=60)
+        hosts = tuple(host_reserve.open_host(build.library_path, device="cpu", case_timeout_s=60, spare=spare)
                       for spare, build in zip(spares, (decay_build, kernels_build)))
         assert hosts == tuple(spares)  # each spare took its build: no new host
         timings = {}
@@ -136,11 +135,10 @@ def test_hosts_handed_in_stay_open_when_the_caller_closes_them(kernels_build, de
 def test_a_spare_that_cannot_take_its_build_falls_back_to_a_host_of_its_own(kernels_build, tmp_path):
     spare = KernelHost.spare(device="cpu", slot_root=tmp_path)
     spare._kill()  # as an out-of-memory kill would
-    host = host_reserve.adopted(spare, kernels_build.library_path, device="cpu", adapter="bundled",
-                                adapter_paths=[], case_timeout_s=60)
+    host = host_reserve.open_host(kernels_build.library_path, device="cpu", case_timeout_s=60, spare=spare)
     assert host is not spare and not host.running() and host.library_path == str(kernels_build.library_path)
-    assert host_reserve.adopted(None, kernels_build.library_path, device="cpu", adapter="bundled",
-                                adapter_paths=[], case_timeout_s=60).library_path == str(kernels_build.library_path)
+    assert host_reserve.open_host(kernels_build.library_path, device="cpu",
+                                  case_timeout_s=60).library_path == str(kernels_build.library_path)
     with host:
         assert host.run_many(_cases(2)[1])[0].status == "ok"  # it starts on its first request
 

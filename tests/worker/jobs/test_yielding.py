@@ -22,13 +22,12 @@ from sqlalchemy.orm import Session
 
 from service.broker.queueing import CORUN_TASK_NAME, ENVIRONMENT_ATTRIBUTION_TASK_NAME, TRAINING_TASK_NAME
 from service.db.environment_models import EnvironmentAttribution
-from service.db.migrate import upgrade_to_head
 from service.db.session import make_engine
 from service.db.training_models import TrainingImpactJob
 from service.domain import runs
 from service.settings import Settings
 from tests.service.test_run_store import _commit_run
-from tests.service_fixtures import REPO_ROOT, create_database, drop_database, flush_redis
+from tests.service_fixtures import REPO_ROOT, flush_redis, migrated_database
 
 BROKER = "redis://127.0.0.1:6379/2"  # its own db: the other tests with one use 7-11
 RETRY_S = 45.0
@@ -66,11 +65,8 @@ def _waiting_tasks(broker: redis.Redis, queue: str) -> list[tuple[str, list, dat
 @pytest.fixture
 def database_of_its_own() -> Iterator[str]:
     """A database the worker process commits to (the tests' shared one is rolled back per test)."""
-    name = f"optdrift_yielding_{os.getpid()}"
-    url = create_database(name)
-    upgrade_to_head(url)
-    yield url
-    drop_database(name)
+    with migrated_database(f"optdrift_yielding_{os.getpid()}") as url:
+        yield url
 
 
 def _jobs_beside_a_run(url: str, settings: Settings) -> tuple[int, int, int]:
